@@ -1,0 +1,90 @@
+"""ONNX export, once per model, cached on disk by the model's content hash.
+
+ONNX Runtime, OpenVINO, TVM and TensorRT all start from this file. The batch dimension is
+dynamic, so one export serves every batch size.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from mlflow_ngraph.errors import CompileFailed
+
+log = logging.getLogger(__name__)
+
+#: opset 18 is the newest that ONNX Runtime, OpenVINO, TVM's Relax frontend and TensorRT 10
+#: all import; the dynamo exporter defaults to it.
+OPSET = 18
+
+
+def export_onnx(model, cache_dir: Path) -> Path:
+    """The ONNX file for ``model`` (exported on first use, then read from the cache).
+
+    Returns ``model.onnx_file`` for ONNX models. Tries the ``torch.export``-based exporter
+    first and falls back to the TorchScript one, recording which was used next to the file.
+
+    Raises:
+        CompileFailed: neither exporter could export the model.
+    """
+    if model.onnx_file is not None:
+        return Path(model.onnx_file)
+    import torch
+
+    target = Path(cache_dir) / "exports" / f"{model.content_hash[:32]}-{torch.__version__}"
+    path = target / "model.onnx"
+    if path.is_file():
+        log.info("ONNX export cache hit: %s", path)
+        return path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        exporter = _export_to(model, tmp / "model.onnx")
+        (tmp / "exporter.txt").write_text(exporter)
+        os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def _export_to(model, path: Path) -> str:
+    import torch
+
+    example = torch.zeros(model.input_shape(2))
+    errors = []
+    try:
+        batch = torch.export.Dim("batch", min=1, max=4096)
+        program = torch.onnx.export(
+            model.module,
+            (example,),
+            dynamo=True,
+            input_names=[model.input_name],
+            output_names=["output"],
+            dynamic_shapes=({0: batch},),
+            opset_version=OPSET,
+            optimize=True,
+            verbose=False,
+        )
+        program.save(str(path), external_data=False)
+        return "dynamo"
+    except Exception as exc:  # the dynamo exporter fails on some data-dependent models
+        errors.append(f"torch.export: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+        log.info("dynamo ONNX export failed (%s); trying the TorchScript exporter", errors[-1])
+    try:
+        torch.onnx.export(
+            model.module,
+            (example,),
+            str(path),
+            dynamo=False,
+            input_names=[model.input_name],
+            output_names=["output"],
+            dynamic_axes={model.input_name: {0: "batch"}, "output": {0: "batch"}},
+            opset_version=OPSET,
+        )
+        return "torchscript"
+    except Exception as exc:
+        errors.append(f"TorchScript exporter: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+    raise CompileFailed("ONNX export failed: " + "; ".join(errors))

@@ -1,0 +1,84 @@
+"""Helpers shared by the PyTorch-based compilers (identity, TorchScript, inductor)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mlflow_ngraph.compilers.base import Engine
+from mlflow_ngraph.errors import CompileFailed
+
+
+def torch_device(device_kind: str) -> Any:
+    import torch
+
+    return torch.device("cuda" if device_kind == "cuda" else "cpu")
+
+
+def require_module(model: Any, compiler: str) -> Any:
+    if model.module is None:
+        raise CompileFailed(f"{compiler} needs a PyTorch model; {model.name} is an ONNX file")
+    return model.module
+
+
+class TorchCallableEngine(Engine):
+    """Runs a callable (eager module, TorchScript module, compiled function) on one tensor
+    under ``torch.inference_mode``; on CUDA it synchronizes before the harness reads a clock."""
+
+    def __init__(self, fn: Any, device_kind: str) -> None:
+        self.fn = fn
+        self.device = torch_device(device_kind)
+        self.asynchronous_device = device_kind == "cuda"
+        self._input = None
+
+    def prepare(self, inputs: np.ndarray) -> None:
+        import torch
+
+        self._input = torch.from_numpy(np.ascontiguousarray(inputs)).to(self.device)
+
+    def infer(self) -> None:
+        import torch
+
+        with torch.inference_mode():
+            self.fn(self._input)
+        self.synchronize()
+
+    def run_many(self, count: int) -> None:
+        import torch
+
+        with torch.inference_mode():
+            for _ in range(count):
+                self.fn(self._input)
+        self.synchronize()
+
+    def outputs(self, inputs: np.ndarray) -> np.ndarray:
+        import torch
+
+        tensor = torch.from_numpy(np.ascontiguousarray(inputs)).to(self.device)
+        with torch.inference_mode():
+            out = self.fn(tensor)
+        self.synchronize()
+        return first_output(out)
+
+    def synchronize(self) -> None:
+        if self.asynchronous_device:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+    def runtime_settings(self) -> dict[str, Any]:
+        import torch
+
+        return {"torch_num_threads": torch.get_num_threads()}
+
+
+def first_output(out: Any) -> np.ndarray:
+    """The first tensor of a model's output (tensor, tuple, list or dict) as float32."""
+    if isinstance(out, dict):
+        out = next(iter(out.values()))
+    while isinstance(out, (tuple, list)):
+        out = out[0]
+    if hasattr(out, "detach"):
+        out = out.detach().float().cpu().numpy()
+    return np.asarray(out, dtype=np.float32)

@@ -1,0 +1,212 @@
+"""The one compiler interface: flags, compile, engine.
+
+A compiler says how to build and run an engine; it never times anything. Timing, device
+synchronisation, resource sampling and statistics live in :mod:`mlflow_ngraph.measure`.
+
+Adding a compiler is one module that subclasses :class:`Compiler` and one registry entry
+(``compilers/registry.py`` or the ``mlflow_ngraph.compilers`` entry-point group).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from mlflow_ngraph.errors import NgraphError
+
+if TYPE_CHECKING:
+    from mlflow_ngraph.models.base import LoadedModel
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One compiler flag: its type, default and allowed values.
+
+    Args:
+        type: ``int``, ``float``, ``bool`` or ``str``; command-line strings are parsed to it.
+        default: value used when the flag is not given (``None``: the runtime's own default,
+            not passed to the runtime and logged as ``default``).
+        choices: allowed values, or empty for any value of ``type``.
+        help: one line for ``mlflow-ngraph compilers --flags``.
+        minimum: smallest allowed number, for ``int``/``float`` flags.
+    """
+
+    type: type
+    default: Any = None
+    choices: tuple = ()
+    help: str = ""
+    minimum: float | None = None
+
+    def parse(self, compiler: str, name: str, value: Any) -> Any:
+        """Convert ``value`` (a YAML scalar or a command-line string) and validate it."""
+        try:
+            parsed = _convert(self.type, value)
+        except (TypeError, ValueError):
+            raise NgraphError(
+                f"compiler {compiler!r}: flag {name}={value!r} is not a valid "
+                f"{self.type.__name__}"
+            ) from None
+        if self.choices and parsed not in self.choices:
+            allowed = ", ".join(str(c) for c in self.choices)
+            raise NgraphError(
+                f"compiler {compiler!r}: flag {name}={value!r} is not one of: {allowed}"
+            )
+        if self.minimum is not None and parsed < self.minimum:
+            raise NgraphError(
+                f"compiler {compiler!r}: flag {name}={value!r} must be >= {self.minimum}"
+            )
+        return parsed
+
+
+def _convert(kind: type, value: Any) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(value)
+    if kind is int and isinstance(value, float) and not value.is_integer():
+        raise ValueError(value)
+    if kind is int:
+        return int(str(value), 0) if isinstance(value, str) else int(value)
+    return kind(value)
+
+
+@dataclass
+class EngineFiles:
+    """Files that make up a serialized engine, relative to its directory."""
+
+    files: list[str] = field(default_factory=list)
+    format: str = ""
+
+
+class Engine(ABC):
+    """A compiled model bound to one batch size, ready to run.
+
+    The harness calls :meth:`prepare` once (outside the timer), then :meth:`infer` or
+    :meth:`run_many` inside it. ``run_many`` is the compiler's best-practice concurrency for
+    the throughput scenario; its default is a sequential loop.
+    """
+
+    #: requests the runtime runs at once in the throughput scenario (OpenVINO: the optimal
+    #: number of infer requests); the harness sizes each repetition as a multiple of it.
+    parallel_requests: int = 1
+    #: ``True`` when the engine's work is on an accelerator and needs :meth:`synchronize`.
+    asynchronous_device: bool = False
+
+    @abstractmethod
+    def prepare(self, inputs: np.ndarray) -> None:
+        """Bind ``inputs`` (copied or converted as the runtime needs) for later calls."""
+
+    @abstractmethod
+    def infer(self) -> None:
+        """Run one request on the prepared inputs and return when its result is ready."""
+
+    def run_many(self, count: int) -> None:
+        """Run ``count`` requests with the runtime's best concurrency; return when done."""
+        for _ in range(count):
+            self.infer()
+
+    @abstractmethod
+    def outputs(self, inputs: np.ndarray) -> np.ndarray:
+        """Run once on ``inputs`` and return the first output as a float32 array."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (a no-op on the CPU)."""
+
+    def save(self, directory: Path) -> EngineFiles:
+        """Serialize the engine into ``directory``; returns the files written."""
+        return EngineFiles()
+
+    def runtime_settings(self) -> dict[str, Any]:
+        """Settings the runtime chose itself (threads, requests), recorded as params."""
+        return {}
+
+    def close(self) -> None:
+        """Release runtime resources."""
+
+
+@dataclass
+class CompileContext:
+    """What a compile step may use besides the model: a scratch dir and the device."""
+
+    workdir: Path
+    device: str
+    batch_size: int
+    #: root of the local caches; ONNX exports go under ``cache_dir / "exports"``
+    cache_dir: Path
+
+
+class Compiler(ABC):
+    """Base class of every compiler. Subclasses set the class attributes and implement
+    :meth:`compile` (and :meth:`load` when their engines can be read back from disk)."""
+
+    name: ClassVar[str]
+    #: import names of the Python packages this compiler needs
+    packages: ClassVar[tuple[str, ...]] = ()
+    #: the distribution whose version identifies the compiler
+    distribution: ClassVar[str] = "torch"
+    #: the extra that installs it, for error messages
+    extra: ClassVar[str] = ""
+    #: device kinds it can target
+    devices: ClassVar[tuple[str, ...]] = ("cpu",)
+    flags: ClassVar[dict[str, Flag]] = {}
+    #: ``True`` when the engine is the same object for every batch size (eager, TorchScript)
+    batch_agnostic: ClassVar[bool] = False
+
+    def version(self) -> str:
+        try:
+            return importlib.metadata.version(self.distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    def availability(self, device: str = "cpu") -> tuple[bool, str]:
+        """Whether this compiler can run on ``device`` here, and if not, why."""
+        for package in self.packages:
+            if importlib.util.find_spec(package) is None:
+                hint = f"pip install 'mlflow-ngraph[{self.extra}]'" if self.extra else ""
+                return False, f"Python package {package!r} is not installed ({hint})".replace(
+                    " ()", ""
+                )
+        if device not in self.devices:
+            return False, f"does not target device kind {device!r} (targets {self.devices})"
+        if device == "cuda":
+            from mlflow_ngraph.devices import cuda_status
+
+            ok, reason = cuda_status()
+            if not ok:
+                return False, reason
+        return True, "available"
+
+    def resolve_flags(self, given: dict[str, Any]) -> dict[str, Any]:
+        """Validate ``given`` against :attr:`flags` and fill in defaults."""
+        unknown = sorted(set(given) - set(self.flags))
+        if unknown:
+            known = ", ".join(sorted(self.flags)) or "none"
+            raise NgraphError(
+                f"compiler {self.name!r} has no flag {unknown[0]!r} (its flags: {known})"
+            )
+        resolved = {}
+        for key, spec in self.flags.items():
+            resolved[key] = spec.parse(self.name, key, given[key]) if key in given else spec.default
+        return resolved
+
+    @abstractmethod
+    def compile(self, model: LoadedModel, flags: dict[str, Any], ctx: CompileContext) -> Engine:
+        """Build an engine for ``model`` at ``ctx.batch_size``; raise on failure."""
+
+    def load(
+        self, model: LoadedModel, flags: dict[str, Any], ctx: CompileContext, directory: Path
+    ) -> Engine | None:
+        """Load an engine saved by :meth:`Engine.save` (engine cache hit); ``None`` if the
+        compiler cannot reload its engines."""
+        return None

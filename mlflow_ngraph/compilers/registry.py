@@ -1,0 +1,66 @@
+"""The compiler registry: built-in compilers plus the ``mlflow_ngraph.compilers`` entry points.
+
+Compilers are registered by import path, so listing them never imports torch, ONNX Runtime,
+OpenVINO, TVM or TensorRT: each module imports its runtime inside its methods.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+
+from mlflow_ngraph.compilers.base import Compiler
+from mlflow_ngraph.errors import CompilerUnavailable, NgraphError
+
+log = logging.getLogger(__name__)
+
+#: name -> "module:Class". Adding a compiler is one module and one line here (or an entry
+#: point in the ``mlflow_ngraph.compilers`` group of another package).
+BUILTIN: dict[str, str] = {
+    "identity": "mlflow_ngraph.compilers.identity:IdentityCompiler",
+    "torchscript": "mlflow_ngraph.compilers.torchscript:TorchScriptCompiler",
+    "inductor": "mlflow_ngraph.compilers.inductor:InductorCompiler",
+    "onnxruntime": "mlflow_ngraph.compilers.onnxruntime:OnnxRuntimeCompiler",
+    "openvino": "mlflow_ngraph.compilers.openvino:OpenVinoCompiler",
+    "tvm": "mlflow_ngraph.compilers.tvm:TvmCompiler",
+    "tensorrt": "mlflow_ngraph.compilers.tensorrt:TensorRtCompiler",
+}
+
+
+def _targets() -> dict[str, str]:
+    targets = dict(BUILTIN)
+    for entry in importlib.metadata.entry_points(group="mlflow_ngraph.compilers"):
+        if entry.name in targets:
+            log.warning("compiler plug-in %s shadows a built-in compiler; ignored", entry.name)
+            continue
+        targets[entry.name] = entry.value
+    return targets
+
+
+def compiler_names() -> list[str]:
+    return list(_targets())
+
+
+def get_compiler(name: str) -> Compiler:
+    """The compiler registered as ``name``.
+
+    Raises:
+        NgraphError: no such compiler (the message lists the registered names).
+    """
+    targets = _targets()
+    if name not in targets:
+        raise NgraphError(f"unknown compiler {name!r} (registered: {', '.join(targets)})")
+    module_name, _, class_name = targets[name].partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except Exception as exc:  # a broken plug-in must not break the CLI
+        raise NgraphError(f"compiler {name!r} failed to load from {targets[name]}: {exc}") from None
+    return cls()
+
+
+def require_available(compiler: Compiler, device_kind: str) -> None:
+    """Raise a one-line error naming what is missing when ``compiler`` cannot run here."""
+    ok, reason = compiler.availability(device_kind)
+    if not ok:
+        raise CompilerUnavailable(f"compiler {compiler.name!r} is not available: {reason}")

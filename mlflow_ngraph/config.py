@@ -1,0 +1,273 @@
+"""Experiment specs: YAML files and command-line options, validated into one :class:`Spec`.
+
+A spec file looks like::
+
+    experiment: default
+    device: cpu
+    models:
+      - resnet18
+      - {name: conv_block, params: {width: 64, depth: 2}}
+    compilers:
+      - identity
+      - {name: openvino, flags: {PERFORMANCE_HINT: LATENCY}}
+    batch_sizes: [1, 2, 4, 8]
+    scenario: throughput
+    warmup: 10
+    repetitions: 100
+    min_duration: 1.0
+    tolerance: 0.001
+
+Command-line options override the file; ``--model``/``--compiler`` replace its lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mlflow_ngraph.errors import NgraphError
+
+SCENARIOS = ("throughput", "latency")
+
+#: warm-up repetitions before measuring: enough for lazy allocation, JIT specialisation and
+#: CPU frequency to settle on the models of the paper (pyperf uses 1 warm-up per process, but
+#: runtimes such as OpenVINO and inductor keep specialising over the first few calls).
+DEFAULT_WARMUP = 10
+#: the paper measures 100 repetitions per configuration.
+DEFAULT_REPETITIONS = 100
+#: a floor on the measured window so very fast models are measured over enough time for the
+#: CPU-usage sampler and the clock resolution to be meaningful.
+DEFAULT_MIN_DURATION_S = 1.0
+#: outputs must match identity within this fraction of the reference's largest magnitude,
+#: and their cosine similarity must be at least 1 - tolerance. float32 compilers that reorder
+#: reductions land around 1e-6..1e-4; 1e-3 flags precision changes (bf16, fp16) as invalid.
+DEFAULT_TOLERANCE = 1e-3
+
+_TOP_KEYS = {
+    "experiment",
+    "device",
+    "models",
+    "compilers",
+    "batch_sizes",
+    "scenario",
+    "warmup",
+    "repetitions",
+    "min_duration",
+    "max_duration",
+    "tolerance",
+    "tracking_uri",
+    "log_engines",
+}
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        if not self.params:
+            return self.name
+        return self.name + ":" + ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+
+
+@dataclass
+class CompilerSpec:
+    name: str
+    flags: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MeasureSettings:
+    """How one cell is measured (all logged as params)."""
+
+    scenario: str = "throughput"
+    warmup: int = DEFAULT_WARMUP
+    repetitions: int = DEFAULT_REPETITIONS
+    min_duration_s: float = DEFAULT_MIN_DURATION_S
+    #: hard cap on one cell's measured window; ``None`` for no cap
+    max_duration_s: float | None = None
+
+    def validate(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise NgraphError(
+                f"scenario {self.scenario!r} is not one of: {', '.join(SCENARIOS)}"
+            )
+        if self.warmup < 0:
+            raise NgraphError(f"warmup must be >= 0, got {self.warmup}")
+        if self.repetitions < 1:
+            raise NgraphError(f"repetitions must be >= 1, got {self.repetitions}")
+        if self.min_duration_s < 0:
+            raise NgraphError(f"min-duration must be >= 0 seconds, got {self.min_duration_s}")
+        if self.max_duration_s is not None and self.max_duration_s <= 0:
+            raise NgraphError(f"max-duration must be > 0 seconds, got {self.max_duration_s}")
+
+
+@dataclass
+class Spec:
+    """A validated experiment."""
+
+    models: list[ModelSpec]
+    compilers: list[CompilerSpec]
+    batch_sizes: list[int]
+    device: str = "cpu"
+    experiment: str = "mlflow-ngraph"
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+    tolerance: float = DEFAULT_TOLERANCE
+    tracking_uri: str | None = None
+    log_engines: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("tracking_uri")  # where results go is not part of what is measured
+        return data
+
+    @property
+    def spec_hash(self) -> str:
+        text = json.dumps(self.to_dict(), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def parse_scalar(text: str) -> Any:
+    """``"8"`` -> 8, ``"true"`` -> True, ``"0.5"`` -> 0.5, anything else stays a string."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, (int, float, bool)) or value is None else str(text)
+
+
+def split_name_args(text: str, what: str) -> tuple[str, dict[str, Any]]:
+    """Parse ``NAME[:key=value,...]``; a factory ``package.module:function[:key=value]`` keeps
+    its colon."""
+    head, sep, rest = text.partition(":")
+    if sep and rest and "=" not in rest.split(":")[0].split(",")[0]:
+        func, _, rest = rest.partition(":")
+        head = f"{head}:{func}"
+    args: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise NgraphError(f"{what} {text!r}: {item!r} is not key=value")
+        args[key.strip()] = parse_scalar(value.strip())
+    if not head.strip():
+        raise NgraphError(f"{what} {text!r} has no name")
+    return head.strip(), args
+
+
+def parse_batch_sizes(value: Any) -> list[int]:
+    items = value if isinstance(value, list) else str(value).split(",")
+    sizes = []
+    for item in items:
+        try:
+            size = int(str(item).strip())
+        except ValueError:
+            raise NgraphError(f"batch size {item!r} is not an integer") from None
+        if size < 1:
+            raise NgraphError(f"batch size {size} must be a positive integer")
+        sizes.append(size)
+    if not sizes:
+        raise NgraphError("no batch sizes given")
+    return sorted(set(sizes))
+
+
+def _entries(raw: Any, key: str, params_key: str) -> list[tuple[str, dict]]:
+    if not isinstance(raw, list):
+        raise NgraphError(f"spec: {key!r} must be a list")
+    entries = []
+    for item in raw:
+        if isinstance(item, str):
+            entries.append(split_name_args(item, key[:-1]))
+        elif isinstance(item, dict) and "name" in item:
+            extra = set(item) - {"name", params_key}
+            if extra:
+                raise NgraphError(f"spec: {key} entry {item['name']!r} has unknown key {sorted(extra)[0]!r}")
+            entries.append((str(item["name"]), dict(item.get(params_key) or {})))
+        else:
+            raise NgraphError(f"spec: each of {key!r} is a name or a mapping with 'name'")
+    return entries
+
+
+def load_spec_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML spec into a plain dict (validated later by :func:`build_spec`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise NgraphError(f"spec file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise NgraphError(f"spec file {str(path)!r} is not valid YAML{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise NgraphError(f"spec file {str(path)!r} must be a mapping of settings")
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise NgraphError(
+            f"spec file {str(path)!r}: unknown key {unknown[0]!r} (keys: {', '.join(sorted(_TOP_KEYS))})"
+        )
+    return data
+
+
+def _number(data: dict, key: str, kind: type, default: Any) -> Any:
+    value = data.get(key, default)
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise NgraphError(f"{key.replace('_', '-')} {value!r} is not a {kind.__name__}") from None
+
+
+def build_spec(data: dict[str, Any]) -> Spec:
+    """Validate a merged dict of settings (spec file overridden by the command line)."""
+    from mlflow_ngraph.devices import get_profile
+
+    device = str(data.get("device") or "cpu")
+    profile = get_profile(device)
+    models = [ModelSpec(n, p) for n, p in _entries(data.get("models") or [], "models", "params")]
+    if not models:
+        raise NgraphError("no models given: use --model NAME or a spec file with 'models'")
+    raw_compilers = data.get("compilers") or list(profile.compilers)
+    compilers = [CompilerSpec(n, f) for n, f in _entries(raw_compilers, "compilers", "flags")]
+    measure = MeasureSettings(
+        scenario=str(data.get("scenario") or "throughput"),
+        warmup=_number(data, "warmup", int, DEFAULT_WARMUP),
+        repetitions=_number(data, "repetitions", int, DEFAULT_REPETITIONS),
+        min_duration_s=_number(data, "min_duration", float, DEFAULT_MIN_DURATION_S),
+        max_duration_s=_number(data, "max_duration", float, None),
+    )
+    measure.validate()
+    tolerance = _number(data, "tolerance", float, DEFAULT_TOLERANCE)
+    if tolerance <= 0:
+        raise NgraphError(f"tolerance must be > 0, got {tolerance}")
+    return Spec(
+        models=_expand_sets(models),
+        compilers=compilers,
+        batch_sizes=parse_batch_sizes(data.get("batch_sizes", [1, 2, 4, 8])),
+        device=device,
+        experiment=str(data.get("experiment") or "mlflow-ngraph"),
+        measure=measure,
+        tolerance=tolerance,
+        tracking_uri=data.get("tracking_uri"),
+        log_engines=bool(data.get("log_engines", True)),
+    )
+
+
+def _expand_sets(models: list[ModelSpec]) -> list[ModelSpec]:
+    from mlflow_ngraph.models.registry import expand_model_set
+
+    out: list[ModelSpec] = []
+    for spec in models:
+        names = expand_model_set(spec.name)
+        out.extend(ModelSpec(n, dict(spec.params)) for n in names) if names else out.append(spec)
+    return out

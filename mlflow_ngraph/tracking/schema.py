@@ -1,0 +1,77 @@
+"""MLflow naming conventions, in one place: every writer and reader of runs uses these.
+
+Child runs (one per device x model x compiler x flags) carry the params ``device``, ``model``,
+``compiler``, ``family``, ``parameter_count``, ``model.<init param>``, ``flag.<compiler
+flag>`` and the measurement settings. Per-batch metrics are logged twice: stepped
+(``throughput`` at ``step = batch size``) and flat (``throughput.bs8``), because MLflow's
+search and runs table only see the value at the highest step.
+"""
+
+from __future__ import annotations
+
+# --- params -----------------------------------------------------------------------------
+P_DEVICE = "device"
+P_MODEL = "model"
+P_COMPILER = "compiler"
+P_FAMILY = "family"
+P_PARAMETER_COUNT = "parameter_count"
+P_MODEL_PARAM_PREFIX = "model."
+P_FLAG_PREFIX = "flag."
+P_SCENARIO = "scenario"
+
+# --- tags -------------------------------------------------------------------------------
+T_ROLE = "ngraph.role"  # "benchmark" (parent), "cell" (child), "report"
+T_CELL_KEY = "ngraph.cell_key"
+T_SPEC_HASH = "ngraph.spec_hash"
+T_STATUS = "ngraph.status"  # OK, INVALID (output check failed), FAILED
+T_ERROR = "ngraph.error"
+T_DEVICE = "ngraph.device"
+T_DEVICE_KIND = "ngraph.device_kind"
+T_HOST = "ngraph.host"
+T_PARENT = "mlflow.parentRunId"
+
+STATUS_OK = "OK"
+STATUS_INVALID = "INVALID"
+STATUS_FAILED = "FAILED"
+
+# --- per-batch metrics (stepped by batch size, and flat as "<name>.bs<batch>") -----------
+M_THROUGHPUT = "throughput"  # samples/s, mean over repetitions
+M_THROUGHPUT_STD = "throughput_std"
+M_LATENCY_MEAN = "latency_mean_ms"
+M_LATENCY_STD = "latency_std_ms"
+M_LATENCY_P50 = "latency_p50_ms"
+M_LATENCY_P90 = "latency_p90_ms"
+M_LATENCY_P99 = "latency_p99_ms"
+M_CV = "cv"  # coefficient of variation of the per-repetition throughput
+M_REPETITIONS = "repetitions"
+M_DURATION = "duration_s"
+M_CPU = "cpu_percent"  # process CPU time / wall time / logical cores * 100
+M_RSS = "peak_rss_mb"
+M_COMPILE = "compile_s"  # seconds spent getting the engine in this run (cache load on a hit)
+M_CACHE_HIT = "cache_hit"
+M_FIRST_INFERENCE = "first_inference_ms"
+M_ENGINE_SIZE = "engine_size_mb"
+M_MAX_ABS_ERROR = "max_abs_error"
+M_MAX_REL_ERROR = "max_rel_error"
+M_COSINE = "cosine_similarity"
+M_VALID = "valid"  # 1 when the output check passed
+M_GPU_UTIL = "gpu_util_percent"
+M_GPU_MEM = "gpu_mem_mb"
+# relative metrics (need T_c(1) and the identity baseline of the same device and model)
+M_SPEEDUP = "speedup"
+M_RTR = "rtr"
+M_ASE = "ase"
+M_BSR = "bsr"
+
+
+def flat_key(metric: str, batch_size: int) -> str:
+    """``throughput``, 8 -> ``throughput.bs8``."""
+    return f"{metric}.bs{batch_size}"
+
+
+def parse_flat_key(key: str) -> tuple[str, int] | None:
+    """``throughput.bs8`` -> (``throughput``, 8); ``None`` for other keys."""
+    metric, dot, tail = key.rpartition(".bs")
+    if not dot or not tail.isdigit():
+        return None
+    return metric, int(tail)

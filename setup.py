@@ -1,0 +1,5 @@
+"""Shim for tools that still call setup.py; all metadata lives in pyproject.toml."""
+
+from setuptools import setup
+
+setup()
