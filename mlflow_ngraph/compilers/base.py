@@ -144,6 +144,8 @@ class CompileContext:
     batch_size: int
     #: root of the local caches; ONNX exports go under ``cache_dir / "exports"``
     cache_dir: Path
+    #: "throughput" or "latency": compilers whose runtime has a matching hint use it
+    scenario: str = "throughput"
 
 
 class Compiler(ABC):
