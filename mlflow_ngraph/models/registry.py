@@ -272,3 +272,34 @@ def registered_models() -> dict[str, str]:
 
 def expand_model_set(name: str) -> list[str] | None:
     return MODEL_SETS.get(name)
+
+
+def validate_model_spec(name: str, params: dict[str, Any] | None = None) -> None:
+    """Check that ``name`` resolves, without building large models.
+
+    Blocks and ONNX files are cheap and built in full (so their params are checked); a
+    factory must import; a timm name must be registered in timm.
+
+    Raises:
+        NgraphError: what is wrong and how to fix it.
+    """
+    params = dict(params or {})
+    _load_entry_points()
+    if name in _BUILDERS or name.lower().endswith(".onnx"):
+        load_model(name, params)
+    elif ":" in name:
+        module_name, _, function_name = name.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise NgraphError(f"model factory {name!r} does not import: {exc}") from None
+        if not callable(getattr(module, function_name, None)):
+            raise NgraphError(f"model factory {name!r}: {module_name} has no {function_name!r}")
+    else:
+        import timm
+
+        if not timm.is_model(name):
+            raise NgraphError(
+                f"unknown model {name!r}: not a block, an .onnx file, a "
+                "'package.module:function' factory or a timm model name (see `mlflow-ngraph models`)"
+            )

@@ -1,0 +1,3 @@
+from mlflow_ngraph.cli import main
+
+main()

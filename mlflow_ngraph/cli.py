@@ -1,0 +1,194 @@
+"""The ``mlflow-ngraph`` command line: one command per verb.
+
+Every option can also come from the environment as ``MLFLOW_NGRAPH_<COMMAND>_<OPTION>``
+(click's ``auto_envvar_prefix``). User errors print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import click
+
+from mlflow_ngraph.errors import NgraphError
+
+log = logging.getLogger("mlflow_ngraph")
+
+
+def default_home() -> Path:
+    """Where engines, exports and resume journals are kept (``MLFLOW_NGRAPH_HOME``)."""
+    return Path(os.environ.get("MLFLOW_NGRAPH_HOME") or Path.home() / ".cache" / "mlflow-ngraph")
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.DEBUG if verbose > 1 else logging.INFO if verbose >= 0 else logging.WARNING
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
+    root = logging.getLogger("mlflow_ngraph")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+    for noisy in ("mlflow", "alembic", "torch", "onnxscript", "onnx_ir", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    # torch.onnx and timm warn about deprecations on every export; they are not the user's.
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+@click.group(context_settings={"auto_envvar_prefix": "MLFLOW_NGRAPH",
+                               "help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mlflow-ngraph")
+def cli() -> None:
+    """Benchmark graph compilers on this device; every result goes to MLflow."""
+
+
+def resolve_spec_path(value: str) -> Path:
+    """A spec file path, or the name of a packaged experiment (``default``, ``paper``...)."""
+    path = Path(value)
+    if path.exists() or path.suffix in (".yaml", ".yml"):
+        return path
+    packaged = resources.files("mlflow_ngraph") / "experiments" / f"{value}.yaml"
+    if packaged.is_file():
+        return Path(str(packaged))
+    return path
+
+
+def _split_multi(values: tuple[str, ...]) -> list[str]:
+    """``--model a --model b`` and ``--model "a b"`` both give [a, b]: the MLproject passes
+    list params as one space-separated string."""
+    return [item for value in values for item in value.split() if item]
+
+
+def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
+    """Command-line options override the spec file; ``None`` and empty lists mean unset."""
+    data = dict(file_data)
+    for key, value in options.items():
+        if value is None or value == [] or value == ():
+            continue
+        data[key] = value
+    return data
+
+
+@cli.command()
+@click.option("--spec", "spec_file", help="Experiment spec (YAML file, or a packaged name: default, paper, smoke).")
+@click.option("--device", help="Device profile: cpu, xeon, gpu, orin.")
+@click.option("--model", "models", multiple=True, help="NAME[:key=value,...] (repeatable).")
+@click.option("--compiler", "compilers", multiple=True, help="NAME[:flag=value,...] (repeatable).")
+@click.option("--batch-sizes", help="Comma-separated batch sizes, e.g. 1,2,4,8.")
+@click.option("--scenario", type=click.Choice(["throughput", "latency"]), help="Measurement scenario.")
+@click.option("--warmup", type=int, help="Warm-up repetitions (default 10).")
+@click.option("--repetitions", type=int, help="Minimum measured repetitions (default 100).")
+@click.option("--min-duration", type=float, help="Minimum measured seconds per cell (default 1).")
+@click.option("--max-duration", type=float, help="Cap on measured seconds per cell.")
+@click.option("--tolerance", type=float, help="Output-check tolerance vs identity (default 1e-3).")
+@click.option("--experiment", help="MLflow experiment name.")
+@click.option("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, then MLflow's default).")
+@click.option("--home", type=click.Path(path_type=Path), help="Cache and journal directory (default: MLFLOW_NGRAPH_HOME or ~/.cache/mlflow-ngraph).")
+@click.option("--retry-failed", is_flag=True, help="Measure cells that failed before again.")
+@click.option("--no-engine-artifacts", is_flag=True, help="Do not log engines as artifacts.")
+@click.option("-v", "--verbose", count=True)
+@click.option("-q", "--quiet", is_flag=True)
+def benchmark(spec_file, device, models, compilers, batch_sizes, scenario, warmup, repetitions,
+              min_duration, max_duration, tolerance, experiment, tracking_uri, home,
+              retry_failed, no_engine_artifacts, verbose, quiet) -> None:
+    """Compile and measure models x compilers x batch sizes on this device."""
+    _setup_logging(-1 if quiet else verbose)
+    from mlflow_ngraph.config import build_spec, load_spec_file, parse_batch_sizes
+    from mlflow_ngraph.summary import format_summary
+    from mlflow_ngraph.runner import Runner, plan
+    from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
+
+    file_data = load_spec_file(resolve_spec_path(spec_file)) if spec_file else {}
+    data = merge_options(
+        file_data, device=device, models=_split_multi(models), compilers=_split_multi(compilers),
+        batch_sizes=parse_batch_sizes(batch_sizes) if batch_sizes else None, scenario=scenario,
+        warmup=warmup, repetitions=repetitions, min_duration=min_duration,
+        max_duration=max_duration, tolerance=tolerance, experiment=experiment,
+        tracking_uri=tracking_uri, log_engines=False if no_engine_artifacts else None,
+    )
+    spec = build_spec(data)
+    work = plan(spec)
+    uri = resolve_tracking_uri(spec.tracking_uri)
+    log.info("benchmarking %d model(s) x %d compiler(s) x batch sizes %s on %s -> %s",
+             len(spec.models), len(work.cells) // max(len(spec.models), 1),
+             ",".join(map(str, spec.batch_sizes)), spec.device, uri)
+    rows = Runner(work, uri, home or default_home(), retry_failed=retry_failed).run()
+    click.echo(format_summary(rows, spec))
+
+
+@cli.command("compilers")
+@click.option("--device", default="cpu", help="Device profile whose device kind to check.")
+@click.option("--flags", "show_flags", is_flag=True, help="Also list each compiler's flags.")
+def compilers_command(device: str, show_flags: bool) -> None:
+    """List every registered compiler, its version and whether it runs here."""
+    from mlflow_ngraph.compilers.registry import compiler_names, get_compiler
+    from mlflow_ngraph.devices import get_profile
+
+    profile = get_profile(device)
+    rows = []
+    for name in compiler_names():
+        try:
+            compiler = get_compiler(name)
+        except NgraphError as exc:
+            rows.append((name, "-", "no", str(exc)))
+            continue
+        ok, reason = compiler.availability(profile.kind)
+        rows.append((name, compiler.version(), "yes" if ok else "no", "" if ok else reason))
+        if show_flags:
+            for flag, spec in compiler.flags.items():
+                choices = f" {{{'|'.join(map(str, spec.choices))}}}" if spec.choices else ""
+                rows.append(("", "", "", f"  {flag}: {spec.type.__name__}{choices} = {spec.default}  {spec.help}"))
+    from mlflow_ngraph.summary import format_table
+
+    click.echo(f"device profile {profile.name} ({profile.kind}): defaults {', '.join(profile.compilers)}")
+    click.echo(format_table(["compiler", "version", "available", "reason"], rows))
+
+
+@cli.command("models")
+def models_command() -> None:
+    """List the registered models (the paper's 15 and the synthetic blocks) by family."""
+    from mlflow_ngraph.models.registry import MODEL_SETS, registered_models
+    from mlflow_ngraph.summary import format_table
+
+    rows = [(name, family) for name, family in registered_models().items()]
+    click.echo(format_table(["model", "family"], rows))
+    click.echo("model sets: " + ", ".join(f"{k} ({len(v)})" for k, v in MODEL_SETS.items()))
+    click.echo("also: any timm model name, a file ending in .onnx, or package.module:function")
+
+
+def _register_optional_commands() -> None:
+    """Commands that live in other modules of the package."""
+    try:
+        from mlflow_ngraph.report.commands import compare
+    except ImportError:  # pragma: no cover - the report module is part of the package
+        return
+    cli.add_command(compare)
+
+
+_register_optional_commands()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: user errors become one line and exit status 2."""
+    try:
+        cli.main(args=argv, prog_name="mlflow-ngraph", standalone_mode=False)
+    except NgraphError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted: finished cells are saved; run the same command to resume", err=True)
+        sys.exit(130)

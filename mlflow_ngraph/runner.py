@@ -1,0 +1,503 @@
+"""The per-device loop: models x compilers x batch sizes, each cell durable once measured.
+
+For each model: build it, compute identity's reference outputs, then for each compiler and
+batch size get an engine (cache or compile), check its outputs, measure it, write the result
+to the journal and to MLflow. A compiler that fails on one model marks that cell FAILED with
+the reason and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlflow_ngraph import metrics as M
+from mlflow_ngraph.compilers.base import CompileContext, Compiler, Engine
+from mlflow_ngraph.compilers.registry import get_compiler, require_available
+from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
+from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
+from mlflow_ngraph.errors import CompileFailed, NgraphError
+from mlflow_ngraph.measure.harness import measure
+from mlflow_ngraph.models.base import LoadedModel
+from mlflow_ngraph.models.registry import load_model, validate_model_spec
+from mlflow_ngraph.tracking import mlflow_log as ml
+from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tracking.engines import EngineCache, cache_key, engine_bytes, write_manifest
+from mlflow_ngraph.tracking.journal import Journal
+
+log = logging.getLogger(__name__)
+
+#: seed of the output-check input, distinct from the measured input (seed 0) so the check
+#: runs on a fresh random batch the engine has not seen.
+CHECK_SEED = 1234
+
+
+@dataclass
+class Cell:
+    """One device x model x compiler x flags combination, measured at every batch size."""
+
+    model: ModelSpec
+    compiler: Compiler
+    flags: dict[str, Any]
+    key: str
+
+    @property
+    def name(self) -> str:
+        flags = ",".join(f"{k}={v}" for k, v in sorted(self.flags.items()) if v is not None)
+        return f"{self.model.label}/{self.compiler.name}" + (f"[{flags}]" if flags else "")
+
+
+@dataclass
+class Row:
+    """One line of the summary: a cell at one batch size."""
+
+    model: str
+    compiler: str
+    batch_size: int
+    status: str
+    throughput: float | None = None
+    throughput_std: float | None = None
+    latency_p50_ms: float | None = None
+    cpu_percent: float | None = None
+    compile_s: float | None = None
+    speedup: float | None = None
+    max_rel_error: float | None = None
+    note: str = ""
+    skipped: bool = False
+
+
+@dataclass
+class Plan:
+    spec: Spec
+    profile: DeviceProfile
+    cells: list[Cell] = field(default_factory=list)
+
+
+def plan(spec: Spec) -> Plan:
+    """Validate everything that can be validated before any work starts.
+
+    Raises:
+        NgraphError: unknown model, compiler, flag or profile; a compiler unavailable here.
+    """
+    profile = get_profile(spec.device)
+    check_profile_runs_here(profile)
+    for model in spec.models:
+        validate_model_spec(model.name, model.params)
+    compilers: list[tuple[Compiler, dict]] = []
+    for cspec in _identity_first(spec.compilers):
+        compiler = get_compiler(cspec.name)
+        defaults = profile.compiler_flags.get(cspec.name, {})
+        given = {**{k: v for k, v in defaults.items() if k in compiler.flags}, **cspec.flags}
+        flags = compiler.resolve_flags(given)
+        require_available(compiler, profile.kind)
+        compilers.append((compiler, flags))
+    cells = [
+        Cell(model, compiler, flags, _cell_key(spec, profile, model, compiler, flags))
+        for model in spec.models
+        for compiler, flags in compilers
+    ]
+    return Plan(spec, profile, cells)
+
+
+def _identity_first(compilers: list[CompilerSpec]) -> list[CompilerSpec]:
+    return sorted(compilers, key=lambda c: c.name != "identity")
+
+
+def _cell_key(spec: Spec, profile: DeviceProfile, model: ModelSpec, compiler: Compiler, flags) -> str:
+    parts = {
+        "device": profile.name,
+        "model": model.name,
+        "params": model.params,
+        "compiler": compiler.name,
+        "flags": flags,
+        "measure": spec.measure.__dict__,
+        "tolerance": spec.tolerance,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+class Runner:
+    """Runs a :class:`Plan` into one tracking store, resuming from the journal."""
+
+    def __init__(self, plan_: Plan, tracking_uri: str, home: Path, retry_failed: bool = False,
+                 on_row: Callable[[Row], None] | None = None) -> None:
+        self.plan = plan_
+        self.spec = plan_.spec
+        self.profile = plan_.profile
+        self.tracking_uri = tracking_uri
+        self.home = Path(home)
+        self.retry_failed = retry_failed
+        self.on_row = on_row or (lambda row: None)
+        self.cache = EngineCache(self.home)
+        self.rows: list[Row] = []
+
+    def run(self) -> list[Row]:
+        from mlflow_ngraph.env import environment
+
+        self.client = ml.connect(self.tracking_uri)
+        self.experiment_id = ml.ensure_experiment(self.client, self.spec.experiment)
+        self.journal = Journal.for_target(self.home, self.tracking_uri, self.spec.experiment,
+                                          self.profile.name)
+        env = environment(self.profile.name, self.profile.kind)
+        self.parent_id = ml.parent_run(self.client, self.experiment_id, self.spec, self.profile,
+                                       env, {S.T_HOST: env["host"]})
+        status = "FINISHED"
+        try:
+            for model_spec in self.spec.models:
+                self._run_model(model_spec, [c for c in self.plan.cells if c.model is model_spec])
+        except BaseException:
+            status = "KILLED"
+            raise
+        finally:
+            ml.finish(self.client, self.parent_id, status)
+        return self.rows
+
+    # --- one model ------------------------------------------------------------------------
+    def _pending(self, cell: Cell) -> list[int]:
+        return [b for b in self.spec.batch_sizes
+                if not self.journal.done(cell.key, b, self.retry_failed)]
+
+    def _run_model(self, model_spec: ModelSpec, cells: list[Cell]) -> None:
+        self._flush_unlogged(cells)
+        if not any(self._pending(c) for c in cells):
+            log.info("%s: every cell already measured; skipping", model_spec.label)
+            for cell in cells:
+                self._rows_from_journal(cell)
+            return
+        log.info("building %s", model_spec.label)
+        model = load_model(model_spec.name, model_spec.params)
+        references = self._references(model)
+        for cell in cells:
+            self._run_cell(cell, model, references)
+
+    def _references(self, model: LoadedModel) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Identity's outputs on a fresh random input per batch size (the output check)."""
+        refs = {}
+        reference_engine = _reference_engine(model, self.profile.kind, self.home)
+        for b in self.spec.batch_sizes:
+            x = model.random_input(b, seed=CHECK_SEED + b)
+            refs[b] = (x, reference_engine.outputs(x))
+        reference_engine.close()
+        return refs
+
+    # --- one cell -------------------------------------------------------------------------
+    def _run_cell(self, cell: Cell, model: LoadedModel, references) -> None:
+        pending = self._pending(cell)
+        state = self.journal.cell(cell.key)
+        run_id = ml.cell_run(self.client, self.experiment_id, self.parent_id, cell.key,
+                             cell.name, state.run_id)
+        self.journal.set_run(cell.key, run_id)
+        ml.log_params_once(self.client, run_id, self._cell_params(cell, model))
+        engine = None
+        for b in self.spec.batch_sizes:
+            if b not in pending:
+                self._rows_from_journal(cell, only=b)
+                continue
+            if engine is None or not cell.compiler.batch_agnostic:
+                if engine is not None:
+                    engine.close()
+                engine = None
+            engine = self._measure_batch(cell, model, references, run_id, b, engine)
+        if engine is not None:
+            engine.close()
+        self._log_relative(cell, run_id)
+        self._finish_cell(cell, run_id)
+
+    def _measure_batch(self, cell, model, references, run_id, b, engine):
+        try:
+            engine, record = self._measure(cell, model, references, b, engine)
+        except (CompileFailed, Exception) as exc:  # one failing cell never stops the run
+            if isinstance(exc, NgraphError) and not isinstance(exc, CompileFailed):
+                raise
+            reason = _one_line(exc)
+            log.warning("%s bs%d FAILED: %s", cell.name, b, reason)
+            self.journal.failed(cell.key, b, reason)
+            ml.log_batch(self.client, run_id, tags={f"{S.T_STATUS}.bs{b}": S.STATUS_FAILED,
+                                                    f"{S.T_ERROR}.bs{b}": reason[:5000]})
+            self._emit(Row(cell.model.label, cell.compiler.name, b, S.STATUS_FAILED, note=reason))
+            return None
+        self.journal.measured(cell.key, b, record)
+        self._log_record(cell, run_id, b, record)
+        return engine
+
+    def _measure(self, cell: Cell, model: LoadedModel, references, b: int, engine: Engine | None):
+        compile_s, cache_hit, engine_dir = 0.0, False, None
+        if engine is None:
+            engine, compile_s, cache_hit, engine_dir = self._engine(cell, model, b)
+        x_ref, y_ref = references[b]
+        check = compare_outputs(engine.outputs(x_ref), y_ref, self.spec.tolerance)
+        engine.prepare(model.random_input(b))
+        t0 = time.perf_counter()
+        engine.infer()
+        first_ms = 1000 * (time.perf_counter() - t0)
+        result = measure(engine, b, self.spec.measure, gpu=self.profile.kind == "cuda")
+        record = {
+            "metrics": {
+                **_measurement_metrics(result),
+                S.M_COMPILE: compile_s,
+                S.M_CACHE_HIT: float(cache_hit),
+                S.M_FIRST_INFERENCE: first_ms,
+                **check.metrics(),
+                "parallel_requests": float(engine.parallel_requests),
+                **_engine_extras(engine),
+            },
+            "status": S.STATUS_OK if check.valid else S.STATUS_INVALID,
+            "note": check.reason,
+            "stop_reason": result.stop_reason,
+            "runtime": {k: str(v) for k, v in engine.runtime_settings().items()},
+            "engine_dir": str(engine_dir) if engine_dir else None,
+        }
+        if engine_dir is not None:
+            manifest = json.loads((Path(engine_dir) / "manifest.json").read_text())
+            record["metrics"][S.M_ENGINE_SIZE] = engine_bytes(manifest) / 2**20
+        return engine, record
+
+    def _engine(self, cell: Cell, model: LoadedModel, b: int):
+        """The engine for ``b``: from the cache when a verified copy exists, else compiled
+        (and stored). Returns (engine, seconds spent, cache hit, engine directory)."""
+        key = cache_key({
+            "model": model.content_hash, "compiler": cell.compiler.name,
+            "version": cell.compiler.version(), "flags": cell.flags, "batch": b,
+            "device": self.profile.name, "scenario": self.spec.measure.scenario,
+            "host_cpu": _host_fingerprint(),
+        })
+        ctx = CompileContext(workdir=self.home / "work", device=self.profile.kind, batch_size=b,
+                             cache_dir=self.home, scenario=self.spec.measure.scenario)
+        ctx.workdir.mkdir(parents=True, exist_ok=True)
+        cached = self.cache.lookup(key)
+        t0 = time.perf_counter()
+        if cached is not None:
+            engine = cell.compiler.load(model, cell.flags, ctx, cached)
+            if engine is not None:
+                log.info("%s bs%d: engine cache hit (%s), compilation skipped", cell.name, b, key)
+                return engine, time.perf_counter() - t0, True, cached
+        log.info("%s bs%d: compiling", cell.name, b)
+        engine = cell.compiler.compile(model, cell.flags, ctx)
+        compile_s = time.perf_counter() - t0
+        return engine, compile_s, False, self._save_engine(cell, model, engine, key, b, compile_s)
+
+    def _save_engine(self, cell, model, engine: Engine, key: str, b: int, compile_s: float):
+        with tempfile.TemporaryDirectory(dir=self.home / "work") as tmp:
+            files = engine.save(Path(tmp))
+            info = {
+                "compiler": cell.compiler.name, "compiler_version": cell.compiler.version(),
+                "flags": cell.flags, "model": model.label, "model_sha256": model.content_hash,
+                "family": model.family, "batch_size": b, "input_name": model.input_name,
+                "input_shape": list(model.input_shape(b)), "dtype": model.dtype,
+                "device": self.profile.name, "device_kind": self.profile.kind,
+                "format": files.format, "compile_s": compile_s, "cache_key": key,
+                "host_cpu": _host_fingerprint(), "versions": _versions(),
+            }
+            write_manifest(Path(tmp), files.files, info)
+            if not files.files:  # nothing serializable (eager, torch.compile JIT)
+                target = self.home / "work" / f"manifest-{key}"
+                shutil.rmtree(target, ignore_errors=True)
+                shutil.copytree(tmp, target)
+                return target
+            return self.cache.store(key, Path(tmp))
+
+    # --- logging --------------------------------------------------------------------------
+    def _cell_params(self, cell: Cell, model: LoadedModel) -> dict[str, Any]:
+        m = self.spec.measure
+        params = {
+            S.P_DEVICE: self.profile.name, S.P_MODEL: model.name, S.P_COMPILER: cell.compiler.name,
+            S.P_FAMILY: model.family, S.P_PARAMETER_COUNT: model.parameter_count,
+            S.P_SCENARIO: m.scenario, "warmup": m.warmup, "repetitions": m.repetitions,
+            "min_duration_s": m.min_duration_s, "max_duration_s": m.max_duration_s,
+            "tolerance": self.spec.tolerance, "compiler_version": cell.compiler.version(),
+            "device_kind": self.profile.kind, "model_sha256": model.content_hash,
+        }
+        params.update({f"{S.P_MODEL_PARAM_PREFIX}{k}": v for k, v in model.params.items()})
+        params.update({f"{S.P_FLAG_PREFIX}{k}": v for k, v in cell.flags.items()})
+        return params
+
+    def _log_record(self, cell: Cell, run_id: str, b: int, record: dict) -> None:
+        tags = {f"{S.T_STATUS}.bs{b}": record["status"]}
+        if record.get("note"):
+            tags[f"ngraph.note.bs{b}"] = record["note"]
+        ml.log_batch(self.client, run_id, metrics=ml.batch_metrics(record["metrics"], b), tags=tags)
+        ml.log_params_once(self.client, run_id,
+                           {f"runtime.{k}": v for k, v in record.get("runtime", {}).items()})
+        if record.get("engine_dir") and self.spec.log_engines:
+            ml.log_engine(self.client, run_id, Path(record["engine_dir"]), b)
+        self.journal.logged(cell.key, b)
+        self._emit(_row(cell, b, record))
+
+    def _flush_unlogged(self, cells: list[Cell]) -> None:
+        """Send measured-but-unlogged journal records to MLflow (e.g. the server was down)."""
+        for cell in cells:
+            state = self.journal.cell(cell.key)
+            for b, record in sorted(state.measured.items()):
+                if b in state.logged or state.run_id is None:
+                    continue
+                log.info("%s bs%d: logging a result measured before the interruption", cell.name, b)
+                self._log_record(cell, state.run_id, b, record)
+
+    def _log_relative(self, cell: Cell, run_id: str) -> None:
+        """speedup, RTR, ASE and BSR once this cell's and identity's throughputs exist."""
+        own = self._throughputs(cell.key)
+        identity = self._identity_throughputs(cell)
+        values: dict[str, tuple[float, int]] = {}
+        for b, rel in M.relative_metrics(own, identity).items():
+            values.update(ml.batch_metrics(rel, b))
+        if values:
+            ml.log_batch(self.client, run_id, metrics=values)
+        if identity is None:
+            ml.log_batch(self.client, run_id, tags={"ngraph.relative": "no identity baseline for "
+                                                    "this device and model: speedup and BSR not logged"})
+        for row in self.rows:
+            if row.model == cell.model.label and row.compiler == cell.compiler.name:
+                row.speedup = M.speedup(own.get(row.batch_size), (identity or {}).get(row.batch_size))
+
+    def _throughputs(self, key: str) -> dict[int, float]:
+        state = self.journal.cell(key)
+        return {b: r["metrics"][S.M_THROUGHPUT] for b, r in state.measured.items()
+                if r["status"] != S.STATUS_FAILED}
+
+    def _identity_throughputs(self, cell: Cell) -> dict[int, float] | None:
+        for other in self.plan.cells:
+            if other.model is cell.model and other.compiler.name == "identity":
+                found = self._throughputs(other.key)
+                return found or None
+        return None
+
+    def _finish_cell(self, cell: Cell, run_id: str) -> None:
+        state = self.journal.cell(cell.key)
+        statuses = [r["status"] for r in state.measured.values()]
+        if state.failed:
+            status, error = S.STATUS_FAILED, next(iter(state.failed.values()))
+        elif S.STATUS_INVALID in statuses:
+            status, error = S.STATUS_INVALID, "output check failed at some batch size"
+        else:
+            status, error = S.STATUS_OK, ""
+        tags = {S.T_STATUS: status}
+        if error:
+            tags[S.T_ERROR] = error[:5000]
+        ml.log_batch(self.client, run_id, tags=tags)
+        ml.finish(self.client, run_id, "FAILED" if status == S.STATUS_FAILED and not statuses else "FINISHED")
+
+    def _rows_from_journal(self, cell: Cell, only: int | None = None) -> None:
+        state = self.journal.cell(cell.key)
+        for b in self.spec.batch_sizes:
+            if only is not None and b != only:
+                continue
+            if b in state.measured:
+                row = _row(cell, b, state.measured[b])
+            elif b in state.failed:
+                row = Row(cell.model.label, cell.compiler.name, b, S.STATUS_FAILED, note=state.failed[b])
+            else:
+                continue
+            row.skipped = True
+            self._emit(row)
+
+    def _emit(self, row: Row) -> None:
+        self.rows.append(row)
+        self.on_row(row)
+
+
+# --- helpers ------------------------------------------------------------------------------
+@dataclass
+class OutputCheck:
+    max_abs_error: float
+    max_rel_error: float
+    cosine: float
+    valid: bool
+    reason: str = ""
+
+    def metrics(self) -> dict[str, float]:
+        return {S.M_MAX_ABS_ERROR: self.max_abs_error, S.M_MAX_REL_ERROR: self.max_rel_error,
+                S.M_COSINE: self.cosine, S.M_VALID: float(self.valid)}
+
+
+def compare_outputs(output: np.ndarray, reference: np.ndarray, tolerance: float) -> OutputCheck:
+    """Compare an engine's output with identity's.
+
+    ``max_rel_error`` is the largest absolute difference divided by the reference's largest
+    magnitude (element-wise relative error explodes on outputs near zero). Valid when it is at
+    most ``tolerance`` and the cosine similarity is at least ``1 - tolerance``.
+    """
+    if output.size != reference.size:
+        return OutputCheck(float("inf"), float("inf"), 0.0, False,
+                           f"output shape {output.shape} != reference {reference.shape}")
+    out = output.astype(np.float64).ravel()
+    ref = reference.astype(np.float64).ravel()
+    if not np.all(np.isfinite(out)):
+        return OutputCheck(float("inf"), float("inf"), 0.0, False, "output has NaN or Inf")
+    max_abs = float(np.max(np.abs(out - ref))) if out.size else 0.0
+    max_rel = max_abs / max(float(np.max(np.abs(ref))), 1e-12)
+    norms = float(np.linalg.norm(out) * np.linalg.norm(ref))
+    cosine = float(np.dot(out, ref) / norms) if norms > 0 else float(max_abs == 0)
+    valid = max_rel <= tolerance and cosine >= 1 - tolerance
+    reason = "" if valid else (
+        f"output differs from identity: max rel error {max_rel:.2e}, cosine {cosine:.6f} "
+        f"(tolerance {tolerance:g})")
+    return OutputCheck(max_abs, max_rel, cosine, valid, reason)
+
+
+def _reference_engine(model: LoadedModel, device_kind: str, home: Path) -> Engine:
+    """Eager PyTorch for torch models; ONNX Runtime with every optimization off for ONNX files."""
+    ctx = CompileContext(workdir=home / "work", device=device_kind, batch_size=1, cache_dir=home)
+    if model.is_torch:
+        return get_compiler("identity").compile(model, {}, ctx)
+    ort = get_compiler("onnxruntime")
+    require_available(ort, "cpu")
+    return ort.compile(model, ort.resolve_flags({"graph_optimization_level": "disable"}), ctx)
+
+
+def _measurement_metrics(result) -> dict[str, float]:
+    keys = (S.M_THROUGHPUT, S.M_THROUGHPUT_STD, S.M_LATENCY_MEAN, S.M_LATENCY_STD,
+            S.M_LATENCY_P50, S.M_LATENCY_P90, S.M_LATENCY_P99, S.M_CV, S.M_REPETITIONS,
+            S.M_DURATION, S.M_CPU, S.M_RSS, "throughput_overall", "requests_per_repetition")
+    data = result.to_dict()
+    out = {k: float(data[k]) for k in keys}
+    out.update({k: float(v) for k, v in (result.gpu or {}).items()})
+    return out
+
+
+def _engine_extras(engine: Engine) -> dict[str, float]:
+    """Compile-side numbers some engines expose (TVM's tuning time and trial count)."""
+    extras = {}
+    for attr, name in (("tuning_seconds", "tuning_s"), ("trials_used", "trials"),
+                       ("tuned", "tuned")):
+        value = getattr(engine, attr, None)
+        if value is not None:
+            extras[name] = float(value)
+    return extras
+
+
+def _row(cell: Cell, b: int, record: dict) -> Row:
+    m = record["metrics"]
+    return Row(cell.model.label, cell.compiler.name, b, record["status"],
+               throughput=m.get(S.M_THROUGHPUT), throughput_std=m.get(S.M_THROUGHPUT_STD),
+               latency_p50_ms=m.get(S.M_LATENCY_P50), cpu_percent=m.get(S.M_CPU),
+               compile_s=m.get(S.M_COMPILE), max_rel_error=m.get(S.M_MAX_REL_ERROR),
+               note=record.get("note") or ("untuned" if m.get("tuned") == 0.0 else ""))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}"[:1000] if not isinstance(exc, CompileFailed) else first
+
+
+def _host_fingerprint() -> str:
+    from mlflow_ngraph.env import cpu_model
+
+    return f"{cpu_model()}|{os.cpu_count()}"
+
+
+def _versions() -> dict[str, str]:
+    from mlflow_ngraph.env import library_versions
+
+    return library_versions()

@@ -1,0 +1,94 @@
+"""Engine manifests and the local engine cache.
+
+An engine directory holds the runtime's files plus ``manifest.json``: input shape and dtype,
+compiler, flags, versions, device, and the sha256 of every file. The cache keys directories by
+(model hash, compiler, compiler version, flags, batch size, device fingerprint); the same
+directory is logged as the run's ``engines/bs<b>`` artifact, which is what ``pull`` fetches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mlflow_ngraph.models.base import file_hash
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+
+
+def cache_key(parts: dict[str, Any]) -> str:
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def write_manifest(directory: Path, files: list[str], info: dict[str, Any]) -> dict[str, Any]:
+    """Write ``manifest.json`` describing the engine files in ``directory``."""
+    entries = []
+    for name in files:
+        path = directory / name
+        entries.append({"path": name, "bytes": path.stat().st_size, "sha256": file_hash(path)})
+    manifest = {"manifest_version": MANIFEST_VERSION, **info, "files": entries}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+    return manifest
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def verify(directory: Path) -> bool:
+    """True when every file the manifest lists is present with its recorded sha256."""
+    manifest = read_manifest(directory)
+    if manifest is None or not manifest.get("files"):
+        return False
+    for entry in manifest["files"]:
+        path = Path(directory) / entry["path"]
+        if not path.is_file() or file_hash(path) != entry["sha256"]:
+            return False
+    return True
+
+
+def engine_bytes(manifest: dict[str, Any]) -> int:
+    return sum(entry["bytes"] for entry in manifest.get("files", []))
+
+
+class EngineCache:
+    """Compiled engines on local disk, so a re-run with the same key skips compilation."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root) / "engines"
+
+    def lookup(self, key: str) -> Path | None:
+        directory = self.root / key
+        if directory.is_dir() and verify(directory):
+            return directory
+        return None
+
+    def store(self, key: str, source: Path) -> Path:
+        """Copy a written engine directory into the cache (atomically) and return its path."""
+        target = self.root / key
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=".tmp-"))
+        try:
+            shutil.copytree(source, tmp, dirs_exist_ok=True)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return target

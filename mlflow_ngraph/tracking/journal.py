@@ -1,0 +1,100 @@
+"""The resume journal: every measured cell is on disk before MLflow hears of it.
+
+One append-only JSON-lines file per (tracking URI, experiment, device profile). A record is
+written (and fsynced) the moment a batch size is measured, then marked logged once MLflow has
+it. On a re-run, logged records are skipped, measured-but-unlogged ones are sent to MLflow
+from the journal (a tracking server that was down loses nothing) and the rest is measured.
+The cluster sweep reads the same journal to resume a task on another attempt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+JOURNAL_VERSION = 1
+
+
+@dataclass
+class CellState:
+    """What the journal knows about one cell (device x model x compiler x flags)."""
+
+    run_id: str | None = None
+    measured: dict[int, dict[str, Any]] = field(default_factory=dict)  # batch -> record
+    logged: set[int] = field(default_factory=set)
+    failed: dict[int, str] = field(default_factory=dict)  # batch -> reason
+
+
+class Journal:
+    """Append-only record of finished work, keyed by cell key and batch size."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.cells: dict[str, CellState] = {}
+        self._replay()
+
+    @classmethod
+    def for_target(cls, home: Path, tracking_uri: str, experiment: str, device: str) -> Journal:
+        digest = hashlib.sha256(f"{tracking_uri}|{experiment}|{device}".encode()).hexdigest()
+        return cls(Path(home) / "journals" / f"{device}-{digest[:16]}.jsonl")
+
+    def _replay(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path) as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line torn by a kill mid-write: the cell is measured again
+                self._apply(record)
+
+    def _apply(self, record: dict[str, Any]) -> None:
+        cell = self.cells.setdefault(record["cell"], CellState())
+        kind = record["kind"]
+        if kind == "run":
+            cell.run_id = record["run_id"]
+        elif kind == "measured":
+            cell.measured[record["batch_size"]] = record
+        elif kind == "logged":
+            cell.logged.add(record["batch_size"])
+        elif kind == "failed":
+            cell.failed[record["batch_size"]] = record["reason"]
+
+    def _append(self, record: dict[str, Any]) -> None:
+        record = {"v": JOURNAL_VERSION, "time": time.time(), **record}
+        line = json.dumps(record, default=float) + "\n"
+        with open(self.path, "a") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+        self._apply(record)
+
+    def cell(self, key: str) -> CellState:
+        return self.cells.get(key, CellState())
+
+    def set_run(self, key: str, run_id: str) -> None:
+        if self.cell(key).run_id != run_id:
+            self._append({"kind": "run", "cell": key, "run_id": run_id})
+
+    def measured(self, key: str, batch_size: int, result: dict[str, Any]) -> None:
+        self._append({"kind": "measured", "cell": key, "batch_size": batch_size, **result})
+
+    def logged(self, key: str, batch_size: int) -> None:
+        self._append({"kind": "logged", "cell": key, "batch_size": batch_size})
+
+    def failed(self, key: str, batch_size: int, reason: str) -> None:
+        self._append({"kind": "failed", "cell": key, "batch_size": batch_size, "reason": reason})
+
+    def done(self, key: str, batch_size: int, retry_failed: bool = False) -> bool:
+        """Whether ``(key, batch_size)`` needs no more work."""
+        cell = self.cell(key)
+        if batch_size in cell.logged:
+            return True
+        return batch_size in cell.failed and not retry_failed
