@@ -147,7 +147,7 @@ def split_name_args(text: str, what: str) -> tuple[str, dict[str, Any]]:
     """Parse ``NAME[:key=value,...]``; a factory ``package.module:function[:key=value]`` keeps
     its colon."""
     head, sep, rest = text.partition(":")
-    if sep and rest and "=" not in rest.split(":")[0].split(",")[0]:
+    if sep and rest and "=" not in rest.split(":")[0].split(",")[0] and _is_module_path(head):
         func, _, rest = rest.partition(":")
         head = f"{head}:{func}"
     args: dict[str, Any] = {}
@@ -159,6 +159,13 @@ def split_name_args(text: str, what: str) -> tuple[str, dict[str, Any]]:
     if not head.strip():
         raise NgraphError(f"{what} {text!r} has no name")
     return head.strip(), args
+
+
+def _is_module_path(head: str) -> bool:
+    """``package.module`` (a factory) rather than a model or compiler name."""
+    from mlflow_ngraph.models.registry import registered_models
+
+    return "." in head or head not in registered_models()
 
 
 def parse_batch_sizes(value: Any) -> list[int]:

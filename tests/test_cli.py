@@ -1,0 +1,105 @@
+"""Every bad input: one clear line naming the problem, a non-zero exit, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from conftest import PYTHON, REPO, TINY
+
+
+def _assert_clean_error(code, out, err, fragment):
+    assert code != 0
+    assert fragment in err
+    assert "Traceback" not in err + out
+    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--model", "no_such_net"], "unknown model 'no_such_net'"),
+        (["--compiler", "nope"], "unknown compiler 'nope'"),
+        (["--compiler", "onnxruntime:bogus=1"], "has no flag 'bogus'"),
+        (["--compiler", "onnxruntime:graph_optimization_level=max"], "graph_optimization_level"),
+        (["--device", "tpu"], "unknown device profile 'tpu'"),
+        (["--device", "gpu"], "needs a CUDA device"),
+        (["--batch-sizes", "0"], "batch size 0 must be a positive integer"),
+        (["--batch-sizes", "-4"], "batch size -4 must be a positive integer"),
+        (["--compiler", "tensorrt"], "compiler 'tensorrt' is not available"),
+        (["--model", "missing.onnx"], "ONNX file 'missing.onnx' does not exist"),
+        (["--model", "no_such_pkg.models:build"], "does not import"),
+        (["--model", "conv_block:widht=4"], "no init param 'widht'"),
+        (["--tracking-uri", "http://127.0.0.1:9"], "unreachable"),
+    ],
+)
+def test_bad_input(run_cli, tracking_uri, args, fragment):
+    base = [a for a in TINY]
+    if "--model" in args:
+        i = base.index("--model")
+        del base[i : i + 2]
+    if "--batch-sizes" in args:
+        i = base.index("--batch-sizes")
+        del base[i : i + 2]
+    uri = [] if "--tracking-uri" in args else ["--tracking-uri", tracking_uri]
+    _assert_clean_error(*run_cli("benchmark", *base, *args, *uri), fragment)
+
+
+def test_corrupt_onnx_file(run_cli, tracking_uri, tmp_path):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"\x08\x07not really a protobuf")
+    code, out, err = run_cli("benchmark", "--model", str(bad), "--tracking-uri", tracking_uri)
+    _assert_clean_error(code, out, err, "is not a valid ONNX model")
+
+
+def test_malformed_yaml(run_cli, tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("models: [resnet18\n  batch_sizes: 1")
+    _assert_clean_error(*run_cli("benchmark", "--spec", str(spec)), "is not valid YAML")
+
+
+def test_no_traceback_from_the_console_script(tmp_path):
+    result = subprocess.run(
+        [PYTHON, "-m", "mlflow_ngraph", "benchmark", "--model", "resnet18", "--batch-sizes", "0"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: batch size 0 must be a positive integer"
+
+
+def test_compilers_lists_all_with_availability(run_cli):
+    code, out, _ = run_cli("compilers")
+    assert code == 0
+    for name in ("identity", "torchscript", "inductor", "onnxruntime", "openvino", "tvm", "tensorrt"):
+        assert name in out
+    line = next(line for line in out.splitlines() if line.startswith("tensorrt"))
+    assert " no " in line and "tensorrt" in line
+
+
+def test_models_lists_the_paper_models_with_family(run_cli):
+    code, out, _ = run_cli("models")
+    assert code == 0
+    for name, family in [("resnet101", "resnet"), ("efficientnet_b5", "efficientnet"),
+                         ("deit3_base_patch16_224", "deit"), ("swin_s3_base_224", "swin"),
+                         ("convnext_base", "convnext"), ("conv_block", "conv_block")]:
+        assert any(line.split() == [name, family] for line in out.splitlines()), name
+
+
+@pytest.mark.parametrize("command", ["benchmark", "compilers", "models", "compare"])
+def test_help(run_cli, command):
+    code, out, _ = run_cli(command, "--help")
+    assert code == 0 and "Usage" in out
+
+
+def test_failing_compiler_marks_cell_failed_and_run_goes_on(run_cli, tracking_uri):
+    """A model TorchScript cannot trace (data-dependent control flow) fails only its cell."""
+    code, out, err = run_cli(
+        "benchmark", "--model", "tests.fixtures.models:untraceable:input_shape=4", "--compiler", "identity",
+        "--compiler", "torchscript", "--batch-sizes", "1", "--warmup", "0", "--repetitions", "2",
+        "--min-duration", "0", "--tracking-uri", tracking_uri,
+    )
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines() if "tests.fixtures.models:untraceable" in line]
+    statuses = {r[1]: r for r in rows}
+    assert "OK" in statuses["identity"]
+    assert "FAILED" in statuses["torchscript"]

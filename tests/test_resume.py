@@ -1,0 +1,94 @@
+"""Resume: finished cells are skipped, a kill -9 loses nothing, no duplicate runs appear."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import PYTHON, REPO, TINY
+from mlflow.tracking import MlflowClient
+
+from mlflow_ngraph.tracking import schema as S
+
+
+def _cell_runs(uri: str, experiment: str):
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id])
+    return [r for r in runs if r.data.tags.get(S.T_ROLE) == "cell"], runs
+
+
+def test_rerun_skips_finished_cells_and_creates_no_runs(run_cli, tracking_uri):
+    args = ["benchmark", *TINY, "--compiler", "identity", "--compiler", "torchscript",
+            "--experiment", "resume", "--tracking-uri", tracking_uri]
+    code, first, err = run_cli(*args)
+    assert code == 0, err
+    cells, runs = _cell_runs(tracking_uri, "resume")
+    assert len(cells) == 2 and len(runs) == 3
+    code, second, err = run_cli(*args)
+    assert code == 0, err
+    assert "compiling" not in err
+    assert second.count("(resumed)") == 4
+    cells2, runs2 = _cell_runs(tracking_uri, "resume")
+    assert sorted(r.info.run_id for r in runs2) == sorted(r.info.run_id for r in runs)
+    # the throughput history has one value per batch size, not one per invocation
+    history = MlflowClient(tracking_uri).get_metric_history(cells2[0].info.run_id, "throughput")
+    assert len(history) == 2
+
+
+def test_new_batch_size_extends_the_same_runs(run_cli, tracking_uri):
+    base = ["benchmark", "--model", "conv_block:width=8,depth=1,image_size=32", "--compiler",
+            "identity", "--warmup", "0", "--repetitions", "2", "--min-duration", "0",
+            "--experiment", "extend", "--tracking-uri", tracking_uri]
+    assert run_cli(*base, "--batch-sizes", "1")[0] == 0
+    assert run_cli(*base, "--batch-sizes", "1,2")[0] == 0
+    cells, _ = _cell_runs(tracking_uri, "extend")
+    assert len(cells) == 1
+    assert {"throughput.bs1", "throughput.bs2"} <= set(cells[0].data.metrics)
+
+
+def _journal_logged(home: Path) -> int:
+    total = 0
+    for path in (home / "journals").glob("*.jsonl"):
+        total += sum(1 for line in path.read_text().splitlines() if '"logged"' in line)
+    return total
+
+
+def test_kill_9_mid_run_then_resume_finishes_the_rest(tmp_path):
+    home = tmp_path / "home"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    models = [f"conv_block:width=8,depth={d},image_size=32" for d in (1, 2, 3)]
+    args = [PYTHON, "-m", "mlflow_ngraph", "benchmark", "--batch-sizes", "1,2", "--warmup", "1",
+            "--repetitions", "3", "--min-duration", "0.3", "--compiler", "identity",
+            "--compiler", "torchscript", "--experiment", "killed", "--tracking-uri", uri,
+            "--home", str(home)]
+    for model in models:
+        args += ["--model", model]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 240
+    while _journal_logged(home) < 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = _journal_logged(home)
+    assert 3 <= done_before < 12
+
+    result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    cells, runs = _cell_runs(uri, "killed")
+    assert len(cells) == 6, [r.info.run_name for r in cells]  # 3 models x 2 compilers, no duplicates
+    for run in cells:
+        assert {"throughput.bs1", "throughput.bs2"} <= set(run.data.metrics), run.info.run_name
+        assert run.info.status == "FINISHED"
+    assert result.stdout.count("(resumed)") >= done_before - 1
+    journal = next((home / "journals").glob("*.jsonl")).read_text().splitlines()
+    measured = [json.loads(line) for line in journal if '"measured"' in line]
+    keys = {(m["cell"], m["batch_size"]) for m in measured}
+    assert len(keys) == 12
