@@ -101,10 +101,7 @@ def benchmark(spec_file, device, models, compilers, batch_sizes, scenario, warmu
               retry_failed, no_engine_artifacts, verbose, quiet) -> None:
     """Compile and measure models x compilers x batch sizes on this device."""
     _setup_logging(-1 if quiet else verbose)
-    from mlflow_ngraph.config import build_spec, load_spec_file, parse_batch_sizes
-    from mlflow_ngraph.summary import format_summary
-    from mlflow_ngraph.runner import Runner, plan
-    from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
+    from mlflow_ngraph.config import load_spec_file, parse_batch_sizes
 
     file_data = load_spec_file(resolve_spec_path(spec_file)) if spec_file else {}
     data = merge_options(
@@ -114,6 +111,16 @@ def benchmark(spec_file, device, models, compilers, batch_sizes, scenario, warmu
         max_duration=max_duration, tolerance=tolerance, experiment=experiment,
         tracking_uri=tracking_uri, log_engines=False if no_engine_artifacts else None,
     )
+    _run(data, home, retry_failed)
+
+
+def _run(data: dict[str, Any], home: Path | None, retry_failed: bool) -> None:
+    """Validate the merged settings, run every cell and print the summary."""
+    from mlflow_ngraph.config import build_spec
+    from mlflow_ngraph.runner import Runner, plan
+    from mlflow_ngraph.summary import format_summary
+    from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
+
     spec = build_spec(data)
     work = plan(spec)
     uri = resolve_tracking_uri(spec.tracking_uri)
@@ -122,6 +129,86 @@ def benchmark(spec_file, device, models, compilers, batch_sizes, scenario, warmu
              ",".join(map(str, spec.batch_sizes)), spec.device, uri)
     rows = Runner(work, uri, home or default_home(), retry_failed=retry_failed).run()
     click.echo(format_summary(rows, spec))
+
+
+#: the paper's block grid (Section V-C/V-E): conv widths are channels, MHA widths embedding
+#: dimensions; sequence length 10; depths 1..6.
+BLOCK_WIDTHS = {"conv_block": [64, 96, 128, 256], "mha_block": [128, 256, 384, 512]}
+BLOCK_DEPTHS = [1, 2, 3, 4, 5, 6]
+BLOCK_BATCH_SIZES = [1, 2, 4, 8, 16]
+#: ``--small``: a grid of minutes on a small host that still has a width and a depth axis
+SMALL_WIDTHS = {"conv_block": [64, 128], "mha_block": [128, 256]}
+SMALL_DEPTHS = [1, 2, 3]
+SMALL_BATCH_SIZES = [1, 8]
+
+
+def _int_list(text: str | None, what: str) -> list[int] | None:
+    if not text:
+        return None
+    values: list[int] = []
+    for part in text.replace(" ", ",").split(","):
+        if not part:
+            continue
+        low, dash, high = part.partition("-")
+        try:
+            values += list(range(int(low), int(high) + 1)) if dash else [int(part)]
+        except ValueError:
+            raise NgraphError(f"{what} {text!r} is not like 1,2,4 or 1-6") from None
+    if not values or min(values) < 1:
+        raise NgraphError(f"{what} {text!r} must list positive integers")
+    return values
+
+
+def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) -> list[dict]:
+    """The depth x width grid of the synthetic blocks as model entries of a spec."""
+    models = []
+    for kind in kinds:
+        if kind not in BLOCK_WIDTHS:
+            raise NgraphError(f"unknown block kind {kind!r} (kinds: {', '.join(BLOCK_WIDTHS)})")
+        for width in widths or BLOCK_WIDTHS[kind]:
+            for depth in depths:
+                models.append({"name": kind, "params": {"width": width, "depth": depth}})
+    return models
+
+
+@cli.command()
+@click.option("--device", help="Device profile: cpu, xeon, gpu, orin.")
+@click.option("--kinds", default="conv_block,mha_block", show_default=True, help="Block kinds.")
+@click.option("--widths", help="Widths for every kind (default: the paper's per kind).")
+@click.option("--depths", help="Depths, e.g. 1-6 or 1,2,4 (default 1-6).")
+@click.option("--batch-sizes", help="Batch sizes (default 1,2,4,8,16).")
+@click.option("--small", is_flag=True, help="A small grid: 2 widths per kind, depths 1-3, batch 1 and 8.")
+@click.option("--compiler", "compilers", multiple=True, help="NAME[:flag=value,...] (default: the profile's).")
+@click.option("--scenario", type=click.Choice(["throughput", "latency"]))
+@click.option("--warmup", type=int)
+@click.option("--repetitions", type=int)
+@click.option("--min-duration", type=float)
+@click.option("--experiment", default="ngraph-blocks", show_default=True)
+@click.option("--tracking-uri")
+@click.option("--home", type=click.Path(path_type=Path))
+@click.option("--retry-failed", is_flag=True)
+@click.option("-v", "--verbose", count=True)
+def blocks(device, kinds, widths, depths, batch_sizes, small, compilers, scenario, warmup,
+           repetitions, min_duration, experiment, tracking_uri, home, retry_failed, verbose) -> None:
+    """Run the depth x width x batch grid of conv_block and mha_block (Tables VII/VIII)."""
+    _setup_logging(verbose)
+    from mlflow_ngraph.config import parse_batch_sizes
+
+    kind_list = [k for k in kinds.replace(" ", ",").split(",") if k]
+    width_list = _int_list(widths, "widths")
+    depth_list = _int_list(depths, "depths") or (SMALL_DEPTHS if small else BLOCK_DEPTHS)
+    models = []
+    for kind in kind_list:
+        kind_widths = width_list or (SMALL_WIDTHS.get(kind) if small else None)
+        models += block_models([kind], kind_widths, depth_list)
+    sizes = parse_batch_sizes(batch_sizes) if batch_sizes else (
+        SMALL_BATCH_SIZES if small else BLOCK_BATCH_SIZES)
+    data = merge_options(
+        {}, device=device, models=models, compilers=_split_multi(compilers), batch_sizes=sizes,
+        scenario=scenario, warmup=warmup, repetitions=repetitions, min_duration=min_duration,
+        experiment=experiment, tracking_uri=tracking_uri,
+    )
+    _run(data, home, retry_failed)
 
 
 @cli.command("compilers")
