@@ -232,9 +232,12 @@ class Runner:
         return engine
 
     def _measure(self, cell: Cell, model: LoadedModel, references, b: int, engine: Engine | None):
-        compile_s, cache_hit, engine_dir = 0.0, False, None
+        compile_s, cache_hit = 0.0, False
         if engine is None:
             engine, compile_s, cache_hit, engine_dir = self._engine(cell, model, b)
+        else:  # a batch-agnostic engine (eager) serves this batch too: its own manifest
+            engine_dir = self._save_engine(cell, model, engine, self._engine_key(cell, model, b),
+                                           b, 0.0)
         x_ref, y_ref = references[b]
         check = compare_outputs(engine.outputs(x_ref), y_ref, self.spec.tolerance)
         engine.prepare(model.random_input(b))
@@ -266,12 +269,7 @@ class Runner:
     def _engine(self, cell: Cell, model: LoadedModel, b: int):
         """The engine for ``b``: from the cache when a verified copy exists, else compiled
         (and stored). Returns (engine, seconds spent, cache hit, engine directory)."""
-        key = cache_key({
-            "model": model.content_hash, "compiler": cell.compiler.name,
-            "version": cell.compiler.version(), "flags": cell.flags, "batch": b,
-            "device": self.profile.name, "scenario": self.spec.measure.scenario,
-            "host_cpu": _host_fingerprint(),
-        })
+        key = self._engine_key(cell, model, b)
         ctx = CompileContext(workdir=self.home / "work", device=self.profile.kind, batch_size=b,
                              cache_dir=self.home, scenario=self.spec.measure.scenario)
         ctx.workdir.mkdir(parents=True, exist_ok=True)
@@ -286,6 +284,14 @@ class Runner:
         engine = cell.compiler.compile(model, cell.flags, ctx)
         compile_s = time.perf_counter() - t0
         return engine, compile_s, False, self._save_engine(cell, model, engine, key, b, compile_s)
+
+    def _engine_key(self, cell: Cell, model: LoadedModel, b: int) -> str:
+        return cache_key({
+            "model": model.content_hash, "compiler": cell.compiler.name,
+            "version": cell.compiler.version(), "flags": cell.flags, "batch": b,
+            "device": self.profile.name, "scenario": self.spec.measure.scenario,
+            "host_cpu": _host_fingerprint(),
+        })
 
     def _save_engine(self, cell, model, engine: Engine, key: str, b: int, compile_s: float):
         with tempfile.TemporaryDirectory(dir=self.home / "work") as tmp:

@@ -1,0 +1,113 @@
+"""The MLflow contract of a benchmark, on a tiny real model with every CPU compiler."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import TINY
+from mlflow.tracking import MlflowClient
+
+from mlflow_ngraph.tracking import schema as S
+
+COMPILERS = ["identity", "torchscript", "inductor", "onnxruntime", "openvino"]
+#: compilers whose engines serialize, and the file each writes
+ENGINE_FILES = {
+    "torchscript": "model.pt",
+    "onnxruntime": "model.ort.onnx",
+    "openvino": "model.blob",
+}
+
+
+@pytest.fixture(scope="module")
+def benchmarked(tmp_path_factory):
+    """One real benchmark run shared by the contract tests below."""
+    from mlflow_ngraph.cli import main
+
+    tmp = tmp_path_factory.mktemp("bench")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    args = ["benchmark", *TINY, "--experiment", "contract", "--tracking-uri", uri,
+            "--home", str(tmp / "home")]
+    for name in COMPILERS:
+        args += ["--compiler", name]
+    main(args)
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("contract")
+    runs = client.search_runs([experiment.experiment_id])
+    return client, runs
+
+
+def _cells(runs):
+    return {r.data.params["compiler"]: r for r in runs if r.data.tags.get(S.T_ROLE) == "cell"}
+
+
+def test_one_parent_and_one_nested_child_per_compiler(benchmarked):
+    _, runs = benchmarked
+    parents = [r for r in runs if r.data.tags.get(S.T_ROLE) == "benchmark"]
+    assert len(parents) == 1
+    cells = _cells(runs)
+    assert sorted(cells) == sorted(COMPILERS)
+    for run in cells.values():
+        assert run.data.tags[S.T_PARENT] == parents[0].info.run_id
+        assert run.info.status == "FINISHED"
+    parent = parents[0]
+    assert parent.data.tags[S.T_SPEC_HASH]
+    assert "env.cpu_model" in parent.data.tags and "env.version.torch" in parent.data.tags
+
+
+def test_params_have_the_contract_keys(benchmarked):
+    _, runs = benchmarked
+    for name, run in _cells(runs).items():
+        params = run.data.params
+        assert params["device"] == "cpu"
+        assert params["model"] == "conv_block"
+        assert params["compiler"] == name
+        assert params["family"] == "conv_block"
+        assert int(params["parameter_count"]) > 0
+        assert params["model.width"] == "8"
+        assert params["scenario"] == "throughput"
+    assert _cells(runs)["torchscript"].data.params["flag.freeze"] == "True"
+
+
+def test_metrics_are_stepped_by_batch_size_and_flat(benchmarked):
+    client, runs = benchmarked
+    for name, run in _cells(runs).items():
+        metrics = run.data.metrics
+        for b in (1, 2):
+            assert metrics[f"throughput.bs{b}"] > 0, name
+            assert f"latency_p50_ms.bs{b}" in metrics
+            assert 0 < metrics[f"cpu_percent.bs{b}"] <= 100.0 + 1e-6
+            assert metrics[f"valid.bs{b}"] == 1.0, name
+            assert metrics[f"cosine_similarity.bs{b}"] > 0.999
+            assert metrics[f"speedup.bs{b}"] > 0
+        history = client.get_metric_history(run.info.run_id, "throughput")
+        assert sorted(m.step for m in history) == [1, 2]
+        assert {m.step: m.value for m in history}[2] == metrics["throughput.bs2"]
+        assert run.data.tags[S.T_STATUS] == S.STATUS_OK
+    identity = _cells(runs)["identity"].data.metrics
+    assert identity["speedup.bs2"] == pytest.approx(1.0)
+    assert identity["ase.bs1"] == pytest.approx(1.0)
+
+
+def test_engine_artifacts_with_manifest(benchmarked, tmp_path):
+    client, runs = benchmarked
+    for name, run in _cells(runs).items():
+        for b in (1, 2):
+            local = client.download_artifacts(run.info.run_id, f"engines/bs{b}", str(tmp_path / name / str(b)))
+            manifest = json.load(open(f"{local}/manifest.json"))
+            assert manifest["compiler"] == name
+            assert manifest["input_shape"] == [b, 3, 32, 32]
+            assert manifest["versions"]["torch"]
+            if name in ENGINE_FILES:
+                paths = [f["path"] for f in manifest["files"]]
+                assert ENGINE_FILES[name] in paths, (name, paths)
+                assert all(len(f["sha256"]) == 64 for f in manifest["files"])
+
+
+def test_parent_has_resolved_spec_artifact(benchmarked, tmp_path):
+    client, runs = benchmarked
+    parent = next(r for r in runs if r.data.tags.get(S.T_ROLE) == "benchmark")
+    path = client.download_artifacts(parent.info.run_id, "spec.json", str(tmp_path))
+    spec = json.load(open(path))
+    assert spec["batch_sizes"] == [1, 2]
+    assert [c["name"] for c in spec["compilers"]] == COMPILERS
