@@ -146,7 +146,7 @@ class Runner:
         from mlflow_ngraph.env import environment
 
         self.client = ml.connect(self.tracking_uri)
-        self.experiment_id = ml.ensure_experiment(self.client, self.spec.experiment)
+        self.experiment_id = ml.run_experiment(self.client, self.spec.experiment)
         self.journal = Journal.for_target(self.home, self.tracking_uri, self.spec.experiment,
                                           self.profile.name)
         env = environment(self.profile.name, self.profile.kind)

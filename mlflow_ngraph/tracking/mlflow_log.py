@@ -76,6 +76,15 @@ def ensure_experiment(client, name: str) -> str:
     return experiment.experiment_id
 
 
+def run_experiment(client, name: str) -> str:
+    """The experiment to log into: the one of the ``mlflow run`` run when inside one (the
+    project run becomes the parent), else ``name``."""
+    active = os.environ.get("MLFLOW_RUN_ID")
+    if active:
+        return client.get_run(active).info.experiment_id
+    return ensure_experiment(client, name)
+
+
 def _find_run(client, experiment_id: str, tags: dict[str, str]) -> str | None:
     clauses = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
     runs = client.search_runs(
