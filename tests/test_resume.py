@@ -92,3 +92,39 @@ def test_kill_9_mid_run_then_resume_finishes_the_rest(tmp_path):
     measured = [json.loads(line) for line in journal if '"measured"' in line]
     keys = {(m["cell"], m["batch_size"]) for m in measured}
     assert len(keys) == 12
+
+
+def test_warm_engine_cache_skips_compilation_in_a_new_store(run_cli, tmp_path):
+    args = ["benchmark", *TINY, "--compiler", "onnxruntime", "--experiment", "cache"]
+    first = f"sqlite:///{tmp_path / 'first.db'}"
+    second = f"sqlite:///{tmp_path / 'second.db'}"
+    assert run_cli(*args, "--tracking-uri", first)[0] == 0
+    code, _, err = run_cli(*args, "--tracking-uri", second)
+    assert code == 0, err
+    assert "engine cache hit" in err
+    cells, _ = _cell_runs(second, "cache")
+    ort = next(r for r in cells if r.data.params["compiler"] == "onnxruntime")
+    assert ort.data.metrics["cache_hit.bs1"] == 1.0
+    assert ort.data.metrics["cache_hit.bs2"] == 1.0
+
+
+def test_mlflow_run_entry_point(tmp_path):
+    """`mlflow run . -e benchmark` from the repository root, as the README says."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+           "MLFLOW_NGRAPH_HOME": str(tmp_path / "home")}
+    bin_dir = Path(PYTHON).parent
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    result = subprocess.run(
+        [str(bin_dir / "mlflow"), "run", str(REPO), "-e", "benchmark", "--env-manager", "local",
+         "--experiment-name", "project", "-P", "device=cpu",
+         "-P", "models=conv_block:width=8,depth=1,image_size=32", "-P", "compilers=identity",
+         "-P", "batch_sizes=1,2", "-P", "warmup=1", "-P", "repetitions=2",
+         "-P", "min_duration=0"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    cells, runs = _cell_runs(env["MLFLOW_TRACKING_URI"], "project")
+    assert len(cells) == 1
+    project_run = next(r for r in runs if r.data.tags.get("mlflow.project.entryPoint") == "benchmark")
+    assert cells[0].data.tags[S.T_PARENT] == project_run.info.run_id
+    assert cells[0].data.metrics["throughput.bs2"] > 0
