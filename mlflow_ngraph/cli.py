@@ -43,8 +43,9 @@ def _setup_logging(verbose: int) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
-@click.group(context_settings={"auto_envvar_prefix": "MLFLOW_NGRAPH",
-                               "help_option_names": ["-h", "--help"]})
+@click.group(
+    context_settings={"auto_envvar_prefix": "MLFLOW_NGRAPH", "help_option_names": ["-h", "--help"]}
+)
 @click.version_option(package_name="mlflow-ngraph")
 def cli() -> None:
     """Benchmark graph compilers on this device; every result goes to MLflow."""
@@ -78,38 +79,77 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
 
 
 @cli.command()
-@click.option("--spec", "spec_file", help="Experiment spec (YAML file, or a packaged name: default, paper, smoke).")
+@click.option(
+    "--spec",
+    "spec_file",
+    help="Experiment spec (YAML file, or a packaged name: default, paper, smoke).",
+)
 @click.option("--device", help="Device profile: cpu, xeon, gpu, orin.")
 @click.option("--model", "models", multiple=True, help="NAME[:key=value,...] (repeatable).")
 @click.option("--compiler", "compilers", multiple=True, help="NAME[:flag=value,...] (repeatable).")
 @click.option("--batch-sizes", help="Comma-separated batch sizes, e.g. 1,2,4,8.")
-@click.option("--scenario", type=click.Choice(["throughput", "latency"]), help="Measurement scenario.")
+@click.option(
+    "--scenario", type=click.Choice(["throughput", "latency"]), help="Measurement scenario."
+)
 @click.option("--warmup", type=int, help="Warm-up repetitions (default 10).")
 @click.option("--repetitions", type=int, help="Minimum measured repetitions (default 100).")
 @click.option("--min-duration", type=float, help="Minimum measured seconds per cell (default 1).")
 @click.option("--max-duration", type=float, help="Cap on measured seconds per cell.")
 @click.option("--tolerance", type=float, help="Output-check tolerance vs identity (default 1e-3).")
 @click.option("--experiment", help="MLflow experiment name.")
-@click.option("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, then MLflow's default).")
-@click.option("--home", type=click.Path(path_type=Path), help="Cache and journal directory (default: MLFLOW_NGRAPH_HOME or ~/.cache/mlflow-ngraph).")
+@click.option(
+    "--tracking-uri",
+    help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, then MLflow's default).",
+)
+@click.option(
+    "--home",
+    type=click.Path(path_type=Path),
+    help="Cache and journal directory (default: MLFLOW_NGRAPH_HOME or ~/.cache/mlflow-ngraph).",
+)
 @click.option("--retry-failed", is_flag=True, help="Measure cells that failed before again.")
 @click.option("--no-engine-artifacts", is_flag=True, help="Do not log engines as artifacts.")
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
-def benchmark(spec_file, device, models, compilers, batch_sizes, scenario, warmup, repetitions,
-              min_duration, max_duration, tolerance, experiment, tracking_uri, home,
-              retry_failed, no_engine_artifacts, verbose, quiet) -> None:
+def benchmark(
+    spec_file,
+    device,
+    models,
+    compilers,
+    batch_sizes,
+    scenario,
+    warmup,
+    repetitions,
+    min_duration,
+    max_duration,
+    tolerance,
+    experiment,
+    tracking_uri,
+    home,
+    retry_failed,
+    no_engine_artifacts,
+    verbose,
+    quiet,
+) -> None:
     """Compile and measure models x compilers x batch sizes on this device."""
     _setup_logging(-1 if quiet else verbose)
     from mlflow_ngraph.config import load_spec_file, parse_batch_sizes
 
     file_data = load_spec_file(resolve_spec_path(spec_file)) if spec_file else {}
     data = merge_options(
-        file_data, device=device, models=_split_multi(models), compilers=_split_multi(compilers),
-        batch_sizes=parse_batch_sizes(batch_sizes) if batch_sizes else None, scenario=scenario,
-        warmup=warmup, repetitions=repetitions, min_duration=min_duration,
-        max_duration=max_duration, tolerance=tolerance, experiment=experiment,
-        tracking_uri=tracking_uri, log_engines=False if no_engine_artifacts else None,
+        file_data,
+        device=device,
+        models=_split_multi(models),
+        compilers=_split_multi(compilers),
+        batch_sizes=parse_batch_sizes(batch_sizes) if batch_sizes else None,
+        scenario=scenario,
+        warmup=warmup,
+        repetitions=repetitions,
+        min_duration=min_duration,
+        max_duration=max_duration,
+        tolerance=tolerance,
+        experiment=experiment,
+        tracking_uri=tracking_uri,
+        log_engines=False if no_engine_artifacts else None,
     )
     _run(data, home, retry_failed)
 
@@ -124,9 +164,14 @@ def _run(data: dict[str, Any], home: Path | None, retry_failed: bool) -> None:
     spec = build_spec(data)
     work = plan(spec)
     uri = resolve_tracking_uri(spec.tracking_uri)
-    log.info("benchmarking %d model(s) x %d compiler(s) x batch sizes %s on %s -> %s",
-             len(spec.models), len(work.cells) // max(len(spec.models), 1),
-             ",".join(map(str, spec.batch_sizes)), spec.device, uri)
+    log.info(
+        "benchmarking %d model(s) x %d compiler(s) x batch sizes %s on %s -> %s",
+        len(spec.models),
+        len(work.cells) // max(len(spec.models), 1),
+        ",".join(map(str, spec.batch_sizes)),
+        spec.device,
+        uri,
+    )
     rows = Runner(work, uri, home or default_home(), retry_failed=retry_failed).run()
     click.echo(format_summary(rows, spec))
 
@@ -177,8 +222,12 @@ def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) 
 @click.option("--widths", help="Widths for every kind (default: the paper's per kind).")
 @click.option("--depths", help="Depths, e.g. 1-6 or 1,2,4 (default 1-6).")
 @click.option("--batch-sizes", help="Batch sizes (default 1,2,4,8,16).")
-@click.option("--small", is_flag=True, help="A small grid: 2 widths per kind, depths 1-3, batch 1 and 8.")
-@click.option("--compiler", "compilers", multiple=True, help="NAME[:flag=value,...] (default: the profile's).")
+@click.option(
+    "--small", is_flag=True, help="A small grid: 2 widths per kind, depths 1-3, batch 1 and 8."
+)
+@click.option(
+    "--compiler", "compilers", multiple=True, help="NAME[:flag=value,...] (default: the profile's)."
+)
 @click.option("--scenario", type=click.Choice(["throughput", "latency"]))
 @click.option("--warmup", type=int)
 @click.option("--repetitions", type=int)
@@ -188,8 +237,24 @@ def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) 
 @click.option("--home", type=click.Path(path_type=Path))
 @click.option("--retry-failed", is_flag=True)
 @click.option("-v", "--verbose", count=True)
-def blocks(device, kinds, widths, depths, batch_sizes, small, compilers, scenario, warmup,
-           repetitions, min_duration, experiment, tracking_uri, home, retry_failed, verbose) -> None:
+def blocks(
+    device,
+    kinds,
+    widths,
+    depths,
+    batch_sizes,
+    small,
+    compilers,
+    scenario,
+    warmup,
+    repetitions,
+    min_duration,
+    experiment,
+    tracking_uri,
+    home,
+    retry_failed,
+    verbose,
+) -> None:
     """Run the depth x width x batch grid of conv_block and mha_block (Tables VII/VIII)."""
     _setup_logging(verbose)
     from mlflow_ngraph.config import parse_batch_sizes
@@ -201,12 +266,23 @@ def blocks(device, kinds, widths, depths, batch_sizes, small, compilers, scenari
     for kind in kind_list:
         kind_widths = width_list or (SMALL_WIDTHS.get(kind) if small else None)
         models += block_models([kind], kind_widths, depth_list)
-    sizes = parse_batch_sizes(batch_sizes) if batch_sizes else (
-        SMALL_BATCH_SIZES if small else BLOCK_BATCH_SIZES)
+    sizes = (
+        parse_batch_sizes(batch_sizes)
+        if batch_sizes
+        else (SMALL_BATCH_SIZES if small else BLOCK_BATCH_SIZES)
+    )
     data = merge_options(
-        {}, device=device, models=models, compilers=_split_multi(compilers), batch_sizes=sizes,
-        scenario=scenario, warmup=warmup, repetitions=repetitions, min_duration=min_duration,
-        experiment=experiment, tracking_uri=tracking_uri,
+        {},
+        device=device,
+        models=models,
+        compilers=_split_multi(compilers),
+        batch_sizes=sizes,
+        scenario=scenario,
+        warmup=warmup,
+        repetitions=repetitions,
+        min_duration=min_duration,
+        experiment=experiment,
+        tracking_uri=tracking_uri,
     )
     _run(data, home, retry_failed)
 
@@ -232,10 +308,19 @@ def compilers_command(device: str, show_flags: bool) -> None:
         if show_flags:
             for flag, spec in compiler.flags.items():
                 choices = f" {{{'|'.join(map(str, spec.choices))}}}" if spec.choices else ""
-                rows.append(("", "", "", f"  {flag}: {spec.type.__name__}{choices} = {spec.default}  {spec.help}"))
+                rows.append(
+                    (
+                        "",
+                        "",
+                        "",
+                        f"  {flag}: {spec.type.__name__}{choices} = {spec.default}  {spec.help}",
+                    )
+                )
     from mlflow_ngraph.summary import format_table
 
-    click.echo(f"device profile {profile.name} ({profile.kind}): defaults {', '.join(profile.compilers)}")
+    click.echo(
+        f"device profile {profile.name} ({profile.kind}): defaults {', '.join(profile.compilers)}"
+    )
     click.echo(format_table(["compiler", "version", "available", "reason"], rows))
 
 
@@ -277,5 +362,7 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        click.echo("interrupted: finished cells are saved; run the same command to resume", err=True)
+        click.echo(
+            "interrupted: finished cells are saved; run the same command to resume", err=True
+        )
         sys.exit(130)

@@ -96,9 +96,7 @@ class MeasureSettings:
 
     def validate(self) -> None:
         if self.scenario not in SCENARIOS:
-            raise NgraphError(
-                f"scenario {self.scenario!r} is not one of: {', '.join(SCENARIOS)}"
-            )
+            raise NgraphError(f"scenario {self.scenario!r} is not one of: {', '.join(SCENARIOS)}")
         if self.warmup < 0:
             raise NgraphError(f"warmup must be >= 0, got {self.warmup}")
         if self.repetitions < 1:
@@ -194,7 +192,9 @@ def _entries(raw: Any, key: str, params_key: str) -> list[tuple[str, dict]]:
         elif isinstance(item, dict) and "name" in item:
             extra = set(item) - {"name", params_key}
             if extra:
-                raise NgraphError(f"spec: {key} entry {item['name']!r} has unknown key {sorted(extra)[0]!r}")
+                raise NgraphError(
+                    f"spec: {key} entry {item['name']!r} has unknown key {sorted(extra)[0]!r}"
+                )
             entries.append((str(item["name"]), dict(item.get(params_key) or {})))
         else:
             raise NgraphError(f"spec: each of {key!r} is a name or a mapping with 'name'")
@@ -220,7 +220,8 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
         raise NgraphError(
-            f"spec file {str(path)!r}: unknown key {unknown[0]!r} (keys: {', '.join(sorted(_TOP_KEYS))})"
+            f"spec file {str(path)!r}: unknown key {unknown[0]!r} "
+            f"(keys: {', '.join(sorted(_TOP_KEYS))})"
         )
     return data
 

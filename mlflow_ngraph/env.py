@@ -11,11 +11,30 @@ from pathlib import Path
 from typing import Any
 
 _LIBRARIES = (
-    "mlflow-ngraph", "torch", "torchvision", "timm", "onnx", "onnxruntime", "onnxruntime-gpu",
-    "openvino", "apache-tvm", "apache-tvm-ffi", "tensorrt", "mlflow", "numpy", "ray",
+    "mlflow-ngraph",
+    "torch",
+    "torchvision",
+    "timm",
+    "onnx",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "openvino",
+    "apache-tvm",
+    "apache-tvm-ffi",
+    "tensorrt",
+    "mlflow",
+    "numpy",
+    "ray",
 )
-_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "KMP_AFFINITY",
-                "OMP_PROC_BIND", "OMP_PLACES", "TORCHINDUCTOR_CACHE_DIR")
+_THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "KMP_AFFINITY",
+    "OMP_PROC_BIND",
+    "OMP_PLACES",
+    "TORCHINDUCTOR_CACHE_DIR",
+)
 
 
 def cpu_model() -> str:

@@ -114,7 +114,9 @@ def _identity_first(compilers: list[CompilerSpec]) -> list[CompilerSpec]:
     return sorted(compilers, key=lambda c: c.name != "identity")
 
 
-def _cell_key(spec: Spec, profile: DeviceProfile, model: ModelSpec, compiler: Compiler, flags) -> str:
+def _cell_key(
+    spec: Spec, profile: DeviceProfile, model: ModelSpec, compiler: Compiler, flags
+) -> str:
     parts = {
         "device": profile.name,
         "model": model.name,
@@ -130,8 +132,14 @@ def _cell_key(spec: Spec, profile: DeviceProfile, model: ModelSpec, compiler: Co
 class Runner:
     """Runs a :class:`Plan` into one tracking store, resuming from the journal."""
 
-    def __init__(self, plan_: Plan, tracking_uri: str, home: Path, retry_failed: bool = False,
-                 on_row: Callable[[Row], None] | None = None) -> None:
+    def __init__(
+        self,
+        plan_: Plan,
+        tracking_uri: str,
+        home: Path,
+        retry_failed: bool = False,
+        on_row: Callable[[Row], None] | None = None,
+    ) -> None:
         self.plan = plan_
         self.spec = plan_.spec
         self.profile = plan_.profile
@@ -147,26 +155,39 @@ class Runner:
 
         self.client = ml.connect(self.tracking_uri)
         self.experiment_id = ml.run_experiment(self.client, self.spec.experiment)
-        self.journal = Journal.for_target(self.home, self.tracking_uri, self.spec.experiment,
-                                          self.profile.name)
+        self.journal = Journal.for_target(
+            self.home, self.tracking_uri, self.spec.experiment, self.profile.name
+        )
         env = environment(self.profile.name, self.profile.kind)
-        self.parent_id = ml.parent_run(self.client, self.experiment_id, self.spec, self.profile,
-                                       env, {S.T_HOST: env["host"]})
+        self.parent_id = ml.parent_run(
+            self.client, self.experiment_id, self.spec, self.profile, env, {S.T_HOST: env["host"]}
+        )
         status = "FINISHED"
         try:
             for model_spec in self.spec.models:
                 self._run_model(model_spec, [c for c in self.plan.cells if c.model is model_spec])
-        except BaseException:
-            status = "KILLED"
+        except BaseException as exc:
+            try:  # best effort: the store itself may be what failed
+                ml.finish(self.client, self.parent_id, "KILLED")
+            except Exception as finish_exc:
+                log.debug("could not mark the parent run KILLED: %s", finish_exc)
+            if ml.is_store_error(exc):  # the journal holds every measured result
+                raise NgraphError(
+                    f"tracking store {self.tracking_uri} failed ({_one_line(exc)}); every "
+                    "measured result is kept in the journal: run the same command again once "
+                    "the store is back to send them and finish the rest"
+                ) from None
             raise
-        finally:
-            ml.finish(self.client, self.parent_id, status)
+        ml.finish(self.client, self.parent_id, status)
         return self.rows
 
     # --- one model ------------------------------------------------------------------------
     def _pending(self, cell: Cell) -> list[int]:
-        return [b for b in self.spec.batch_sizes
-                if not self.journal.done(cell.key, b, self.retry_failed)]
+        return [
+            b
+            for b in self.spec.batch_sizes
+            if not self.journal.done(cell.key, b, self.retry_failed)
+        ]
 
     def _run_model(self, model_spec: ModelSpec, cells: list[Cell]) -> None:
         self._flush_unlogged(cells)
@@ -195,8 +216,9 @@ class Runner:
     def _run_cell(self, cell: Cell, model: LoadedModel, references) -> None:
         pending = self._pending(cell)
         state = self.journal.cell(cell.key)
-        run_id = ml.cell_run(self.client, self.experiment_id, self.parent_id, cell.key,
-                             cell.name, state.run_id)
+        run_id = ml.cell_run(
+            self.client, self.experiment_id, self.parent_id, cell.key, cell.name, state.run_id
+        )
         self.journal.set_run(cell.key, run_id)
         ml.log_params_once(self.client, run_id, self._cell_params(cell, model))
         engine = None
@@ -217,14 +239,17 @@ class Runner:
     def _measure_batch(self, cell, model, references, run_id, b, engine):
         try:
             engine, record = self._measure(cell, model, references, b, engine)
-        except (CompileFailed, Exception) as exc:  # one failing cell never stops the run
-            if isinstance(exc, NgraphError) and not isinstance(exc, CompileFailed):
+        except Exception as exc:  # one failing cell never stops the run
+            if isinstance(exc, NgraphError) or ml.is_store_error(exc):
                 raise
             reason = _one_line(exc)
             log.warning("%s bs%d FAILED: %s", cell.name, b, reason)
             self.journal.failed(cell.key, b, reason)
-            ml.log_batch(self.client, run_id, tags={f"{S.T_STATUS}.bs{b}": S.STATUS_FAILED,
-                                                    f"{S.T_ERROR}.bs{b}": reason[:5000]})
+            ml.log_batch(
+                self.client,
+                run_id,
+                tags={f"{S.T_STATUS}.bs{b}": S.STATUS_FAILED, f"{S.T_ERROR}.bs{b}": reason[:5000]},
+            )
             self._emit(Row(cell.model.label, cell.compiler.name, b, S.STATUS_FAILED, note=reason))
             return None
         self.journal.measured(cell.key, b, record)
@@ -236,8 +261,9 @@ class Runner:
         if engine is None:
             engine, compile_s, cache_hit, engine_dir = self._engine(cell, model, b)
         else:  # a batch-agnostic engine (eager) serves this batch too: its own manifest
-            engine_dir = self._save_engine(cell, model, engine, self._engine_key(cell, model, b),
-                                           b, 0.0)
+            engine_dir = self._save_engine(
+                cell, model, engine, self._engine_key(cell, model, b), b, 0.0
+            )
         x_ref, y_ref = references[b]
         check = compare_outputs(engine.outputs(x_ref), y_ref, self.spec.tolerance)
         engine.prepare(model.random_input(b))
@@ -270,8 +296,13 @@ class Runner:
         """The engine for ``b``: from the cache when a verified copy exists, else compiled
         (and stored). Returns (engine, seconds spent, cache hit, engine directory)."""
         key = self._engine_key(cell, model, b)
-        ctx = CompileContext(workdir=self.home / "work", device=self.profile.kind, batch_size=b,
-                             cache_dir=self.home, scenario=self.spec.measure.scenario)
+        ctx = CompileContext(
+            workdir=self.home / "work",
+            device=self.profile.kind,
+            batch_size=b,
+            cache_dir=self.home,
+            scenario=self.spec.measure.scenario,
+        )
         ctx.workdir.mkdir(parents=True, exist_ok=True)
         cached = self.cache.lookup(key)
         t0 = time.perf_counter()
@@ -286,24 +317,40 @@ class Runner:
         return engine, compile_s, False, self._save_engine(cell, model, engine, key, b, compile_s)
 
     def _engine_key(self, cell: Cell, model: LoadedModel, b: int) -> str:
-        return cache_key({
-            "model": model.content_hash, "compiler": cell.compiler.name,
-            "version": cell.compiler.version(), "flags": cell.flags, "batch": b,
-            "device": self.profile.name, "scenario": self.spec.measure.scenario,
-            "host_cpu": _host_fingerprint(),
-        })
+        return cache_key(
+            {
+                "model": model.content_hash,
+                "compiler": cell.compiler.name,
+                "version": cell.compiler.version(),
+                "flags": cell.flags,
+                "batch": b,
+                "device": self.profile.name,
+                "scenario": self.spec.measure.scenario,
+                "host_cpu": _host_fingerprint(),
+            }
+        )
 
     def _save_engine(self, cell, model, engine: Engine, key: str, b: int, compile_s: float):
         with tempfile.TemporaryDirectory(dir=self.home / "work") as tmp:
             files = engine.save(Path(tmp))
             info = {
-                "compiler": cell.compiler.name, "compiler_version": cell.compiler.version(),
-                "flags": cell.flags, "model": model.label, "model_sha256": model.content_hash,
-                "family": model.family, "batch_size": b, "input_name": model.input_name,
-                "input_shape": list(model.input_shape(b)), "dtype": model.dtype,
-                "device": self.profile.name, "device_kind": self.profile.kind,
-                "format": files.format, "compile_s": compile_s, "cache_key": key,
-                "host_cpu": _host_fingerprint(), "versions": _versions(),
+                "compiler": cell.compiler.name,
+                "compiler_version": cell.compiler.version(),
+                "flags": cell.flags,
+                "model": model.label,
+                "model_sha256": model.content_hash,
+                "family": model.family,
+                "batch_size": b,
+                "input_name": model.input_name,
+                "input_shape": list(model.input_shape(b)),
+                "dtype": model.dtype,
+                "device": self.profile.name,
+                "device_kind": self.profile.kind,
+                "format": files.format,
+                "compile_s": compile_s,
+                "cache_key": key,
+                "host_cpu": _host_fingerprint(),
+                "versions": _versions(),
             }
             write_manifest(Path(tmp), files.files, info)
             if not files.files:  # nothing serializable (eager, torch.compile JIT)
@@ -317,12 +364,20 @@ class Runner:
     def _cell_params(self, cell: Cell, model: LoadedModel) -> dict[str, Any]:
         m = self.spec.measure
         params = {
-            S.P_DEVICE: self.profile.name, S.P_MODEL: model.name, S.P_COMPILER: cell.compiler.name,
-            S.P_FAMILY: model.family, S.P_PARAMETER_COUNT: model.parameter_count,
-            S.P_SCENARIO: m.scenario, "warmup": m.warmup, "repetitions": m.repetitions,
-            "min_duration_s": m.min_duration_s, "max_duration_s": m.max_duration_s,
-            "tolerance": self.spec.tolerance, "compiler_version": cell.compiler.version(),
-            "device_kind": self.profile.kind, "model_sha256": model.content_hash,
+            S.P_DEVICE: self.profile.name,
+            S.P_MODEL: model.name,
+            S.P_COMPILER: cell.compiler.name,
+            S.P_FAMILY: model.family,
+            S.P_PARAMETER_COUNT: model.parameter_count,
+            S.P_SCENARIO: m.scenario,
+            "warmup": m.warmup,
+            "repetitions": m.repetitions,
+            "min_duration_s": m.min_duration_s,
+            "max_duration_s": m.max_duration_s,
+            "tolerance": self.spec.tolerance,
+            "compiler_version": cell.compiler.version(),
+            "device_kind": self.profile.kind,
+            "model_sha256": model.content_hash,
         }
         params.update({f"{S.P_MODEL_PARAM_PREFIX}{k}": v for k, v in model.params.items()})
         params.update({f"{S.P_FLAG_PREFIX}{k}": v for k, v in cell.flags.items()})
@@ -333,8 +388,9 @@ class Runner:
         if record.get("note"):
             tags[f"ngraph.note.bs{b}"] = record["note"]
         ml.log_batch(self.client, run_id, metrics=ml.batch_metrics(record["metrics"], b), tags=tags)
-        ml.log_params_once(self.client, run_id,
-                           {f"runtime.{k}": v for k, v in record.get("runtime", {}).items()})
+        ml.log_params_once(
+            self.client, run_id, {f"runtime.{k}": v for k, v in record.get("runtime", {}).items()}
+        )
         if record.get("engine_dir") and self.spec.log_engines:
             ml.log_engine(self.client, run_id, Path(record["engine_dir"]), b)
         self.journal.logged(cell.key, b)
@@ -360,16 +416,27 @@ class Runner:
         if values:
             ml.log_batch(self.client, run_id, metrics=values)
         if identity is None:
-            ml.log_batch(self.client, run_id, tags={"ngraph.relative": "no identity baseline for "
-                                                    "this device and model: speedup and BSR not logged"})
+            ml.log_batch(
+                self.client,
+                run_id,
+                tags={
+                    "ngraph.relative": "no identity baseline for "
+                    "this device and model: speedup and BSR not logged"
+                },
+            )
         for row in self.rows:
             if row.model == cell.model.label and row.compiler == cell.compiler.name:
-                row.speedup = M.speedup(own.get(row.batch_size), (identity or {}).get(row.batch_size))
+                row.speedup = M.speedup(
+                    own.get(row.batch_size), (identity or {}).get(row.batch_size)
+                )
 
     def _throughputs(self, key: str) -> dict[int, float]:
         state = self.journal.cell(key)
-        return {b: r["metrics"][S.M_THROUGHPUT] for b, r in state.measured.items()
-                if r["status"] != S.STATUS_FAILED}
+        return {
+            b: r["metrics"][S.M_THROUGHPUT]
+            for b, r in state.measured.items()
+            if r["status"] != S.STATUS_FAILED
+        }
 
     def _identity_throughputs(self, cell: Cell) -> dict[int, float] | None:
         for other in self.plan.cells:
@@ -391,7 +458,11 @@ class Runner:
         if error:
             tags[S.T_ERROR] = error[:5000]
         ml.log_batch(self.client, run_id, tags=tags)
-        ml.finish(self.client, run_id, "FAILED" if status == S.STATUS_FAILED and not statuses else "FINISHED")
+        ml.finish(
+            self.client,
+            run_id,
+            "FAILED" if status == S.STATUS_FAILED and not statuses else "FINISHED",
+        )
 
     def _rows_from_journal(self, cell: Cell, only: int | None = None) -> None:
         state = self.journal.cell(cell.key)
@@ -401,7 +472,9 @@ class Runner:
             if b in state.measured:
                 row = _row(cell, b, state.measured[b])
             elif b in state.failed:
-                row = Row(cell.model.label, cell.compiler.name, b, S.STATUS_FAILED, note=state.failed[b])
+                row = Row(
+                    cell.model.label, cell.compiler.name, b, S.STATUS_FAILED, note=state.failed[b]
+                )
             else:
                 continue
             row.skipped = True
@@ -422,8 +495,12 @@ class OutputCheck:
     reason: str = ""
 
     def metrics(self) -> dict[str, float]:
-        return {S.M_MAX_ABS_ERROR: self.max_abs_error, S.M_MAX_REL_ERROR: self.max_rel_error,
-                S.M_COSINE: self.cosine, S.M_VALID: float(self.valid)}
+        return {
+            S.M_MAX_ABS_ERROR: self.max_abs_error,
+            S.M_MAX_REL_ERROR: self.max_rel_error,
+            S.M_COSINE: self.cosine,
+            S.M_VALID: float(self.valid),
+        }
 
 
 def compare_outputs(output: np.ndarray, reference: np.ndarray, tolerance: float) -> OutputCheck:
@@ -434,8 +511,13 @@ def compare_outputs(output: np.ndarray, reference: np.ndarray, tolerance: float)
     most ``tolerance`` and the cosine similarity is at least ``1 - tolerance``.
     """
     if output.size != reference.size:
-        return OutputCheck(float("inf"), float("inf"), 0.0, False,
-                           f"output shape {output.shape} != reference {reference.shape}")
+        return OutputCheck(
+            float("inf"),
+            float("inf"),
+            0.0,
+            False,
+            f"output shape {output.shape} != reference {reference.shape}",
+        )
     out = output.astype(np.float64).ravel()
     ref = reference.astype(np.float64).ravel()
     if not np.all(np.isfinite(out)):
@@ -445,9 +527,14 @@ def compare_outputs(output: np.ndarray, reference: np.ndarray, tolerance: float)
     norms = float(np.linalg.norm(out) * np.linalg.norm(ref))
     cosine = float(np.dot(out, ref) / norms) if norms > 0 else float(max_abs == 0)
     valid = max_rel <= tolerance and cosine >= 1 - tolerance
-    reason = "" if valid else (
-        f"output differs from identity: max rel error {max_rel:.2e}, cosine {cosine:.6f} "
-        f"(tolerance {tolerance:g})")
+    reason = (
+        ""
+        if valid
+        else (
+            f"output differs from identity: max rel error {max_rel:.2e}, cosine {cosine:.6f} "
+            f"(tolerance {tolerance:g})"
+        )
+    )
     return OutputCheck(max_abs, max_rel, cosine, valid, reason)
 
 
@@ -462,9 +549,22 @@ def _reference_engine(model: LoadedModel, device_kind: str, home: Path) -> Engin
 
 
 def _measurement_metrics(result) -> dict[str, float]:
-    keys = (S.M_THROUGHPUT, S.M_THROUGHPUT_STD, S.M_LATENCY_MEAN, S.M_LATENCY_STD,
-            S.M_LATENCY_P50, S.M_LATENCY_P90, S.M_LATENCY_P99, S.M_CV, S.M_REPETITIONS,
-            S.M_DURATION, S.M_CPU, S.M_RSS, "throughput_overall", "requests_per_repetition")
+    keys = (
+        S.M_THROUGHPUT,
+        S.M_THROUGHPUT_STD,
+        S.M_LATENCY_MEAN,
+        S.M_LATENCY_STD,
+        S.M_LATENCY_P50,
+        S.M_LATENCY_P90,
+        S.M_LATENCY_P99,
+        S.M_CV,
+        S.M_REPETITIONS,
+        S.M_DURATION,
+        S.M_CPU,
+        S.M_RSS,
+        "throughput_overall",
+        "requests_per_repetition",
+    )
     data = result.to_dict()
     out = {k: float(data[k]) for k in keys}
     out.update({k: float(v) for k, v in (result.gpu or {}).items()})
@@ -474,8 +574,11 @@ def _measurement_metrics(result) -> dict[str, float]:
 def _engine_extras(engine: Engine) -> dict[str, float]:
     """Compile-side numbers some engines expose (TVM's tuning time and trial count)."""
     extras = {}
-    for attr, name in (("tuning_seconds", "tuning_s"), ("trials_used", "trials"),
-                       ("tuned", "tuned")):
+    for attr, name in (
+        ("tuning_seconds", "tuning_s"),
+        ("trials_used", "trials"),
+        ("tuned", "tuned"),
+    ):
         value = getattr(engine, attr, None)
         if value is not None:
             extras[name] = float(value)
@@ -484,11 +587,19 @@ def _engine_extras(engine: Engine) -> dict[str, float]:
 
 def _row(cell: Cell, b: int, record: dict) -> Row:
     m = record["metrics"]
-    return Row(cell.model.label, cell.compiler.name, b, record["status"],
-               throughput=m.get(S.M_THROUGHPUT), throughput_std=m.get(S.M_THROUGHPUT_STD),
-               latency_p50_ms=m.get(S.M_LATENCY_P50), cpu_percent=m.get(S.M_CPU),
-               compile_s=m.get(S.M_COMPILE), max_rel_error=m.get(S.M_MAX_REL_ERROR),
-               note=record.get("note") or ("untuned" if m.get("tuned") == 0.0 else ""))
+    return Row(
+        cell.model.label,
+        cell.compiler.name,
+        b,
+        record["status"],
+        throughput=m.get(S.M_THROUGHPUT),
+        throughput_std=m.get(S.M_THROUGHPUT_STD),
+        latency_p50_ms=m.get(S.M_LATENCY_P50),
+        cpu_percent=m.get(S.M_CPU),
+        compile_s=m.get(S.M_COMPILE),
+        max_rel_error=m.get(S.M_MAX_REL_ERROR),
+        note=record.get("note") or ("untuned" if m.get("tuned") == 0.0 else ""),
+    )
 
 
 def _one_line(exc: BaseException) -> str:

@@ -21,18 +21,40 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 def format_summary(rows, spec) -> str:
     """One line per model x compiler x batch size, identity's speedup alongside."""
-    headers = ["model", "compiler", "bs", "samples/s", "+-", "p50 ms", "CPU %", "speedup",
-               "compile s", "status", "note"]
+    headers = [
+        "model",
+        "compiler",
+        "bs",
+        "samples/s",
+        "+-",
+        "p50 ms",
+        "CPU %",
+        "speedup",
+        "compile s",
+        "status",
+        "note",
+    ]
     table = []
     for r in rows:
         note = r.note + (" (resumed)" if r.skipped else "")
-        table.append([
-            r.model, r.compiler, r.batch_size, _num(r.throughput), _num(r.throughput_std),
-            _num(r.latency_p50_ms, 2), _num(r.cpu_percent), _num(r.speedup, 2),
-            _num(r.compile_s, 2), r.status, note[:80],
-        ])
-    title = (f"device {spec.device}, scenario {spec.measure.scenario}, "
-             f"experiment {spec.experiment!r}")
+        table.append(
+            [
+                r.model,
+                r.compiler,
+                r.batch_size,
+                _num(r.throughput),
+                _num(r.throughput_std),
+                _num(r.latency_p50_ms, 2),
+                _num(r.cpu_percent),
+                _num(r.speedup, 2),
+                _num(r.compile_s, 2),
+                r.status,
+                note[:80],
+            ]
+        )
+    title = (
+        f"device {spec.device}, scenario {spec.measure.scenario}, experiment {spec.experiment!r}"
+    )
     counts = {}
     for r in rows:
         counts[r.status] = counts.get(r.status, 0) + 1

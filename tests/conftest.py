@@ -45,11 +45,16 @@ def run_cli(home: Path, capsys, monkeypatch):
 
 #: the smallest real workload: a 32x32 conv block, two batch sizes, a few repetitions
 TINY = [
-    "--model", "conv_block:width=8,depth=1,image_size=32",
-    "--batch-sizes", "1,2",
-    "--warmup", "1",
-    "--repetitions", "3",
-    "--min-duration", "0",
+    "--model",
+    "conv_block:width=8,depth=1,image_size=32",
+    "--batch-sizes",
+    "1,2",
+    "--warmup",
+    "1",
+    "--repetitions",
+    "3",
+    "--min-duration",
+    "0",
 ]
 
 PYTHON = sys.executable

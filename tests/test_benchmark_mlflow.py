@@ -26,8 +26,16 @@ def benchmarked(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("bench")
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    args = ["benchmark", *TINY, "--experiment", "contract", "--tracking-uri", uri,
-            "--home", str(tmp / "home")]
+    args = [
+        "benchmark",
+        *TINY,
+        "--experiment",
+        "contract",
+        "--tracking-uri",
+        uri,
+        "--home",
+        str(tmp / "home"),
+    ]
     for name in COMPILERS:
         args += ["--compiler", name]
     main(args)
@@ -93,7 +101,9 @@ def test_engine_artifacts_with_manifest(benchmarked, tmp_path):
     client, runs = benchmarked
     for name, run in _cells(runs).items():
         for b in (1, 2):
-            local = client.download_artifacts(run.info.run_id, f"engines/bs{b}", str(tmp_path / name / str(b)))
+            local = client.download_artifacts(
+                run.info.run_id, f"engines/bs{b}", str(tmp_path / name / str(b))
+            )
             manifest = json.load(open(f"{local}/manifest.json"))
             assert manifest["compiler"] == name
             assert manifest["input_shape"] == [b, 3, 32, 32]

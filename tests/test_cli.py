@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import PYTHON, REPO, TINY
+from conftest import PYTHON, TINY
 
 
 def _assert_clean_error(code, out, err, fragment):
@@ -61,7 +61,10 @@ def test_malformed_yaml(run_cli, tmp_path):
 def test_no_traceback_from_the_console_script(tmp_path):
     result = subprocess.run(
         [PYTHON, "-m", "mlflow_ngraph", "benchmark", "--model", "resnet18", "--batch-sizes", "0"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
     )
     assert result.returncode == 2
     assert result.stderr.strip() == "error: batch size 0 must be a positive integer"
@@ -70,7 +73,15 @@ def test_no_traceback_from_the_console_script(tmp_path):
 def test_compilers_lists_all_with_availability(run_cli):
     code, out, _ = run_cli("compilers")
     assert code == 0
-    for name in ("identity", "torchscript", "inductor", "onnxruntime", "openvino", "tvm", "tensorrt"):
+    for name in (
+        "identity",
+        "torchscript",
+        "inductor",
+        "onnxruntime",
+        "openvino",
+        "tvm",
+        "tensorrt",
+    ):
         assert name in out
     line = next(line for line in out.splitlines() if line.startswith("tensorrt"))
     assert " no " in line and "tensorrt" in line
@@ -79,9 +90,14 @@ def test_compilers_lists_all_with_availability(run_cli):
 def test_models_lists_the_paper_models_with_family(run_cli):
     code, out, _ = run_cli("models")
     assert code == 0
-    for name, family in [("resnet101", "resnet"), ("efficientnet_b5", "efficientnet"),
-                         ("deit3_base_patch16_224", "deit"), ("swin_s3_base_224", "swin"),
-                         ("convnext_base", "convnext"), ("conv_block", "conv_block")]:
+    for name, family in [
+        ("resnet101", "resnet"),
+        ("efficientnet_b5", "efficientnet"),
+        ("deit3_base_patch16_224", "deit"),
+        ("swin_s3_base_224", "swin"),
+        ("convnext_base", "convnext"),
+        ("conv_block", "conv_block"),
+    ]:
         assert any(line.split() == [name, family] for line in out.splitlines()), name
 
 
@@ -94,12 +110,28 @@ def test_help(run_cli, command):
 def test_failing_compiler_marks_cell_failed_and_run_goes_on(run_cli, tracking_uri):
     """A model TorchScript cannot trace (data-dependent control flow) fails only its cell."""
     code, out, err = run_cli(
-        "benchmark", "--model", "tests.fixtures.models:untraceable:input_shape=4", "--compiler", "identity",
-        "--compiler", "torchscript", "--batch-sizes", "1", "--warmup", "0", "--repetitions", "2",
-        "--min-duration", "0", "--tracking-uri", tracking_uri,
+        "benchmark",
+        "--model",
+        "tests.fixtures.models:untraceable:input_shape=4",
+        "--compiler",
+        "identity",
+        "--compiler",
+        "torchscript",
+        "--batch-sizes",
+        "1",
+        "--warmup",
+        "0",
+        "--repetitions",
+        "2",
+        "--min-duration",
+        "0",
+        "--tracking-uri",
+        tracking_uri,
     )
     assert code == 0, err
-    rows = [line.split() for line in out.splitlines() if "tests.fixtures.models:untraceable" in line]
+    rows = [
+        line.split() for line in out.splitlines() if "tests.fixtures.models:untraceable" in line
+    ]
     statuses = {r[1]: r for r in rows}
     assert "OK" in statuses["identity"]
     assert "FAILED" in statuses["torchscript"]

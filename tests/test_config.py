@@ -62,7 +62,11 @@ def test_spec_hash_ignores_tracking_uri_but_not_settings():
 def test_device_profile_sets_default_compilers():
     spec = build_spec({"models": ["resnet18"], "device": "xeon"})
     assert [c.name for c in spec.compilers] == [
-        "identity", "torchscript", "inductor", "onnxruntime", "openvino"
+        "identity",
+        "torchscript",
+        "inductor",
+        "onnxruntime",
+        "openvino",
     ]
 
 

@@ -23,8 +23,18 @@ def _cell_runs(uri: str, experiment: str):
 
 
 def test_rerun_skips_finished_cells_and_creates_no_runs(run_cli, tracking_uri):
-    args = ["benchmark", *TINY, "--compiler", "identity", "--compiler", "torchscript",
-            "--experiment", "resume", "--tracking-uri", tracking_uri]
+    args = [
+        "benchmark",
+        *TINY,
+        "--compiler",
+        "identity",
+        "--compiler",
+        "torchscript",
+        "--experiment",
+        "resume",
+        "--tracking-uri",
+        tracking_uri,
+    ]
     code, first, err = run_cli(*args)
     assert code == 0, err
     cells, runs = _cell_runs(tracking_uri, "resume")
@@ -41,9 +51,23 @@ def test_rerun_skips_finished_cells_and_creates_no_runs(run_cli, tracking_uri):
 
 
 def test_new_batch_size_extends_the_same_runs(run_cli, tracking_uri):
-    base = ["benchmark", "--model", "conv_block:width=8,depth=1,image_size=32", "--compiler",
-            "identity", "--warmup", "0", "--repetitions", "2", "--min-duration", "0",
-            "--experiment", "extend", "--tracking-uri", tracking_uri]
+    base = [
+        "benchmark",
+        "--model",
+        "conv_block:width=8,depth=1,image_size=32",
+        "--compiler",
+        "identity",
+        "--warmup",
+        "0",
+        "--repetitions",
+        "2",
+        "--min-duration",
+        "0",
+        "--experiment",
+        "extend",
+        "--tracking-uri",
+        tracking_uri,
+    ]
     assert run_cli(*base, "--batch-sizes", "1")[0] == 0
     assert run_cli(*base, "--batch-sizes", "1,2")[0] == 0
     cells, _ = _cell_runs(tracking_uri, "extend")
@@ -62,15 +86,41 @@ def test_kill_9_mid_run_then_resume_finishes_the_rest(tmp_path):
     home = tmp_path / "home"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     models = [f"conv_block:width=8,depth={d},image_size=32" for d in (1, 2, 3)]
-    args = [PYTHON, "-m", "mlflow_ngraph", "benchmark", "--batch-sizes", "1,2", "--warmup", "1",
-            "--repetitions", "3", "--min-duration", "0.3", "--compiler", "identity",
-            "--compiler", "torchscript", "--experiment", "killed", "--tracking-uri", uri,
-            "--home", str(home)]
+    args = [
+        PYTHON,
+        "-m",
+        "mlflow_ngraph",
+        "benchmark",
+        "--batch-sizes",
+        "1,2",
+        "--warmup",
+        "1",
+        "--repetitions",
+        "3",
+        "--min-duration",
+        "0.3",
+        "--compiler",
+        "identity",
+        "--compiler",
+        "torchscript",
+        "--experiment",
+        "killed",
+        "--tracking-uri",
+        uri,
+        "--home",
+        str(home),
+    ]
     for model in models:
         args += ["--model", model]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        args,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.time() + 240
     while _journal_logged(home) < 3 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
@@ -80,10 +130,14 @@ def test_kill_9_mid_run_then_resume_finishes_the_rest(tmp_path):
     done_before = _journal_logged(home)
     assert 3 <= done_before < 12
 
-    result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr
     cells, runs = _cell_runs(uri, "killed")
-    assert len(cells) == 6, [r.info.run_name for r in cells]  # 3 models x 2 compilers, no duplicates
+    assert len(cells) == 6, [
+        r.info.run_name for r in cells
+    ]  # 3 models x 2 compilers, no duplicates
     for run in cells:
         assert {"throughput.bs1", "throughput.bs2"} <= set(run.data.metrics), run.info.run_name
         assert run.info.status == "FINISHED"
@@ -110,21 +164,50 @@ def test_warm_engine_cache_skips_compilation_in_a_new_store(run_cli, tmp_path):
 
 def test_mlflow_run_entry_point(tmp_path):
     """`mlflow run . -e benchmark` from the repository root, as the README says."""
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-           "MLFLOW_NGRAPH_HOME": str(tmp_path / "home")}
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "MLFLOW_NGRAPH_HOME": str(tmp_path / "home"),
+    }
     bin_dir = Path(PYTHON).parent
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     result = subprocess.run(
-        [str(bin_dir / "mlflow"), "run", str(REPO), "-e", "benchmark", "--env-manager", "local",
-         "--experiment-name", "project", "-P", "device=cpu",
-         "-P", "models=conv_block:width=8,depth=1,image_size=32", "-P", "compilers=identity",
-         "-P", "batch_sizes=1,2", "-P", "warmup=1", "-P", "repetitions=2",
-         "-P", "min_duration=0"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        [
+            str(bin_dir / "mlflow"),
+            "run",
+            str(REPO),
+            "-e",
+            "benchmark",
+            "--env-manager",
+            "local",
+            "--experiment-name",
+            "project",
+            "-P",
+            "device=cpu",
+            "-P",
+            "models=conv_block:width=8,depth=1,image_size=32",
+            "-P",
+            "compilers=identity",
+            "-P",
+            "batch_sizes=1,2",
+            "-P",
+            "warmup=1",
+            "-P",
+            "repetitions=2",
+            "-P",
+            "min_duration=0",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     cells, runs = _cell_runs(env["MLFLOW_TRACKING_URI"], "project")
     assert len(cells) == 1
-    project_run = next(r for r in runs if r.data.tags.get("mlflow.project.entryPoint") == "benchmark")
+    project_run = next(
+        r for r in runs if r.data.tags.get("mlflow.project.entryPoint") == "benchmark"
+    )
     assert cells[0].data.tags[S.T_PARENT] == project_run.info.run_id
     assert cells[0].data.metrics["throughput.bs2"] > 0

@@ -49,8 +49,7 @@ class Flag:
             parsed = _convert(self.type, value)
         except (TypeError, ValueError):
             raise NgraphError(
-                f"compiler {compiler!r}: flag {name}={value!r} is not a valid "
-                f"{self.type.__name__}"
+                f"compiler {compiler!r}: flag {name}={value!r} is not a valid {self.type.__name__}"
             ) from None
         if self.choices and parsed not in self.choices:
             allowed = ", ".join(str(c) for c in self.choices)

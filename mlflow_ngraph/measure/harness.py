@@ -9,8 +9,13 @@ Scenarios:
 - ``latency``: one request at a time. Each repetition is one ``infer()``; latency mean, std,
   p50/p90/p99 in ms; throughput = batch / mean latency.
 - ``throughput``: the runtime's best concurrency. Each repetition is one ``run_many(k)`` with
-  ``k = parallel_requests * REQUESTS_PER_SLOT`` requests kept in flight; samples/s per
-  repetition = k * batch / seconds; mean and std over repetitions.
+  ``k = parallel_requests * REQUESTS_PER_SLOT`` requests kept in flight.
+
+In both scenarios the throughput is the samples measured over the seconds measured (what
+``benchmark_app`` reports), never the mean of per-repetition rates: that mean weighs a
+repetition by its speed, so on a loaded machine it over-reports a fast model by up to several
+times (a 50 us ONNX Runtime call read 5x its real rate) and favours the noisier runtime. The
+standard deviation and the coefficient of variation are over per-repetition rates.
 """
 
 from __future__ import annotations
@@ -41,9 +46,9 @@ class Measurement:
     repetitions: int
     duration_s: float
     stop_reason: str
-    throughput: float  # samples/s, mean over repetitions
-    throughput_std: float
-    throughput_overall: float  # total samples / total measured seconds
+    throughput: float  # samples/s: total samples / total measured seconds
+    throughput_std: float  # std of per-repetition samples/s
+    throughput_overall: float  # the same as throughput (kept for existing records)
     cv: float
     latency_mean_ms: float
     latency_std_ms: float
@@ -125,10 +130,8 @@ def _build(scenario, batch_size, per_rep, times_s, reason, usage) -> Measurement
     # time is what a caller waits on average when the runtime keeps all slots busy.
     latencies_ms = summarize([1000.0 * t / per_rep for t in times_s])
     total_s = sum(times_s)
-    if scenario == "latency":
-        throughput = batch_size / (latencies_ms.mean / 1000.0)
-    else:
-        throughput = throughputs.mean
+    # samples / seconds; in the latency scenario it equals batch / mean latency
+    throughput = len(times_s) * per_rep * batch_size / total_s
     return Measurement(
         scenario=scenario,
         batch_size=batch_size,
@@ -138,7 +141,7 @@ def _build(scenario, batch_size, per_rep, times_s, reason, usage) -> Measurement
         stop_reason=reason,
         throughput=throughput,
         throughput_std=throughputs.std,
-        throughput_overall=len(times_s) * per_rep * batch_size / total_s,
+        throughput_overall=throughput,
         cv=throughputs.cv if not math.isnan(throughputs.cv) else 0.0,
         latency_mean_ms=latencies_ms.mean,
         latency_std_ms=latencies_ms.std,

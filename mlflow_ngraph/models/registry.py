@@ -175,7 +175,9 @@ def _factory_model(path: str, params: dict[str, Any]) -> LoadedModel:
     except ImportError as exc:
         raise NgraphError(f"model factory {path!r} does not import: {exc}") from None
     except AttributeError:
-        raise NgraphError(f"model factory {path!r}: {module_name} has no {function_name!r}") from None
+        raise NgraphError(
+            f"model factory {path!r}: {module_name} has no {function_name!r}"
+        ) from None
     kwargs = dict(params)
     shape = _parse_shape(kwargs.pop("input_shape", "3x224x224"), path)
     try:
@@ -200,7 +202,9 @@ def _onnx_model(path_text: str, params: dict[str, Any]) -> LoadedModel:
         raise NgraphError("ONNX models need the 'onnx' package: pip install onnx") from None
     except Exception as exc:  # onnx raises several unrelated types for a corrupt file
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise NgraphError(f"ONNX file {path_text!r} is not a valid ONNX model: {first_line}") from None
+        raise NgraphError(
+            f"ONNX file {path_text!r} is not a valid ONNX model: {first_line}"
+        ) from None
     graph_input = proto.graph.input[0]
     dims = [d.dim_value for d in graph_input.type.tensor_type.shape.dim]
     sample = tuple(dims[1:])
@@ -301,5 +305,6 @@ def validate_model_spec(name: str, params: dict[str, Any] | None = None) -> None
         if not timm.is_model(name):
             raise NgraphError(
                 f"unknown model {name!r}: not a block, an .onnx file, a "
-                "'package.module:function' factory or a timm model name (see `mlflow-ngraph models`)"
+                "'package.module:function' factory or a timm model name "
+                "(see `mlflow-ngraph models`)"
             )

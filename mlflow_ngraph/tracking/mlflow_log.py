@@ -67,6 +67,14 @@ def _check_http(uri: str) -> None:
         ) from None
 
 
+def is_store_error(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from the tracking store (server down, database gone)."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    return isinstance(exc, (MlflowException, requests.RequestException, ConnectionError))
+
+
 def ensure_experiment(client, name: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
@@ -88,7 +96,10 @@ def run_experiment(client, name: str) -> str:
 def _find_run(client, experiment_id: str, tags: dict[str, str]) -> str | None:
     clauses = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
     runs = client.search_runs(
-        [experiment_id], filter_string=clauses, max_results=1, order_by=["attributes.start_time ASC"]
+        [experiment_id],
+        filter_string=clauses,
+        max_results=1,
+        order_by=["attributes.start_time ASC"],
     )
     return runs[0].info.run_id if runs else None
 
@@ -99,7 +110,9 @@ def parent_run(client, experiment_id: str, spec, profile, environment: dict, tag
     role_tags = {S.T_ROLE: "benchmark", S.T_SPEC_HASH: spec.spec_hash, S.T_DEVICE: profile.name}
     run_id = os.environ.get("MLFLOW_RUN_ID") or _find_run(client, experiment_id, role_tags)
     if run_id is None:
-        run = client.create_run(experiment_id, tags=role_tags, run_name=f"{profile.name}-{spec.spec_hash[:8]}")
+        run = client.create_run(
+            experiment_id, tags=role_tags, run_name=f"{profile.name}-{spec.spec_hash[:8]}"
+        )
         run_id = run.info.run_id
     else:
         client.update_run(run_id, status="RUNNING")
@@ -120,7 +133,9 @@ def parent_run(client, experiment_id: str, spec, profile, environment: dict, tag
     return run_id
 
 
-def cell_run(client, experiment_id: str, parent_id: str, cell_key: str, name: str, known: str | None) -> str:
+def cell_run(
+    client, experiment_id: str, parent_id: str, cell_key: str, name: str, known: str | None
+) -> str:
     """The child run of a cell: the one the journal knows, else one tagged with the cell
     key (a run started by a killed invocation), else a new nested run."""
     if known:
@@ -151,8 +166,13 @@ def _param_value(value: Any) -> str:
     return text[:MAX_PARAM_CHARS]
 
 
-def log_batch(client, run_id: str, metrics: dict[str, tuple[float, int]] | None = None,
-              params: dict[str, str] | None = None, tags: dict[str, str] | None = None) -> None:
+def log_batch(
+    client,
+    run_id: str,
+    metrics: dict[str, tuple[float, int]] | None = None,
+    params: dict[str, str] | None = None,
+    tags: dict[str, str] | None = None,
+) -> None:
     """One batched call for metrics (``key -> (value, step)``), params and tags; the client
     splits it at the REST limits (1000 metrics, 100 params/tags)."""
     from mlflow.entities import Metric, Param, RunTag
