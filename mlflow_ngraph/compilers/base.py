@@ -161,8 +161,11 @@ class Compiler(ABC):
     #: device kinds it can target
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
     flags: ClassVar[dict[str, Flag]] = {}
-    #: ``True`` when the engine is the same object for every batch size (eager, TorchScript)
+    #: ``True`` when the engine is the same object for every batch size (eager)
     batch_agnostic: ClassVar[bool] = False
+    #: ``True`` when compile starts from the cached ONNX export; the runner exports before it
+    #: starts the compile clock, so compile seconds never include the export
+    uses_onnx: ClassVar[bool] = False
 
     def version(self) -> str:
         try:

@@ -165,6 +165,7 @@ class OnnxRuntimeCompiler(Compiler):
     """ONNX Runtime on the cached ONNX export, one session per batch size."""
 
     name = "onnxruntime"
+    uses_onnx = True
     packages = ("onnxruntime",)
     distribution = "onnxruntime"
     extra = "cpu"

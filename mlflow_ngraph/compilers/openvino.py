@@ -134,6 +134,7 @@ class OpenVinoCompiler(Compiler):
     """OpenVINO ``Core.compile_model`` with static shapes and scenario-driven hints."""
 
     name = "openvino"
+    uses_onnx = True
     packages = ("openvino",)
     distribution = "openvino"
     extra = "cpu"

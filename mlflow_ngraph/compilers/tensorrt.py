@@ -42,6 +42,7 @@ class TensorRtCompiler(Compiler):
     """Native TensorRT (10.x; 11.x works for everything but ``fp16``) on a CUDA device."""
 
     name = "tensorrt"
+    uses_onnx = True
     packages = ("tensorrt",)
     distribution = "tensorrt"
     extra = "gpu"
