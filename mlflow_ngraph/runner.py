@@ -205,11 +205,14 @@ class Runner:
     def _references(self, model: LoadedModel) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Identity's outputs on a fresh random input per batch size (the output check)."""
         refs = {}
-        reference_engine = _reference_engine(model, self.profile.kind, self.home)
+        engine = None
         for b in self.spec.batch_sizes:
+            if engine is None or not model.is_torch:  # ONNX references are per batch size
+                engine = _reference_engine(model, self.profile.kind, self.home, b)
             x = model.random_input(b, seed=CHECK_SEED + b)
-            refs[b] = (x, reference_engine.outputs(x))
-        reference_engine.close()
+            refs[b] = (x, engine.outputs(x))
+            if not model.is_torch:
+                engine.close()
         return refs
 
     # --- one cell -------------------------------------------------------------------------
@@ -542,9 +545,11 @@ def compare_outputs(output: np.ndarray, reference: np.ndarray, tolerance: float)
     return OutputCheck(max_abs, max_rel, cosine, valid, reason)
 
 
-def _reference_engine(model: LoadedModel, device_kind: str, home: Path) -> Engine:
+def _reference_engine(model: LoadedModel, device_kind: str, home: Path, batch: int) -> Engine:
     """Eager PyTorch for torch models; ONNX Runtime with every optimization off for ONNX files."""
-    ctx = CompileContext(workdir=home / "work", device=device_kind, batch_size=1, cache_dir=home)
+    ctx = CompileContext(
+        workdir=home / "work", device=device_kind, batch_size=batch, cache_dir=home
+    )
     if model.is_torch:
         return get_compiler("identity").compile(model, {}, ctx)
     ort = get_compiler("onnxruntime")

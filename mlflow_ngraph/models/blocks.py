@@ -49,7 +49,9 @@ class MHABlock(nn.Module):
         self.head_dim = embed_dim // num_heads
         self.qkv = nn.Linear(embed_dim, 3 * embed_dim)
         self.proj = nn.Linear(embed_dim, embed_dim)
-        self.norm = nn.LayerNorm(embed_dim)
+        # No affine LayerNorm parameters: the paper's Table V counts exactly the QKV and output
+        # projections per block (66,048 at E=128), which this matches.
+        self.norm = nn.LayerNorm(embed_dim, elementwise_affine=False)
         self.act = nn.ReLU()
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
