@@ -195,6 +195,9 @@ class Runner:
             log.info("%s: every cell already measured; skipping", model_spec.label)
             for cell in cells:
                 self._rows_from_journal(cell)
+                run_id = self.journal.cell(cell.key).run_id
+                if run_id:  # a baseline measured since may now exist
+                    self._log_relative(cell, run_id)
             return
         log.info("building %s", model_spec.label)
         model = load_model(model_spec.name, model_spec.params)
@@ -417,20 +420,21 @@ class Runner:
         """speedup, RTR, ASE and BSR once this cell's and identity's throughputs exist."""
         own = self._throughputs(cell.key)
         identity = self._identity_throughputs(cell)
-        values: dict[str, tuple[float, int]] = {}
+        values: list[ml.MetricValue] = []
         for b, rel in M.relative_metrics(own, identity).items():
-            values.update(ml.batch_metrics(rel, b))
-        if values:
-            ml.log_batch(self.client, run_id, metrics=values)
-        if identity is None:
-            ml.log_batch(
-                self.client,
-                run_id,
-                tags={
-                    "ngraph.relative": "no identity baseline for "
-                    "this device and model: speedup and BSR not logged"
-                },
-            )
+            values += ml.batch_metrics(rel, b)
+        logged = self.client.get_run(run_id).data.metrics
+        changed = [  # a resume re-logs nothing that the run already holds
+            (key, value, step)
+            for key, value, step in values
+            if logged.get(S.flat_key(key.split(".bs")[0], step)) != value
+        ]
+        note = (
+            "identity baseline of this device and model"
+            if identity
+            else "no identity baseline for this device and model: speedup and BSR not logged"
+        )
+        ml.log_batch(self.client, run_id, metrics=changed, tags={"ngraph.relative": note})
         for row in self.rows:
             if row.model == cell.model.label and row.compiler == cell.compiler.name:
                 row.speedup = M.speedup(
@@ -446,11 +450,11 @@ class Runner:
         }
 
     def _identity_throughputs(self, cell: Cell) -> dict[int, float] | None:
-        for other in self.plan.cells:
-            if other.model is cell.model and other.compiler.name == "identity":
-                found = self._throughputs(other.key)
-                return found or None
-        return None
+        """Identity's throughputs for this device and model, from this run or an earlier one
+        with the same measurement settings (its cell key is the same)."""
+        identity = get_compiler("identity")
+        key = _cell_key(self.spec, self.profile, cell.model, identity, {})
+        return self._throughputs(key) or None
 
     def _finish_cell(self, cell: Cell, run_id: str) -> None:
         state = self.journal.cell(cell.key)

@@ -211,3 +211,25 @@ def test_mlflow_run_entry_point(tmp_path):
     )
     assert cells[0].data.tags[S.T_PARENT] == project_run.info.run_id
     assert cells[0].data.metrics["throughput.bs2"] > 0
+
+
+def test_relative_metrics_use_an_identity_measured_in_an_earlier_run(run_cli, tracking_uri):
+    common = [*TINY, "--experiment", "later", "--tracking-uri", tracking_uri]
+    assert run_cli("benchmark", *common, "--compiler", "torchscript")[0] == 0
+    cells, _ = _cell_runs(tracking_uri, "later")
+    assert "speedup.bs1" not in cells[0].data.metrics  # no baseline yet: nothing guessed
+    assert "no identity baseline" in cells[0].data.tags["ngraph.relative"]
+    assert run_cli("benchmark", *common, "--compiler", "identity")[0] == 0
+    assert run_cli("benchmark", *common, "--compiler", "torchscript")[0] == 0
+    cells, _ = _cell_runs(tracking_uri, "later")
+    by_compiler = {r.data.params["compiler"]: r.data.metrics for r in cells}
+    ts, ident = by_compiler["torchscript"], by_compiler["identity"]
+    assert ts["speedup.bs2"] == ts["throughput.bs2"] / ident["throughput.bs2"]
+    expected_bsr = (ts["throughput.bs2"] / (2 * ts["throughput.bs1"])) / (
+        ident["throughput.bs2"] / (2 * ident["throughput.bs1"])
+    )
+    assert abs(ts["bsr.bs2"] - expected_bsr) < 1e-9
+    history = MlflowClient(tracking_uri).get_metric_history(
+        next(r for r in cells if r.data.params["compiler"] == "torchscript").info.run_id, "speedup"
+    )
+    assert sorted(m.step for m in history) == [1, 2]  # logged once per batch size

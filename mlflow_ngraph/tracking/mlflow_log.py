@@ -20,6 +20,9 @@ from mlflow_ngraph.tracking import schema as S
 
 log = logging.getLogger(__name__)
 
+#: (key, value, step)
+MetricValue = tuple[str, float, int]
+
 #: MLflow truncates param values at 6000 characters; longer ones go to a JSON artifact.
 MAX_PARAM_CHARS = 6000
 
@@ -169,31 +172,32 @@ def _param_value(value: Any) -> str:
 def log_batch(
     client,
     run_id: str,
-    metrics: dict[str, tuple[float, int]] | None = None,
+    metrics: list[MetricValue] | None = None,
     params: dict[str, str] | None = None,
     tags: dict[str, str] | None = None,
 ) -> None:
-    """One batched call for metrics (``key -> (value, step)``), params and tags; the client
+    """One batched call for metrics (``(key, value, step)``), params and tags; the client
     splits it at the REST limits (1000 metrics, 100 params/tags)."""
     from mlflow.entities import Metric, Param, RunTag
 
     now = int(time.time() * 1000)
     client.log_batch(
         run_id,
-        metrics=[Metric(k, float(v), now, int(step)) for k, (v, step) in (metrics or {}).items()],
+        metrics=[Metric(k, float(v), now, int(step)) for k, v, step in metrics or []],
         params=[Param(k, str(v)) for k, v in (params or {}).items()],
         tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()],
     )
 
 
-def batch_metrics(values: dict[str, float | None], batch_size: int) -> dict[str, tuple[float, int]]:
-    """Each value stepped at the batch size and flat under ``<name>.bs<batch>``."""
-    out = {}
+def batch_metrics(values: dict[str, float | None], batch_size: int) -> list[MetricValue]:
+    """Each value stepped at the batch size and flat under ``<name>.bs<batch>``; missing
+    values (``None``, NaN) are left out, never logged as a number."""
+    out: list[MetricValue] = []
     for name, value in values.items():
-        if value is None or value != value:  # None or NaN: missing, never logged as a number
+        if value is None or value != value:
             continue
-        out[name] = (value, batch_size)
-        out[S.flat_key(name, batch_size)] = (value, batch_size)
+        out.append((name, value, batch_size))
+        out.append((S.flat_key(name, batch_size), value, batch_size))
     return out
 
 
