@@ -158,7 +158,7 @@ class Runner:
         self.journal = Journal.for_target(
             self.home, self.tracking_uri, self.spec.experiment, self.profile.name
         )
-        env = environment(self.profile.name, self.profile.kind)
+        env = self.env = environment(self.profile.name, self.profile.kind)
         self.parent_id = ml.parent_run(
             self.client, self.experiment_id, self.spec, self.profile, env, {S.T_HOST: env["host"]}
         )
@@ -227,6 +227,7 @@ class Runner:
         )
         self.journal.set_run(cell.key, run_id)
         ml.log_params_once(self.client, run_id, self._cell_params(cell, model))
+        ml.log_batch(self.client, run_id, tags=self._cell_tags())
         engine = None
         for b in self.spec.batch_sizes:
             if b not in pending:
@@ -392,6 +393,19 @@ class Runner:
         params.update({f"{S.P_MODEL_PARAM_PREFIX}{k}": v for k, v in model.params.items()})
         params.update({f"{S.P_FLAG_PREFIX}{k}": v for k, v in cell.flags.items()})
         return params
+
+    def _cell_tags(self) -> dict[str, str]:
+        """Where and with what a cell was measured (the latest invocation's values)."""
+        tags = {
+            S.T_DEVICE: self.profile.name,
+            S.T_DEVICE_KIND: self.profile.kind,
+            S.T_HOST: self.env["host"],
+            "ngraph.device_fingerprint": _host_fingerprint(),
+            S.T_SPEC_HASH: self.spec.spec_hash,
+        }
+        versions = {k: v for k, v in self.env.items() if k.startswith("version.")}
+        tags.update({f"ngraph.{k}": str(v) for k, v in versions.items()})
+        return tags
 
     def _log_record(self, cell: Cell, run_id: str, b: int, record: dict) -> None:
         tags = {f"{S.T_STATUS}.bs{b}": record["status"]}

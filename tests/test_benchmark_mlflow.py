@@ -58,6 +58,8 @@ def test_one_parent_and_one_nested_child_per_compiler(benchmarked):
     for run in cells.values():
         assert run.data.tags[S.T_PARENT] == parents[0].info.run_id
         assert run.info.status == "FINISHED"
+        assert run.data.tags[S.T_DEVICE] == "cpu" and run.data.tags[S.T_HOST]
+        assert run.data.tags["ngraph.version.torch"]
     parent = parents[0]
     assert parent.data.tags[S.T_SPEC_HASH]
     assert "env.cpu_model" in parent.data.tags and "env.version.torch" in parent.data.tags
