@@ -135,3 +135,49 @@ def test_failing_compiler_marks_cell_failed_and_run_goes_on(run_cli, tracking_ur
     statuses = {r[1]: r for r in rows}
     assert "OK" in statuses["identity"]
     assert "FAILED" in statuses["torchscript"]
+
+
+def test_blocks_runs_the_depth_width_grid(run_cli, tracking_uri):
+    from mlflow.tracking import MlflowClient
+
+    code, out, err = run_cli(
+        "blocks",
+        "--kinds",
+        "conv_block,mha_block",
+        "--widths",
+        "16,32",
+        "--depths",
+        "1-2",
+        "--batch-sizes",
+        "1",
+        "--compiler",
+        "identity",
+        "--warmup",
+        "0",
+        "--repetitions",
+        "2",
+        "--min-duration",
+        "0",
+        "--tracking-uri",
+        tracking_uri,
+    )
+    assert code == 0, err
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name("ngraph-blocks")
+    cells = [
+        r
+        for r in client.search_runs([exp.experiment_id])
+        if r.data.tags.get("ngraph.role") == "cell"
+    ]
+    grid = {
+        (r.data.params["model"], r.data.params["model.width"], r.data.params["model.depth"])
+        for r in cells
+    }
+    assert grid == {
+        (k, w, d) for k in ("conv_block", "mha_block") for w in ("16", "32") for d in ("1", "2")
+    }
+
+
+def test_blocks_bad_depths(run_cli):
+    code, out, err = run_cli("blocks", "--depths", "one-six")
+    assert code == 2 and "depths 'one-six' is not like 1,2,4 or 1-6" in err
