@@ -92,11 +92,21 @@ class OpenVinoEngine(Engine):
     def infer(self) -> None:
         self.request.infer()
 
-    def run_many(self, count: int) -> None:
+    def start_many(self, count: int) -> None:
+        """Start ``count`` requests; return once the last is started (earlier ones may still
+        run). The harness calls it repetition after repetition so the queue never drains
+        between repetitions, as in ``benchmark_app``'s loop; :meth:`synchronize` waits."""
         queue = self.queue
         for _ in range(count):
             queue.start_async()  # blocks until a request is idle; inputs already in place
-        queue.wait_all()
+
+    def run_many(self, count: int) -> None:
+        self.start_many(count)
+        self.queue.wait_all()
+
+    def synchronize(self) -> None:
+        if self.queue is not None:
+            self.queue.wait_all()
 
     def outputs(self, inputs: np.ndarray) -> np.ndarray:
         self._check_shape(inputs)

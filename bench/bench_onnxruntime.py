@@ -1,0 +1,91 @@
+"""ONNX Runtime fidelity: the tool's harness against a bare ``InferenceSession.run`` loop.
+
+The bare side builds its own session from the same ONNX file (the tool's export cache) with
+the same session options the tool uses by default (all graph optimizations, ONNX Runtime's
+own thread counts, sequential execution, the batch dimension fixed to the measured batch) and
+calls ``session.run(None, feed)`` in a plain loop for the same duration. Ratio = ours / bare.
+
+    python bench/bench_onnxruntime.py
+    python bench/bench_onnxruntime.py --models resnet18 --batch-sizes 1 --duration 5
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import _common as C
+
+DEFAULT_MODELS = "resnet18;deit3_small_patch16_224;conv_block:width=32,depth=4"
+
+
+def bare_session(model_file: Path, batch_size: int):
+    """A session with the tool's default options, built without the tool's code."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = 0
+    options.inter_op_num_threads = 0
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.add_free_dimension_override_by_name("batch", batch_size)
+    return ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
+
+
+def bare_loop(session, inputs, duration_s: float) -> dict[str, float]:
+    """``session.run`` back to back for ``duration_s``; one continuous window."""
+    feed = {session.get_inputs()[0].name: inputs}
+    session.run(None, feed)
+    clock, count = time.perf_counter, 0
+    began = clock()
+    while True:
+        session.run(None, feed)
+        count += 1
+        if clock() - began >= duration_s:
+            break
+    return {"throughput": count * inputs.shape[0] / (clock() - began)}
+
+
+def run_cell(args, model, model_file: Path, batch: int) -> dict:
+    built = C.engine("onnxruntime", model, batch, args.home)
+    session = bare_session(model_file, batch)
+    inputs = model.random_input(batch)
+    C.log(f"{model.label} bs{batch}: {built.runtime_settings()}")
+    ours, bare = C.interleave(
+        args.repetitions,
+        lambda: C.harness(built, batch, "throughput", args.duration, args.warmup),
+        lambda: bare_loop(session, inputs, args.duration),
+    )
+    built.close()
+    ratio = C.paired_ratio([o["throughput"] for o in ours], [b["throughput"] for b in bare])
+    row = {
+        "model": model.label,
+        "batch": batch,
+        "ours_sps": C.statistics.median(o["throughput"] for o in ours),
+        "bare_sps": C.statistics.median(b["throughput"] for b in bare),
+        **C.ratio_columns("ratio", ratio),
+        "ratio_text": ratio.text(),
+    }
+    C.log(f"  -> {row}")
+    return row
+
+
+def main() -> None:
+    p = C.parser(__doc__.splitlines()[0], 3.0, 5, "onnxruntime.csv")
+    p.add_argument("--models", default=DEFAULT_MODELS, help="';'-separated model specs")
+    p.add_argument("--batch-sizes", default="1,8")
+    args = p.parse_args()
+    from mlflow_ngraph.compilers._export import export_onnx
+
+    rows = []
+    for spec in args.models.split(";"):
+        model = C.load(spec)
+        model_file = export_onnx(model, args.home)
+        for batch in (int(b) for b in args.batch_sizes.split(",")):
+            rows.append(run_cell(args, model, model_file, batch))
+    C.print_table(rows, ["model", "batch", "ours_sps", "bare_sps", "ratio_text"])
+    C.write_csv(rows, args.csv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""The shared harness: request counts per scenario, stop reasons, and how throughput is derived.
+
+Real engines (eager PyTorch, OpenVINO) on tiny models; no assertion depends on how fast the
+machine is, only on the structure of what the harness did and on arithmetic identities.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mlflow_ngraph.compilers._torch import TorchCallableEngine
+from mlflow_ngraph.compilers.base import CompileContext
+from mlflow_ngraph.compilers.registry import get_compiler
+from mlflow_ngraph.config import MeasureSettings
+from mlflow_ngraph.measure.harness import REQUESTS_PER_SLOT, measure
+from mlflow_ngraph.models.registry import load_model
+
+BATCH = 2
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("conv_block", {"width": 8, "depth": 1, "image_size": 16})
+
+
+class CountingEngine(TorchCallableEngine):
+    """Eager PyTorch that records how the harness drives it."""
+
+    def __init__(self, module, parallel_requests: int = 1) -> None:
+        super().__init__(module, "cpu")
+        self.parallel_requests = parallel_requests
+        self.infer_calls = 0
+        self.run_many_counts: list[int] = []
+
+    def infer(self) -> None:
+        self.infer_calls += 1
+        super().infer()
+
+    def run_many(self, count: int) -> None:
+        self.run_many_counts.append(count)
+        super().run_many(count)
+
+
+class StreamingEngine(CountingEngine):
+    """Adds ``start_many``, the call that leaves requests in flight across repetitions."""
+
+    def __init__(self, module, parallel_requests: int = 1) -> None:
+        super().__init__(module, parallel_requests)
+        self.start_many_counts: list[int] = []
+        self.synchronize_calls = 0
+
+    def start_many(self, count: int) -> None:
+        import torch
+
+        self.start_many_counts.append(count)
+        with torch.inference_mode():
+            for _ in range(count):
+                self.fn(self._input)
+
+    def synchronize(self) -> None:
+        self.synchronize_calls += 1
+
+
+def counting_engine(model, parallel_requests: int = 1, kind=CountingEngine) -> CountingEngine:
+    engine = kind(model.module, parallel_requests)
+    engine.prepare(model.random_input(BATCH))
+    return engine
+
+
+def settings(**kwargs) -> MeasureSettings:
+    base = {"warmup": 2, "repetitions": 5, "min_duration_s": 0.0}
+    return MeasureSettings(**{**base, **kwargs})
+
+
+def test_throughput_scenario_runs_every_repetition_through_run_many(model):
+    engine = counting_engine(model, parallel_requests=3)
+    result = measure(engine, BATCH, settings(scenario="throughput"))
+    per_rep = 3 * REQUESTS_PER_SLOT
+    assert result.requests_per_repetition == per_rep
+    assert engine.run_many_counts == [per_rep] * (2 + result.repetitions)
+    assert engine.infer_calls == 0
+
+
+def test_throughput_scenario_with_one_slot_runs_one_request_per_repetition(model):
+    engine = counting_engine(model, parallel_requests=1)
+    result = measure(engine, BATCH, settings(scenario="throughput"))
+    assert result.requests_per_repetition == 1
+    assert engine.run_many_counts == [1] * (2 + result.repetitions)
+
+
+def test_throughput_scenario_never_drains_an_engine_that_can_stream(model):
+    """Repetitions follow each other with requests in flight; one drain ends the window."""
+    engine = counting_engine(model, parallel_requests=2, kind=StreamingEngine)
+    result = measure(engine, BATCH, settings(scenario="throughput"))
+    per_rep = 2 * REQUESTS_PER_SLOT
+    assert engine.start_many_counts == [per_rep] * (2 + result.repetitions)
+    assert engine.run_many_counts == []
+    assert engine.synchronize_calls == 2  # after the warm-up, and at the end of the window
+
+
+def test_one_slot_engine_is_not_streamed(model):
+    engine = counting_engine(model, parallel_requests=1, kind=StreamingEngine)
+    measure(engine, BATCH, settings(scenario="throughput"))
+    assert engine.start_many_counts == []
+
+
+def test_latency_scenario_times_one_infer_per_repetition(model):
+    engine = counting_engine(model, parallel_requests=3)
+    result = measure(engine, BATCH, settings(scenario="latency"))
+    assert result.requests_per_repetition == 1
+    assert engine.run_many_counts == []
+    assert engine.infer_calls == 2 + result.repetitions
+
+
+@pytest.mark.parametrize("scenario", ["throughput", "latency"])
+def test_throughput_is_samples_over_measured_seconds(model, scenario):
+    """Not the mean of per-repetition rates, which over-reports whenever repetitions vary."""
+    engine = counting_engine(model, parallel_requests=2)
+    result = measure(engine, BATCH, settings(scenario=scenario, repetitions=20))
+    samples = result.repetitions * result.requests_per_repetition * BATCH
+    assert result.throughput == pytest.approx(samples / result.duration_s, rel=1e-9)
+    assert result.throughput_overall == result.throughput
+    # the mean per-request latency and the throughput describe the same window
+    assert result.throughput == pytest.approx(BATCH / (result.latency_mean_ms / 1000), rel=1e-9)
+
+
+def test_stop_reason_repetitions(model):
+    result = measure(counting_engine(model), BATCH, settings(repetitions=4))
+    assert (result.stop_reason, result.repetitions) == ("repetitions", 4)
+
+
+def test_stop_reason_min_duration(model):
+    # 0.5 s: many calls of a 16x16 conv block even on a machine loaded many times over
+    result = measure(counting_engine(model), BATCH, settings(repetitions=1, min_duration_s=0.5))
+    assert result.stop_reason == "min_duration"
+    assert result.repetitions > 1
+    assert result.duration_s >= 0.5
+
+
+def test_stop_reason_max_duration_caps_the_count(model):
+    result = measure(
+        counting_engine(model), BATCH, settings(repetitions=10**9, max_duration_s=1e-9)
+    )
+    assert (result.stop_reason, result.repetitions) == ("max_duration", 1)
+
+
+def test_openvino_throughput_keeps_every_infer_request_busy(model, tmp_path):
+    """The OpenVINO engine is measured with its optimal number of requests in flight, and
+    its queue is drained once per window, not once per repetition."""
+    pytest.importorskip("openvino")
+    from mlflow_ngraph.compilers.openvino import OpenVinoEngine
+
+    class Recording(OpenVinoEngine):
+        def __init__(self, compiled, device) -> None:
+            super().__init__(compiled, device)
+            self.calls: list[str] = []
+
+        def start_many(self, count: int) -> None:
+            self.calls.append("start_many")
+            super().start_many(count)
+
+        def run_many(self, count: int) -> None:
+            self.calls.append("run_many")
+            super().run_many(count)
+
+        def synchronize(self) -> None:
+            self.calls.append("synchronize")
+            super().synchronize()
+
+    compiler = get_compiler("openvino")
+    ctx = CompileContext(
+        workdir=tmp_path, device="cpu", batch_size=BATCH, cache_dir=tmp_path, scenario="throughput"
+    )
+    compiled = compiler.compile(model, compiler.resolve_flags({}), ctx)
+    engine = Recording(compiled.compiled, compiled.device)
+    engine.prepare(model.random_input(BATCH))
+    try:
+        result = measure(engine, BATCH, settings(scenario="throughput", repetitions=3))
+        assert all(request.wait_for(0) for request in engine.queue)  # nothing left running
+    finally:
+        engine.close()
+    slots = engine.parallel_requests
+    assert result.requests_per_repetition == (slots * REQUESTS_PER_SLOT if slots > 1 else 1)
+    if slots > 1:
+        streamed = ["start_many"] * 2 + ["synchronize"] + ["start_many"] * result.repetitions
+        assert engine.calls == streamed + ["synchronize"]
+    assert result.throughput * result.duration_s == pytest.approx(
+        result.repetitions * result.requests_per_repetition * BATCH, rel=1e-9
+    )
