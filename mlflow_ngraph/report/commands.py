@@ -1,0 +1,318 @@
+"""``mlflow-ngraph compare``: tables and figures across devices and experiments.
+
+The command works standalone (``compare.main()``, click's ``CliRunner``) and as a sub-command
+of the main CLI (``cli.add_command(compare)``).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+import mlflow
+import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.report import publish, render, tables
+from mlflow_ngraph.report.query import RunQuery, fetch_cells, parse_where, resolve_experiments
+
+log = logging.getLogger(__name__)
+
+TABLES = ("cells", "families", "depth", "compile", "flips")
+#: CSV and JSON are read by programs, which want one table: the per-cell one
+SINGLE_TABLE_FORMATS = ("csv", "json")
+
+
+@dataclass
+class Comparison:
+    """What one compare computed: the tables, the rows they came from and notes for people."""
+
+    tables: dict[str, pd.DataFrame]
+    frame: pd.DataFrame
+    experiment_ids: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def split_values(values: Iterable[str]) -> tuple[str, ...]:
+    """Repeated and comma-separated option values, in order, without blanks or repeats."""
+    out = [v.strip() for value in values for v in value.split(",")]
+    return tuple(dict.fromkeys(v for v in out if v))
+
+
+def parse_batch_sizes(values: Iterable[str]) -> tuple[int, ...]:
+    """``["8", "16,32"]`` -> ``(8, 16, 32)``."""
+    out = []
+    for text in split_values(values):
+        if not text.isdigit() or int(text) < 1:
+            raise NgraphError(f"--batch-size {text!r}: expected a positive integer")
+        out.append(int(text))
+    return tuple(out)
+
+
+def parse_ranges(text: str) -> list[tuple[int, int]]:
+    """``"2-4,8-16"`` -> ``[(2, 4), (8, 16)]``; a single ``"8"`` is ``(8, 8)``."""
+    ranges = []
+    for part in split_values([text]):
+        low, _, high = part.partition("-")
+        high = high or low
+        if not (low.isdigit() and high.isdigit()) or not 1 <= int(low) <= int(high):
+            raise NgraphError(f"--ranges {part!r}: expected LOW-HIGH batch sizes, e.g. 2-4")
+        ranges.append((int(low), int(high)))
+    if not ranges:
+        raise NgraphError("--ranges is empty: expected e.g. 2-4,8-16")
+    return ranges
+
+
+def parse_tables(values: Sequence[str], fmt: str) -> list[str]:
+    """Table names to print (``all`` expands; the default depends on the format)."""
+    names = split_values(values)
+    if not names:
+        names = ("cells",) if fmt in SINGLE_TABLE_FORMATS else ("all",)
+    unknown = [n for n in names if n not in (*TABLES, "all")]
+    if unknown:
+        raise NgraphError(f"unknown --table {unknown[0]!r} (one of {', '.join(TABLES)}, all)")
+    return list(TABLES) if "all" in names else list(names)
+
+
+def build_tables(
+    frame: pd.DataFrame,
+    names: Sequence[str],
+    ranges: Sequence[tuple[int, int]],
+    depth_batches: Sequence[int],
+) -> dict[str, pd.DataFrame]:
+    """The requested tables, in the requested order."""
+    builders = {
+        "cells": lambda: tables.cells_table(frame),
+        "families": lambda: tables.family_table(frame, ranges),
+        "depth": lambda: tables.depth_table(frame, depth_batches),
+        "compile": lambda: tables.compile_table(frame),
+        "flips": lambda: tables.flips_table(frame),
+    }
+    return {name: builders[name]() for name in names}
+
+
+def explain_selection(frame: pd.DataFrame, query: RunQuery) -> str:
+    """Why the client-side selection left nothing (the server found runs)."""
+    if query.compilers and not frame["compiler"].isin(query.compilers).any():
+        # the server was asked for these compilers plus the identity: only baselines came
+        return f"no runs match --compiler {', '.join(query.compilers)} (with the filters before it)"
+    if query.batch_sizes and not frame["batch_size"].isin(query.batch_sizes).any():
+        sizes = ", ".join(str(b) for b in sorted(set(frame["batch_size"].dropna())))
+        wanted = ", ".join(map(str, query.batch_sizes))
+        return f"no runs match --batch-size {wanted} (measured: {sizes or 'none'})"
+    if query.flag_where():
+        return f"no runs match --where {', '.join(k for k, _ in query.where)} (with the others)"
+    return "no runs match the filters together (each alone matches some runs)"
+
+
+def _notes(frame: pd.DataFrame, superseded: int) -> list[str]:
+    notes = []
+    if superseded:
+        notes.append(f"{superseded} older run(s) of a re-measured cell left out (newest kept)")
+    bare = frame[frame["batch_size"].isna() & (frame["status"] != "FAILED")]
+    if len(bare):
+        notes.append(
+            f"{bare['run_id'].nunique()} run(s) without per-batch metrics "
+            f"(<metric>.bs<b>): shown without values"
+        )
+    hits = frame[frame["cache_hit"] == 1]
+    if len(hits):
+        notes.append(f"{len(hits)} cache hit(s) left out of the compile table")
+    return notes
+
+
+def run_compare(
+    client: MlflowClient,
+    tracking_uri: str,
+    query: RunQuery,
+    table_names: Sequence[str],
+    ranges: Sequence[tuple[int, int]],
+) -> Comparison:
+    """Fetch, prepare, select and tabulate.
+
+    Raises:
+        NgraphError: nothing matched (the message names the filter), or a bad filter.
+    """
+    raw = fetch_cells(client, query, tracking_uri)
+    frame, superseded = tables.prepare(raw)
+    selected = tables.select(
+        frame, query.compilers, query.batch_sizes, query.valid_only, query.flag_where()
+    )
+    if selected.empty:
+        raise NgraphError(explain_selection(frame, query))
+    depth_batches = query.batch_sizes or tables.DEFAULT_DEPTH_BATCHES
+    built = build_tables(selected, table_names, ranges, depth_batches)
+    experiment_ids = sorted(set(selected["experiment_id"]))
+    return Comparison(built, selected, experiment_ids, _notes(selected, superseded))
+
+
+def _filters(query: RunQuery, ranges: str) -> dict[str, str]:
+    values = {
+        "experiment": query.experiments,
+        "device": query.devices,
+        "model": query.models,
+        "family": query.families,
+        "compiler": query.compilers,
+        "batch_size": tuple(map(str, query.batch_sizes)),
+        "where": tuple(f"{k}={v}" for k, v in query.where),
+    }
+    out = {k: ",".join(v) for k, v in values.items()}
+    out["valid_only"] = "true" if query.valid_only else ""
+    out["ranges"] = ranges
+    return out
+
+
+def _draw(result: Comparison, plots_dir: Path | None, scratch: Path) -> list[Path]:
+    from mlflow_ngraph.report import plots  # matplotlib only when figures are asked for
+
+    out = plots.draw_all(result.frame, plots_dir or scratch)
+    for reason in out.skipped:
+        result.notes.append(f"plot skipped: {reason}")
+    if plots_dir is not None:
+        result.notes.append(f"{len(out.written)} plot(s) written to {plots_dir}")
+    return out.written
+
+
+def _report(
+    client: MlflowClient, result: Comparison, query: RunQuery, ranges: str, figures: list[Path]
+) -> None:
+    experiments = resolve_experiments(client, query.experiments) if query.experiments else []
+    tables_all = dict(result.tables)
+    run_id = publish.log_report(
+        client,
+        experiments,
+        _filters(query, ranges),
+        tables_all,
+        figures,
+        result.notes,
+        list(result.frame["run_id"].unique()),
+    )
+    result.notes.append(f"report logged as run {run_id}")
+
+
+def _execute(options: dict) -> None:
+    fmt = options["fmt"]
+    query = RunQuery(
+        experiments=split_values(options["experiments"]),
+        devices=split_values(options["devices"]),
+        models=split_values(options["models"]),
+        families=split_values(options["families"]),
+        compilers=split_values(options["compilers"]),
+        batch_sizes=parse_batch_sizes(options["batch_sizes"]),
+        valid_only=options["valid_only"],
+        where=parse_where(options["where"]),
+    )
+    ranges = parse_ranges(options["ranges"])
+    names = parse_tables(options["table_names"], fmt)
+    if options["log_report"]:
+        names = list(TABLES)  # a report holds every table, whatever is printed
+    uri = options["tracking_uri"] or mlflow.get_tracking_uri()
+    client = MlflowClient(tracking_uri=uri)
+    result = run_compare(client, uri, query, names, ranges)
+    shown = {n: result.tables[n] for n in parse_tables(options["table_names"], fmt)}
+    click.echo(render.render(shown, fmt), nl=False)
+    with tempfile.TemporaryDirectory(prefix="ngraph-plots-") as scratch:
+        figures = []
+        if options["plots_dir"] is not None or options["log_report"]:
+            figures = _draw(result, options["plots_dir"], Path(scratch))
+        if options["log_report"]:
+            _report(client, result, query, options["ranges"], figures)
+    for note in result.notes:
+        click.echo(note, err=True)
+
+
+class CompareError(click.ClickException):
+    """A user error, printed as one line; exit code 2 like the main CLI's NgraphError."""
+
+    exit_code = NgraphError.exit_code
+
+
+@click.command("compare")
+@click.option(
+    "--experiment",
+    "-e",
+    "experiments",
+    multiple=True,
+    metavar="NAME|ID",
+    help="Experiment to read (repeatable; default: every active experiment).",
+)
+@click.option(
+    "--tracking-uri",
+    envvar="MLFLOW_TRACKING_URI",
+    show_envvar=True,
+    help="Tracking server or store (default: MLflow's default store).",
+)
+@click.option("--device", "devices", multiple=True, help="Keep these devices.")
+@click.option("--model", "models", multiple=True, help="Keep these models (registered names).")
+@click.option("--family", "families", multiple=True, help="Keep these architectural families.")
+@click.option(
+    "--compiler",
+    "compilers",
+    multiple=True,
+    help="Show these compilers (the identity baseline is always read).",
+)
+@click.option(
+    "--batch-size",
+    "batch_sizes",
+    multiple=True,
+    metavar="N",
+    help="Show these batch sizes (batch 1 is still read for RTR/ASE/BSR).",
+)
+@click.option("--valid-only", is_flag=True, help="Only runs whose output check passed.")
+@click.option(
+    "--where",
+    "where",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Filter on another param: scenario, model.<param> or flag.<flag>.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(render.FORMATS),
+    default="terminal",
+    show_default=True,
+    help="Output format.",
+)
+@click.option(
+    "--table",
+    "table_names",
+    multiple=True,
+    metavar="NAME",
+    help=f"Tables: {', '.join(TABLES)} or all (default: all; cells for csv/json).",
+)
+@click.option(
+    "--ranges",
+    default="2-4,8-16",
+    show_default=True,
+    help="Batch-size ranges of the families table.",
+)
+@click.option(
+    "--plots",
+    "plots_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write the figures (PNG) to this directory.",
+)
+@click.option(
+    "--log-report",
+    is_flag=True,
+    help="Log tables, figures and report.html as a report run in MLflow.",
+)
+def compare(**options: object) -> None:
+    """Compare benchmark results across devices, compilers and experiments.
+
+    Every filter option is repeatable and takes comma-separated values. Relative metrics
+    (speedup, RTR, ASE, BSR) are recomputed from the logged throughputs.
+    """
+    try:
+        _execute(options)
+    except NgraphError as error:
+        raise CompareError(str(error)) from error
+    except MlflowException as error:
+        raise CompareError(f"tracking store error: {error.message}") from error

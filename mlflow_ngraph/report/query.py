@@ -1,0 +1,321 @@
+"""Search MLflow for benchmark cell runs and flatten them into a pandas DataFrame.
+
+Filtering happens on the tracking server (``MlflowClient.search_runs`` with params and tags
+in the filter string, paged with page tokens); per-batch values come from the flat
+``<metric>.bs<batch>`` keys already present in each run, so a query costs one request per
+page, never one per run or per metric.
+
+The DataFrame has one row per run x batch size. Columns: ``run_id``, ``experiment_id``,
+``start_time``, ``parent_run_id``, ``device``, ``model``, ``family``, ``compiler``,
+``scenario``, ``model_params`` (``k=v,...``), ``flags`` (``k=v,...``), ``model.<param>`` for
+every init param, ``status`` (the ``ngraph.status`` tag), ``error``, ``batch_size`` and one
+column per metric name (``throughput``, ``cpu_percent``, ...).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import pandas as pd
+from mlflow.entities import ViewType
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.report.runsource import RunData, searcher_for
+from mlflow_ngraph.tracking import schema
+
+log = logging.getLogger(__name__)
+
+IDENTITY = "identity"
+
+#: MLflow's own cap on one page (sqlalchemy and file stores, and the server's REST handler).
+MAX_PAGE = 50_000
+#: a conservative page for stores of unknown limits (Databricks caps search pages lower).
+SAFE_PAGE = 1_000
+
+#: filter attribute -> MLflow param it tests, in the order an empty result is diagnosed.
+_PARAM_FILTERS = (
+    ("devices", schema.P_DEVICE, "--device"),
+    ("families", schema.P_FAMILY, "--family"),
+    ("models", schema.P_MODEL, "--model"),
+    ("compilers", schema.P_COMPILER, "--compiler"),
+)
+
+BASE_COLUMNS = [
+    "run_id",
+    "experiment_id",
+    "start_time",
+    "parent_run_id",
+    "device",
+    "model",
+    "family",
+    "compiler",
+    "scenario",
+    "model_params",
+    "flags",
+    "status",
+    "error",
+    "batch_size",
+]
+
+
+@dataclass(frozen=True)
+class RunQuery:
+    """What ``compare`` selects. Empty tuples select everything.
+
+    Attributes:
+        experiments: experiment names or ids (all active experiments when empty).
+        devices, models, families, compilers: param values to keep.
+        batch_sizes: batch sizes to show (applied on the client, after the baselines).
+        valid_only: keep only runs tagged ``ngraph.status = OK``.
+    """
+
+    experiments: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+    families: tuple[str, ...] = ()
+    compilers: tuple[str, ...] = ()
+    batch_sizes: tuple[int, ...] = ()
+    valid_only: bool = False
+    where: tuple[tuple[str, str], ...] = ()
+
+    def server_where(self) -> dict[str, list[str]]:
+        """``--where`` filters the server applies (params every cell of a model shares)."""
+        return _grouped((k, v) for k, v in self.where if not k.startswith(schema.P_FLAG_PREFIX))
+
+    def flag_where(self) -> dict[str, list[str]]:
+        """``--where flag.X=...`` filters, applied on the client: the identity has no such
+        flag, and it must still be fetched as the baseline."""
+        return _grouped((k, v) for k, v in self.where if k.startswith(schema.P_FLAG_PREFIX))
+
+
+def _grouped(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for key, value in pairs:
+        out.setdefault(key, []).append(value)
+    return out
+
+
+#: ``--where`` keys beside the dedicated options: the scenario, model init params and flags
+WHERE_KEYS = (schema.P_SCENARIO, schema.P_PARAMETER_COUNT)
+
+
+def parse_where(items: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """``["model.width=64", "scenario=latency"]`` -> ``(("model.width", "64"), ...)``.
+
+    Raises:
+        NgraphError: an item without ``=``, or a key that is no cell param.
+    """
+    out = []
+    for item in items:
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise NgraphError(f"--where {item!r}: expected KEY=VALUE")
+        prefixed = key.startswith((schema.P_MODEL_PARAM_PREFIX, schema.P_FLAG_PREFIX))
+        if key not in WHERE_KEYS and not (prefixed and key.count(".") >= 1 and key[-1] != "."):
+            known = ", ".join(WHERE_KEYS)
+            raise NgraphError(
+                f"unknown filter key {key!r} (use --device/--model/--family/--compiler, or "
+                f"--where with {known}, model.<init param> or flag.<compiler flag>)"
+            )
+        out.append((key, value.strip()))
+    return tuple(out)
+
+
+def page_size(tracking_uri: str) -> int:
+    """The largest page the store behind ``tracking_uri`` accepts."""
+    scheme = urlparse(tracking_uri).scheme.split("+", 1)[0].lower() or "file"
+    known = {"sqlite", "postgresql", "mysql", "mssql", "file", "http", "https"}
+    if tracking_uri.startswith("databricks") or scheme not in known:
+        return SAFE_PAGE
+    return MAX_PAGE
+
+
+def resolve_experiments(client: MlflowClient, names_or_ids: Iterable[str]) -> list[str]:
+    """Experiment ids for names or ids; all active experiments when none are given.
+
+    Raises:
+        NgraphError: an experiment that exists neither as a name nor as an id.
+    """
+    wanted = list(names_or_ids)
+    if not wanted:
+        return [e.experiment_id for e in _all_experiments(client)]
+    ids = []
+    for ref in wanted:
+        experiment = client.get_experiment_by_name(ref)
+        if experiment is None and ref.isdigit():
+            experiment = _experiment_by_id(client, ref)
+        if experiment is None:
+            raise NgraphError(f"no runs match --experiment {ref!r}: no such experiment")
+        ids.append(experiment.experiment_id)
+    return ids
+
+
+def _experiment_by_id(client: MlflowClient, experiment_id: str):
+    try:
+        return client.get_experiment(experiment_id)
+    except MlflowException:
+        return None
+
+
+def _all_experiments(client: MlflowClient) -> Iterator:
+    token = None
+    while True:
+        page = client.search_experiments(
+            ViewType.ACTIVE_ONLY, max_results=SAFE_PAGE, page_token=token
+        )
+        yield from page
+        token = page.token
+        if not token:
+            return
+
+
+def _quote(value: str) -> str:
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    raise NgraphError(f"filter value {value!r} holds both quote characters")
+
+
+def filter_strings(query: RunQuery) -> list[str]:
+    """Server-side filter strings whose results, together, are the runs ``query`` needs.
+
+    MLflow's filter grammar has neither ``OR`` nor ``IN`` for params, so a filter with several
+    values becomes one search per combination of values. The identity is always fetched with
+    the compilers asked for: it is the baseline of every relative metric.
+    """
+    clauses = [f"tags.\"{schema.T_ROLE}\" = 'cell'"]
+    if query.valid_only:
+        clauses.append(f"tags.\"{schema.T_STATUS}\" = '{schema.STATUS_OK}'")
+    choices = []
+    for attr, param, _ in _PARAM_FILTERS:
+        values = sorted(set(getattr(query, attr)))
+        if attr == "compilers" and values:
+            values = sorted(set(values) | {IDENTITY})
+        choices.append([f"params.{param} = {_quote(v)}" for v in values] or [None])
+    for key, values in sorted(query.server_where().items()):
+        choices.append([f"params.`{key}` = {_quote(v)}" for v in sorted(set(values))])
+    out = []
+    for combo in itertools.product(*choices):
+        out.append(" and ".join(clauses + [c for c in combo if c]))
+    return out
+
+
+def run_records(run: RunData) -> list[dict]:
+    """One record per batch size of ``run`` (one record without a batch size if it has no
+    per-batch metrics, e.g. a run that failed before measuring)."""
+    base = _run_base(run)
+    per_batch: dict[int, dict[str, float]] = {}
+    run_level: dict[str, float] = {}
+    for key, value in run.metrics.items():
+        parsed = schema.parse_flat_key(key)
+        if parsed is None:
+            run_level[key] = value
+        else:
+            per_batch.setdefault(parsed[1], {})[parsed[0]] = value
+    stepped = {name for values in per_batch.values() for name in values}
+    # a stepped metric's run-level value is only its highest step: never spread it to rows
+    shared = {k: v for k, v in run_level.items() if k not in stepped}
+    if not per_batch:
+        return [{**base, **shared, "batch_size": None}]
+    return [{**base, **shared, **values, "batch_size": b} for b, values in per_batch.items()]
+
+
+def _joined(params: dict[str, str], prefix: str) -> str:
+    items = sorted((k[len(prefix) :], v) for k, v in params.items() if k.startswith(prefix))
+    return ",".join(f"{k}={v}" for k, v in items)
+
+
+def _run_base(run: RunData) -> dict:
+    params, tags = run.params, run.tags
+    base = {
+        "run_id": run.run_id,
+        "experiment_id": run.experiment_id,
+        "start_time": run.start_time,
+        "parent_run_id": tags.get(schema.T_PARENT),
+        "device": params.get(schema.P_DEVICE),
+        "model": params.get(schema.P_MODEL),
+        "family": params.get(schema.P_FAMILY),
+        "compiler": params.get(schema.P_COMPILER),
+        "scenario": params.get(schema.P_SCENARIO, ""),
+        "model_params": _joined(params, schema.P_MODEL_PARAM_PREFIX),
+        "flags": _joined(params, schema.P_FLAG_PREFIX),
+        "status": tags.get(schema.T_STATUS, ""),
+        "error": tags.get(schema.T_ERROR, ""),
+    }
+    if schema.P_PARAMETER_COUNT in params:
+        base["parameter_count"] = _number(params[schema.P_PARAMETER_COUNT])
+    for key, value in params.items():
+        if key.startswith((schema.P_MODEL_PARAM_PREFIX, schema.P_FLAG_PREFIX)):
+            base[key] = value
+    return base
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def runs_to_frame(runs: Iterable[RunData]) -> pd.DataFrame:
+    """Flatten runs into the one-row-per-run-x-batch-size DataFrame."""
+    records = [record for run in runs for record in run_records(run)]
+    frame = pd.DataFrame.from_records(records)
+    if frame.empty:
+        return pd.DataFrame(columns=BASE_COLUMNS)
+    frame["batch_size"] = frame["batch_size"].astype("Int64")
+    return frame
+
+
+def fetch_cells(client: MlflowClient, query: RunQuery, tracking_uri: str) -> pd.DataFrame:
+    """The cell runs ``query`` needs (its selection plus the identity baselines), flattened.
+
+    Raises:
+        NgraphError: an unknown experiment, or no run matching the filters (the message names
+            the first filter that matched nothing).
+    """
+    experiment_ids = resolve_experiments(client, query.experiments)
+    if not experiment_ids:
+        raise NgraphError("no runs match: the tracking store has no experiments")
+    searcher = searcher_for(client, page_size(tracking_uri))
+    runs = searcher.search_all(experiment_ids, filter_strings(query))
+    log.info("fetched %d cell runs", len(runs))
+    if not runs:
+        raise NgraphError(explain_empty(client, experiment_ids, query))
+    return runs_to_frame(runs)
+
+
+def _any_run(client: MlflowClient, experiment_ids: list[str], query: RunQuery) -> bool:
+    return any(
+        client.search_runs(experiment_ids, flt, ViewType.ACTIVE_ONLY, max_results=1)
+        for flt in filter_strings(query)
+    )
+
+
+def explain_empty(client: MlflowClient, experiment_ids: list[str], query: RunQuery) -> str:
+    """One line naming the first filter (in a fixed order) after which nothing matches."""
+    scope = f"--experiment {', '.join(query.experiments)}" if query.experiments else "any"
+    if not _any_run(client, experiment_ids, RunQuery()):
+        return f"no runs match: no benchmark cell runs in {scope} experiment"
+    applied: dict = {}
+    for attr, _, option in _PARAM_FILTERS:
+        values = getattr(query, attr)
+        if not values:
+            continue
+        applied[attr] = values
+        if not _any_run(client, experiment_ids, RunQuery(**applied)):
+            return f"no runs match {option} {', '.join(values)} (with the filters before it)"
+    where: list[tuple[str, str]] = []
+    for key, values in query.server_where().items():
+        where += [(key, v) for v in values]
+        if not _any_run(client, experiment_ids, RunQuery(**applied, where=tuple(where))):
+            return f"no runs match --where {key}={'|'.join(values)} (with the filters before it)"
+    return "no runs match --valid-only: every matching run is INVALID or FAILED"

@@ -1,0 +1,547 @@
+"""The compare tables, as pure functions of the DataFrame that ``query`` builds.
+
+Pipeline: :func:`prepare` (labels, latest run per cell, validity, relative metrics recomputed
+from throughputs with :mod:`mlflow_ngraph.metrics`), then :func:`select` (what the user asked
+to see; baselines were already attached, so filtering never loses them), then one function
+per table: :func:`cells_table`, :func:`family_table` (Table VI), :func:`depth_table` (Tables
+VII/VIII), :func:`compile_table` (Table III), :func:`flips_table` (ranking flips).
+
+A relative metric that cannot be computed is NaN, and the ``missing`` column says why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from mlflow_ngraph import metrics
+from mlflow_ngraph.models.registry import family_of
+from mlflow_ngraph.tracking import schema
+
+IDENTITY = "identity"
+RELATIVE = ("speedup", "rtr", "ase", "bsr")
+BLOCK_FAMILIES = ("conv_block", "mha_block")
+#: the block builders' defaults (models/registry.py), for runs that did not log the param
+BLOCK_DEFAULTS = {"conv_block": {"width": 64, "depth": 1}, "mha_block": {"width": 128, "depth": 1}}
+#: the paper's Table VI batch-size ranges
+DEFAULT_RANGES = ((2, 4), (8, 16))
+#: the paper's Tables VII/VIII report batch sizes 8 and 16
+DEFAULT_DEPTH_BATCHES = (8, 16)
+#: results that are not results: an engine whose outputs were wrong, or no engine at all
+NOT_RESULTS = (schema.STATUS_INVALID, schema.STATUS_FAILED)
+#: the paper's family order (Table IV), then any other family alphabetically
+FAMILY_ORDER = ("resnet", "efficientnet", "deit", "swin", "convnext", *BLOCK_FAMILIES)
+
+#: metric columns the tables read; absent ones are added as NaN so every table has them
+METRIC_COLUMNS = (
+    schema.M_THROUGHPUT,
+    schema.M_THROUGHPUT_STD,
+    schema.M_LATENCY_P50,
+    schema.M_CPU,
+    schema.M_COMPILE,
+    schema.M_CACHE_HIT,
+    schema.M_MAX_ABS_ERROR,
+    schema.M_VALID,
+)
+NO_THROUGHPUT = "no throughput measured"
+CPU_STD = f"{schema.M_CPU}_std"  # not in the schema yet: used when a runner logs it
+
+
+# --- preparation ------------------------------------------------------------------------
+def prepare(raw: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Labels, latest run per cell, validity and relative metrics.
+
+    Returns:
+        The enriched frame, and how many superseded runs were left out.
+    """
+    frame = add_labels(raw)
+    frame, superseded = latest_per_cell(frame)
+    frame = add_validity(frame)
+    return add_relative_metrics(frame), superseded
+
+
+def add_labels(raw: pd.DataFrame) -> pd.DataFrame:
+    """``model_label``, ``compiler_label``, ``cell_key`` and ``baseline_key`` columns."""
+    frame = raw.copy()
+    for column in METRIC_COLUMNS:
+        if column not in frame:
+            frame[column] = np.nan
+    frame["family"] = [
+        fam if isinstance(fam, str) and fam else family_of(str(model))
+        for fam, model in zip(frame["family"], frame["model"], strict=True)
+    ]
+    frame["model_label"] = [
+        f"{m}:{p}" if p else str(m)
+        for m, p in zip(frame["model"], frame["model_params"], strict=True)
+    ]
+    frame["baseline_key"] = (
+        frame["device"].astype(str) + "|" + frame["model_label"] + "|" + frame["scenario"]
+    )
+    frame["cell_key"] = (
+        frame["baseline_key"] + "|" + frame["compiler"].astype(str) + "|" + frame["flags"]
+    )
+    frame["compiler_label"] = compiler_labels(frame)
+    return frame
+
+
+def compiler_labels(frame: pd.DataFrame) -> pd.Series:
+    """The compiler name, plus the flags that differ when it ran with several flag sets."""
+    labels = frame["compiler"].astype(str)
+    flag_columns = [c for c in frame.columns if c.startswith(schema.P_FLAG_PREFIX)]
+    for compiler, rows in frame.groupby("compiler"):
+        differing = [c for c in flag_columns if rows[c].nunique(dropna=False) > 1]
+        if not differing:
+            continue
+        values = rows[differing].fillna("").astype(str)
+        text = [
+            ",".join(
+                f"{c[len(schema.P_FLAG_PREFIX) :]}={v}" for c, v in zip(differing, row, strict=True)
+            )
+            for row in values.itertuples(index=False, name=None)
+        ]
+        labels.loc[rows.index] = [f"{compiler}[{t}]" for t in text]
+    return labels
+
+
+def latest_per_cell(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Keep only the newest run of each cell (a re-run supersedes; MLflow keeps the old)."""
+    runs = frame.drop_duplicates("run_id")[["run_id", "cell_key", "start_time"]]
+    latest = runs.sort_values("start_time", kind="stable").groupby("cell_key").tail(1)
+    kept = frame[frame["run_id"].isin(set(latest["run_id"]))]
+    return kept.reset_index(drop=True), len(runs) - len(latest)
+
+
+def add_validity(frame: pd.DataFrame) -> pd.DataFrame:
+    """``status`` per row: the run's tag, INVALID where that batch's output check failed,
+    UNKNOWN where the runner set no status."""
+    out = frame.copy()
+    status = out["status"].fillna("").astype(str).replace("", "UNKNOWN")
+    out["status"] = status.where(~(out[schema.M_VALID] == 0), schema.STATUS_INVALID)
+    return out
+
+
+def _series_by_run(frame: pd.DataFrame, column: str) -> dict[str, dict[int, float]]:
+    ok = frame[frame[column].notna() & frame["batch_size"].notna()]
+    out: dict[str, dict[int, float]] = {}
+    for run_id, batch, value in zip(ok["run_id"], ok["batch_size"], ok[column], strict=True):
+        out.setdefault(run_id, {})[int(batch)] = float(value)
+    return out
+
+
+def _identity_runs(frame: pd.DataFrame) -> dict[str, str]:
+    """baseline key -> run id of the identity run (the newest, if several flag sets ran)."""
+    ident = frame[frame["compiler"] == IDENTITY].drop_duplicates("run_id")
+    ident = ident.sort_values("start_time", kind="stable")
+    return dict(zip(ident["baseline_key"], ident["run_id"], strict=True))
+
+
+def add_relative_metrics(frame: pd.DataFrame) -> pd.DataFrame:
+    """speedup, RTR, ASE, BSR, the identity's throughput and CPU, CPU reduction, ``missing``.
+
+    Recomputed from the logged throughputs (logged relative metrics are ignored).
+    """
+    tput = _series_by_run(frame, schema.M_THROUGHPUT)
+    cpu = _series_by_run(frame, schema.M_CPU)
+    baseline = _identity_runs(frame)
+    rel = {
+        run: metrics.relative_metrics(series, tput.get(baseline.get(key, ""), None))
+        for run, key, series in _run_series(frame, tput)
+    }
+    rows = [
+        _row_values(run, b, key, tput, cpu, baseline, rel)
+        for run, b, key in zip(
+            frame["run_id"], frame["batch_size"], frame["baseline_key"], strict=True
+        )
+    ]
+    for row, status, error in zip(rows, frame["status"], frame["error"].fillna(""), strict=True):
+        if row[-1] == NO_THROUGHPUT and (status != "OK" or error):
+            row[-1] = f"{NO_THROUGHPUT} ({status}{': ' + error if error else ''})"
+    columns = [*RELATIVE, "identity_throughput", "identity_cpu_percent", "cpu_reduction_pct"]
+    values = pd.DataFrame(rows, columns=[*columns, "missing"], index=frame.index)
+    out = frame.drop(columns=[c for c in values.columns if c in frame], errors="ignore")
+    out = pd.concat([out, values], axis=1)
+    out[columns] = out[columns].astype(float)
+    return out
+
+
+def _run_series(frame: pd.DataFrame, tput: dict) -> list[tuple[str, str, dict]]:
+    runs = frame.drop_duplicates("run_id")
+    return [
+        (r, k, tput[r])
+        for r, k in zip(runs["run_id"], runs["baseline_key"], strict=True)
+        if r in tput
+    ]
+
+
+def _row_values(run, batch, key, tput, cpu, baseline, rel) -> list:
+    if pd.isna(batch) or int(batch) not in tput.get(run, {}):
+        return [None] * 7 + [NO_THROUGHPUT]
+    b = int(batch)
+    ident_run = baseline.get(key)
+    ident_t = tput.get(ident_run, {}).get(b) if ident_run else None
+    ident_cpu = cpu.get(ident_run, {}).get(b) if ident_run else None
+    values = rel[run][b]
+    reduction = _reduction_pct(cpu.get(run, {}).get(b), ident_cpu)
+    return [*(values[m] for m in RELATIVE), ident_t, ident_cpu, reduction] + [
+        _missing_reason(tput, run, b, key, ident_run)
+    ]
+
+
+def _reduction_pct(value: float | None, identity: float | None) -> float | None:
+    """CPU reduction against the identity, in percent (positive = less CPU)."""
+    ratio = metrics.speedup(value, identity)  # a guarded ratio: None on a missing input
+    if ratio is None and value == 0 and identity:
+        ratio = 0.0  # a compiled engine that used no measurable CPU: a 100 % reduction
+    return None if ratio is None else 100.0 * (1.0 - ratio)
+
+
+def _missing_reason(tput: dict, run: str, batch: int, key: str, ident_run: str | None) -> str:
+    reasons = []
+    own = tput.get(run, {})
+    ident = tput.get(ident_run, {}) if ident_run else {}
+    device, model, _ = key.split("|", 2)
+    if ident_run is None:
+        reasons.append(f"speedup, bsr: no identity run for {model} on {device}")
+    elif batch not in ident:
+        reasons.append(f"speedup, bsr: identity not measured at batch {batch}")
+    if 1 not in own:
+        reasons.append("rtr, ase, bsr: no batch-1 throughput")
+    elif ident_run is not None and 1 not in ident:
+        reasons.append("bsr: identity has no batch-1 throughput")
+    return "; ".join(reasons)
+
+
+# --- selection --------------------------------------------------------------------------
+def select(
+    frame: pd.DataFrame,
+    compilers: Sequence[str] = (),
+    batch_sizes: Sequence[int] = (),
+    valid_only: bool = False,
+    flags: Mapping[str, Sequence[str]] | None = None,
+) -> pd.DataFrame:
+    """The rows the user asked to see (relative metrics already hold their baselines)."""
+    keep = pd.Series(True, index=frame.index)
+    if compilers:
+        keep &= frame["compiler"].isin(list(compilers))
+    if batch_sizes:
+        keep &= frame["batch_size"].isin(list(batch_sizes)).fillna(False).astype(bool)
+    if valid_only:
+        keep &= frame["status"] == schema.STATUS_OK
+    for key, values in (flags or {}).items():
+        column = frame[key] if key in frame else pd.Series("", index=frame.index)
+        keep &= column.isin(list(values))
+    return frame[keep].reset_index(drop=True)
+
+
+def is_result(frame: pd.DataFrame) -> pd.Series:
+    """Rows that hold a usable measurement (valid engine, throughput measured)."""
+    return ~frame["status"].isin(NOT_RESULTS) & frame[schema.M_THROUGHPUT].notna()
+
+
+def _compiler_rank(label: str) -> tuple[int, str]:
+    return (0 if label == IDENTITY else 1, label)
+
+
+def _family_rank(family: str) -> tuple[int, str]:
+    return (FAMILY_ORDER.index(family) if family in FAMILY_ORDER else len(FAMILY_ORDER), family)
+
+
+def _sort(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    def key(series: pd.Series) -> pd.Series:
+        if series.name == "compiler":
+            return series.map(lambda v: _compiler_rank(str(v)))
+        if series.name == "family":
+            return series.map(lambda v: _family_rank(str(v)))
+        return series
+
+    return frame.sort_values(list(columns), key=key, kind="stable").reset_index(drop=True)
+
+
+def _drop_if_single(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """Drop columns that carry one value only (e.g. scenario when one scenario ran)."""
+    single = [c for c in columns if c in frame and frame[c].nunique(dropna=False) <= 1]
+    return frame.drop(columns=single)
+
+
+# --- tables -----------------------------------------------------------------------------
+CELL_COLUMNS = [
+    "device",
+    "model",
+    "compiler",
+    "batch_size",
+    schema.M_THROUGHPUT,
+    schema.M_THROUGHPUT_STD,
+    schema.M_LATENCY_P50,
+    schema.M_CPU,
+    *RELATIVE,
+    "cpu_reduction_pct",
+    schema.M_MAX_ABS_ERROR,
+    "status",
+    "missing",
+    "family",
+    "model_params",
+    "flags",
+    "scenario",
+    "experiment_id",
+    "run_id",
+    "error",
+]
+
+
+def cells_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per device x model x compiler x batch size, with every relative metric."""
+    out = frame.assign(model=frame["model_label"], compiler=frame["compiler_label"])
+    out = out[CELL_COLUMNS]
+    return _sort(out, ["device", "model", "compiler", "batch_size"])
+
+
+def range_label(low: int, high: int) -> str:
+    """``bs2-4`` (``bs8`` for a one-size range)."""
+    return f"bs{low}" if low == high else f"bs{low}-{high}"
+
+
+def pooled_std(stds: pd.Series) -> float:
+    """Root mean square of per-cell standard deviations (the within-cell noise)."""
+    values = stds.dropna()
+    return float(np.sqrt((values**2).mean())) if len(values) else math.nan
+
+
+def family_table(
+    frame: pd.DataFrame, ranges: Sequence[tuple[int, int]] = DEFAULT_RANGES
+) -> pd.DataFrame:
+    """Table VI: throughput and CPU % by family x compiler x device over batch-size ranges.
+
+    Each value is the mean over the family's models and the range's batch sizes; the ``_std``
+    beside it is the pooled measurement std (the paper's ± is repetition noise, not the spread
+    between models of different sizes). CPU std needs ``cpu_percent_std`` from the runner.
+    """
+    measured = frame[is_result(frame)]
+    keys = ["family", "compiler_label", "device", "scenario"]
+    out = measured[keys].drop_duplicates()
+    for low, high in ranges:
+        out = out.merge(_range_aggregate(measured, keys, low, high), on=keys, how="left")
+        cells = f"cells_{range_label(low, high)}"
+        out[cells] = out[cells].fillna(0).astype(int)
+    out = out.rename(columns={"compiler_label": "compiler"})
+    return _drop_if_single(_sort(out, ["family", "compiler", "device"]), ["scenario"])
+
+
+def _range_aggregate(measured: pd.DataFrame, keys: list[str], low: int, high: int) -> pd.DataFrame:
+    """Mean throughput and CPU, pooled stds and the cell count over one batch-size range."""
+    tag = range_label(low, high)
+    part = measured[measured["batch_size"].between(low, high).fillna(False).astype(bool)]
+    cpu_std = part[CPU_STD] if CPU_STD in part else pd.Series(np.nan, index=part.index)
+    part = part.assign(_t2=part[schema.M_THROUGHPUT_STD] ** 2, _c2=cpu_std**2)
+    agg = part.groupby(keys, dropna=False).agg(
+        t=(schema.M_THROUGHPUT, "mean"),
+        t2=("_t2", "mean"),
+        c=(schema.M_CPU, "mean"),
+        c2=("_c2", "mean"),
+        n=(schema.M_THROUGHPUT, "size"),
+    )
+    return pd.DataFrame(
+        {
+            f"throughput_{tag}": agg["t"],
+            f"throughput_{tag}_std": np.sqrt(agg["t2"]),  # pooled: root mean square of stds
+            f"cpu_percent_{tag}": agg["c"],
+            f"cpu_percent_{tag}_std": np.sqrt(agg["c2"]),
+            f"cells_{tag}": agg["n"],
+        }
+    ).reset_index()
+
+
+def block_params(frame: pd.DataFrame) -> pd.DataFrame:
+    """Block rows with integer ``depth`` and ``width`` and the ``other_params`` of the block."""
+    blocks = frame[frame["family"].isin(BLOCK_FAMILIES)].copy()
+    for name in ("depth", "width"):
+        column = f"{schema.P_MODEL_PARAM_PREFIX}{name}"
+        given = blocks[column] if column in blocks else pd.Series(None, index=blocks.index)
+        default = blocks["family"].map(lambda f, n=name: BLOCK_DEFAULTS[f][n])
+        blocks[name] = pd.to_numeric(given, errors="coerce").fillna(default).astype(int)
+    blocks["other_params"] = [
+        ",".join(p for p in text.split(",") if p and p.split("=")[0] not in ("depth", "width"))
+        for text in blocks["model_params"]
+    ]
+    return blocks
+
+
+def depth_table(
+    frame: pd.DataFrame, batch_sizes: Sequence[int] = DEFAULT_DEPTH_BATCHES
+) -> pd.DataFrame:
+    """Tables VII/VIII: depth slope and retention of the speedup, by block x device x
+    compiler x width, for each batch size (baseline: identity at the same width, depth and
+    batch size)."""
+    blocks = block_params(frame[is_result(frame) & frame["speedup"].notna()])
+    blocks = blocks[blocks["compiler"] != IDENTITY]
+    keys = ["model", "device", "compiler_label", "width", "other_params", "scenario"]
+    means = blocks.groupby([*keys, "batch_size", "depth"], dropna=False)["speedup"].mean()
+    series: dict[tuple, dict[int, dict[int, float]]] = {}
+    for index, value in means.items():
+        by_batch = series.setdefault(index[:-2], {})
+        by_batch.setdefault(int(index[-2]), {})[int(index[-1])] = float(value)
+    rows = [
+        {**dict(zip(keys, key, strict=True)), **_depth_values(series[key], batch_sizes)}
+        for key in series
+    ]
+    columns = [*keys, *_depth_columns(batch_sizes), "depths", "note"]
+    out = pd.DataFrame(rows, columns=columns).rename(columns={"compiler_label": "compiler"})
+    out = _sort(out, ["model", "device", "compiler", "width"])
+    return _drop_if_single(out, ["other_params", "scenario"])
+
+
+def _depth_columns(batch_sizes: Sequence[int]) -> list[str]:
+    return [f"{name}_bs{b}" for b in batch_sizes for name in ("slope", "retention")]
+
+
+def _depth_values(by_batch: dict[int, dict[int, float]], batch_sizes: Sequence[int]) -> dict:
+    """Slope and retention at each batch size from {batch: {depth: speedup}}."""
+    depths = sorted({d for speedups in by_batch.values() for d in speedups})
+    row: dict = {"depths": ",".join(map(str, depths))}
+    notes = []
+    for b in batch_sizes:
+        speedups = by_batch.get(b, {})
+        row[f"slope_bs{b}"] = metrics.depth_slope(list(speedups), list(speedups.values()))
+        row[f"retention_bs{b}"] = metrics.retention(speedups)
+        if len(speedups) < 2:
+            notes.append(f"bs{b}: {len(speedups)} depth(s) measured")
+        elif 1 not in speedups:
+            notes.append(f"bs{b}: no depth-1 run, no retention")
+    row["note"] = "; ".join(notes)
+    return row
+
+
+def compile_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Table III: compile seconds by model x batch size (rows) and device x compiler.
+
+    The identity (nothing compiled) and cache hits (``compile_s`` is then a cache load) are
+    left out.
+    """
+    part = frame[
+        (frame["compiler"] != IDENTITY)
+        & frame[schema.M_COMPILE].notna()
+        & ~(frame[schema.M_CACHE_HIT] == 1)
+        & frame["batch_size"].notna()
+    ]
+    index = ["model_label", "batch_size"]
+    if part["scenario"].nunique() > 1:
+        index.append("scenario")
+    if part.empty:
+        return pd.DataFrame(columns=["model", "batch_size"])
+    pivot = part.pivot_table(
+        index=index, columns=["device", "compiler_label"], values=schema.M_COMPILE, aggfunc="mean"
+    )
+    pivot.columns = [f"{device} {compiler} [s]" for device, compiler in pivot.columns]
+    return pivot.reset_index().rename(columns={"model_label": "model"})
+
+
+def kendall_tau(first: Sequence[float], second: Sequence[float]) -> float | None:
+    """Kendall's tau-b between two score lists (``None`` when either is all ties)."""
+    concordant = discordant = ties_first = ties_second = 0
+    for i in range(len(first)):
+        for j in range(i + 1, len(first)):
+            a = np.sign(first[i] - first[j])
+            b = np.sign(second[i] - second[j])
+            if a == 0 and b == 0:
+                continue
+            if a == 0:
+                ties_first += 1
+            elif b == 0:
+                ties_second += 1
+            elif a == b:
+                concordant += 1
+            else:
+                discordant += 1
+    pairs = concordant + discordant
+    denominator = math.sqrt((pairs + ties_first) * (pairs + ties_second))
+    return (concordant - discordant) / denominator if denominator else None
+
+
+def swapped_pairs(
+    names: Sequence[str], first: Sequence[float], second: Sequence[float]
+) -> list[tuple[str, str]]:
+    """Pairs ordered one way by ``first`` and the other by ``second``, each as (faster under
+    ``first``, faster under ``second``)."""
+    out = []
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            a, b = first[i] - first[j], second[i] - second[j]
+            if a * b < 0:
+                out.append((names[i], names[j]) if a > 0 else (names[j], names[i]))
+    return out
+
+
+def _order(names: Sequence[str], scores: Sequence[float]) -> str:
+    ranked = sorted(zip(names, scores, strict=True), key=lambda pair: (-pair[1], pair[0]))
+    return " > ".join(name for name, _ in ranked)
+
+
+FLIP_COLUMNS = [
+    "device",
+    "batch_size",
+    "compiler",
+    "among",
+    "level",
+    "n",
+    "kendall_tau",
+    "swapped",
+    "swapped_pairs",
+    "identity_order",
+    "compiler_order",
+]
+
+
+def flips_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Ranking flips: per device x batch size x compiler, the order of models (and of
+    families, when a family holds several models) by identity throughput against the
+    compiler's order, the pairs that swap, and Kendall's tau. Off-the-shelf models rank
+    among themselves (``among = models``), block configurations among their block's."""
+    part = frame[
+        is_result(frame) & frame["identity_throughput"].notna() & (frame["compiler"] != IDENTITY)
+    ]
+    # blocks rank among configurations of their own block, never against whole models
+    part = part.assign(among=part["family"].where(part["family"].isin(BLOCK_FAMILIES), "models"))
+    keys = ["device", "batch_size", "compiler_label", "among", "scenario"]
+    models = part.groupby(keys, dropna=False)["model_label"].nunique().to_dict()
+    rows = []
+    for level, column in (("model", "model_label"), ("family", "family")):
+        for key, (names, ident, comp) in _rankings(part, keys, column).items():
+            if level == "family" and len(names) == models[key]:
+                continue  # one model per family: the family ranking repeats the model one
+            row = _flip_row(names, ident, comp)
+            if row is not None:
+                labels = ["device", "batch_size", "compiler", "among", "scenario"]
+                rows.append({**dict(zip(labels, key, strict=True)), "level": level, **row})
+    out = pd.DataFrame(rows, columns=[*FLIP_COLUMNS, "scenario"])
+    out = _sort(out, ["device", "batch_size", "compiler", "among", "level"])
+    return _drop_if_single(out, ["scenario"])
+
+
+def _rankings(part: pd.DataFrame, keys: list[str], column: str) -> dict[tuple, tuple]:
+    """group key -> (item names, identity throughputs, compiler throughputs), items being
+    the values of ``column`` (means over the group's rows of each item)."""
+    values = ["identity_throughput", schema.M_THROUGHPUT]
+    means = part.groupby([*keys, column], dropna=False)[values].mean()
+    out: dict[tuple, tuple[list, list, list]] = {}
+    for index, ident, comp in zip(means.index, means[values[0]], means[values[1]], strict=True):
+        names, idents, comps = out.setdefault(index[:-1], ([], [], []))
+        names.append(str(index[-1]))
+        idents.append(float(ident))
+        comps.append(float(comp))
+    return out
+
+
+def _flip_row(names: list[str], ident: list[float], comp: list[float]) -> dict | None:
+    if len(names) < 2:
+        return None  # a ranking needs two items
+    pairs = swapped_pairs(names, ident, comp)
+    return {
+        "n": len(names),
+        "kendall_tau": kendall_tau(ident, comp),
+        "swapped": len(pairs),
+        "swapped_pairs": "; ".join(f"{a} > {b}" for a, b in pairs),
+        "identity_order": _order(names, ident),
+        "compiler_order": _order(names, comp),
+    }
