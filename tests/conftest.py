@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from pathlib import Path
 
@@ -43,20 +42,4 @@ def run_cli(home: Path, capsys, monkeypatch):
     return run
 
 
-#: the smallest real workload: a 32x32 conv block, two batch sizes, a few repetitions
-TINY = [
-    "--model",
-    "conv_block:width=8,depth=1,image_size=32",
-    "--batch-sizes",
-    "1,2",
-    "--warmup",
-    "1",
-    "--repetitions",
-    "3",
-    "--min-duration",
-    "0",
-]
-
-PYTHON = sys.executable
-REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import TINY
 from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.tracking import schema as S
+from tests._support import TINY
 
 COMPILERS = ["identity", "torchscript", "inductor", "onnxruntime", "openvino"]
 #: compilers whose engines serialize, and the file each writes

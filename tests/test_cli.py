@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import PYTHON, TINY
+
+from tests._support import PYTHON, TINY
 
 
 def _assert_clean_error(code, out, err, fragment):

@@ -9,10 +9,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import PYTHON, REPO, TINY
 from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.tracking import schema as S
+from tests._support import PYTHON, REPO, TINY
 
 
 def _cell_runs(uri: str, experiment: str):

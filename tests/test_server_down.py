@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import requests
-from conftest import PYTHON, REPO
 from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.tracking import schema as S
+from tests._support import PYTHON, REPO
 
 
 def _free_port() -> int:
