@@ -93,7 +93,11 @@ class Engine(ABC):
 
     The harness calls :meth:`prepare` once (outside the timer), then :meth:`infer` or
     :meth:`run_many` inside it. ``run_many`` is the compiler's best-practice concurrency for
-    the throughput scenario; its default is a sequential loop.
+    the throughput scenario; its default is a sequential loop. An engine whose runtime keeps
+    requests in flight across calls (OpenVINO's async queue) may also define
+    ``start_many(count)``: start ``count`` requests and return once the last is started,
+    with :meth:`synchronize` waiting for the rest; the harness then never drains the queue
+    between repetitions.
     """
 
     #: requests the runtime runs at once in the throughput scenario (OpenVINO: the optimal
