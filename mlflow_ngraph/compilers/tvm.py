@@ -134,6 +134,7 @@ class TvmCompiler(Compiler):
     """Apache TVM with MetaSchedule tuning (``llvm`` on the CPU, ``cuda`` on NVIDIA GPUs)."""
 
     name = "tvm"
+    uses_onnx = True
     packages = ("tvm", "onnx")
     distribution = "apache-tvm"
     extra = "tvm"
