@@ -67,6 +67,7 @@ def test_device_profile_sets_default_compilers():
         "inductor",
         "onnxruntime",
         "openvino",
+        "tvm",
     ]
 
 
