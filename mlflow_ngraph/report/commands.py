@@ -35,7 +35,6 @@ class Comparison:
 
     tables: dict[str, pd.DataFrame]
     frame: pd.DataFrame
-    experiment_ids: list[str]
     notes: list[str] = field(default_factory=list)
 
 
@@ -139,7 +138,7 @@ def run_compare(
     Raises:
         NgraphError: nothing matched (the message names the filter), or a bad filter.
     """
-    raw = fetch_cells(client, query, tracking_uri)
+    raw = fetch_cells(client, query, tracking_uri, tables.READ_METRICS)
     frame, superseded = tables.prepare(raw)
     selected = tables.select(
         frame, query.compilers, query.batch_sizes, query.valid_only, query.flag_where()
@@ -148,8 +147,7 @@ def run_compare(
         raise NgraphError(explain_selection(frame, query))
     depth_batches = query.batch_sizes or tables.DEFAULT_DEPTH_BATCHES
     built = build_tables(selected, table_names, ranges, depth_batches)
-    experiment_ids = sorted(set(selected["experiment_id"]))
-    return Comparison(built, selected, experiment_ids, _notes(selected, superseded))
+    return Comparison(built, selected, _notes(selected, superseded))
 
 
 def _filters(query: RunQuery, ranges: str) -> dict[str, str]:
@@ -183,12 +181,11 @@ def _report(
     client: MlflowClient, result: Comparison, query: RunQuery, ranges: str, figures: list[Path]
 ) -> None:
     experiments = resolve_experiments(client, query.experiments) if query.experiments else []
-    tables_all = dict(result.tables)
     run_id = publish.log_report(
         client,
         experiments,
         _filters(query, ranges),
-        tables_all,
+        result.tables,
         figures,
         result.notes,
         list(result.frame["run_id"].unique()),
@@ -196,9 +193,8 @@ def _report(
     result.notes.append(f"report logged as run {run_id}")
 
 
-def _execute(options: dict) -> None:
-    fmt = options["fmt"]
-    query = RunQuery(
+def _query(options: dict) -> RunQuery:
+    return RunQuery(
         experiments=split_values(options["experiments"]),
         devices=split_values(options["devices"]),
         models=split_values(options["models"]),
@@ -208,6 +204,10 @@ def _execute(options: dict) -> None:
         valid_only=options["valid_only"],
         where=parse_where(options["where"]),
     )
+
+
+def _execute(options: dict) -> None:
+    fmt, query = options["fmt"], _query(options)
     ranges = parse_ranges(options["ranges"])
     names = parse_tables(options["table_names"], fmt)
     if options["log_report"]:

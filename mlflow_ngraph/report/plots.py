@@ -65,6 +65,7 @@ class PlotResult:
 
 
 def _colors(frame: pd.DataFrame) -> dict[str, str]:
+    """One color per compiler of the whole frame, so a compiler keeps it in every figure."""
     labels = sorted(set(frame["compiler_label"]) - {IDENTITY})
     return {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
 
@@ -112,7 +113,7 @@ def _save(figure: Figure, path: Path, result: PlotResult) -> None:
 
 
 def _families(frame: pd.DataFrame) -> list[str]:
-    return sorted(set(frame["family"]), key=tables._family_rank)
+    return sorted(set(frame["family"]), key=tables.family_rank)
 
 
 def _models(frame: pd.DataFrame) -> list[str]:
@@ -130,7 +131,7 @@ def _lines(
     if data[y].notna().sum() == 0:
         _no_data(ax)
         return
-    for label in sorted(set(data["compiler_label"]), key=tables._compiler_rank):
+    for label in sorted(set(data["compiler_label"]), key=tables.compiler_rank):
         series = data[data["compiler_label"] == label].groupby(x)[y].mean().dropna()
         if series.empty:
             continue
@@ -155,7 +156,7 @@ def plot_throughput(frame: pd.DataFrame, out_dir: Path, result: PlotResult) -> N
     if data.empty:
         result.skipped.append("fig05 throughput: no throughput of non-block models")
         return
-    colors = _colors(data)
+    colors = _colors(frame)
     for device, part in data.groupby("device"):
         families = _families(part)
         columns = {f: _models(part[part["family"] == f]) for f in families}
@@ -179,19 +180,18 @@ def plot_throughput(frame: pd.DataFrame, out_dir: Path, result: PlotResult) -> N
 
 
 def _family_device_grid(
-    data: pd.DataFrame, metric: str, title: str, ylabel: str, reference: float | None
+    data: pd.DataFrame, metric: str, title: str, ylabel: str, colors: dict[str, str]
 ) -> Figure:
     """Rows: devices; columns: families; a line per compiler of the family mean."""
     devices, families = sorted(set(data["device"])), _families(data)
     figure, axes = _grid(len(devices), len(families), title)
-    colors, handles = _colors(data), {}
+    handles: dict[str, Line2D] = {}
     for r, device in enumerate(devices):
         for c, family in enumerate(families):
             ax = axes[r][c]
             cell = data[(data["device"] == device) & (data["family"] == family)]
             _lines(ax, cell, "batch_size", metric, colors, handles)
-            if reference is not None:
-                ax.axhline(reference, color="grey", linewidth=0.8, linestyle=":")
+            ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")  # identity / linear
             ax.set_title(f"{family} on {device}", fontsize=9)
             ax.set_ylabel(ylabel)
             _batch_axis(ax, data["batch_size"])
@@ -207,7 +207,7 @@ def plot_speedup(frame: pd.DataFrame, out_dir: Path, result: PlotResult) -> None
         result.skipped.append("fig06 speedup: no compiled run with an identity baseline")
         return
     title = "Speedup over identity (family mean; dotted line = identity)"
-    figure = _family_device_grid(data, "speedup", title, "speedup [x identity]", 1.0)
+    figure = _family_device_grid(data, "speedup", title, "speedup [x identity]", _colors(frame))
     _save(figure, out_dir / "fig06_speedup.png", result)
 
 
@@ -219,7 +219,7 @@ def plot_ase(frame: pd.DataFrame, out_dir: Path, result: PlotResult) -> None:
         result.skipped.append("fig08 ASE: no run with a batch-1 throughput")
         return
     title = "Absolute scaling efficiency (family mean; 1 = throughput linear in batch size)"
-    figure = _family_device_grid(data, "ase", title, "ASE = T(b) / (b T(1))", 1.0)
+    figure = _family_device_grid(data, "ase", title, "ASE = T(b) / (b T(1))", _colors(frame))
     _save(figure, out_dir / "fig08_ase.png", result)
 
 
@@ -231,7 +231,7 @@ def plot_bsr(frame: pd.DataFrame, out_dir: Path, result: PlotResult) -> None:
         result.skipped.append("fig09 BSR: no compiled run with batch-1 and identity baselines")
         return
     title = "Batch scaling resilience (family mean; above 1 = scales better than identity)"
-    figure = _family_device_grid(data, "bsr", title, "BSR = ASE / identity ASE", 1.0)
+    figure = _family_device_grid(data, "bsr", title, "BSR = ASE / identity ASE", _colors(frame))
     _save(figure, out_dir / "fig09_bsr.png", result)
 
 
@@ -330,7 +330,7 @@ def plot_cpu(frame: pd.DataFrame, out_dir: Path, result: PlotResult) -> None:
     if data.empty:
         result.skipped.append("fig12 CPU: no CPU usage measured for non-block models")
         return
-    colors = _colors(data)
+    colors = _colors(frame)
     for device, part in data.groupby("device"):
         families = _families(part)
         title = f"CPU usage on {device} (solid, left) and reduction vs identity (dashed, right)"

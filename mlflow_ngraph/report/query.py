@@ -1,9 +1,9 @@
 """Search MLflow for benchmark cell runs and flatten them into a pandas DataFrame.
 
-Filtering happens on the tracking server (``MlflowClient.search_runs`` with params and tags
-in the filter string, paged with page tokens); per-batch values come from the flat
-``<metric>.bs<batch>`` keys already present in each run, so a query costs one request per
-page, never one per run or per metric.
+Filtering happens on the tracking server (MLflow's run search with params and tags in the
+filter string, paged with page tokens; see :mod:`.runsource` for how pages are fetched);
+per-batch values come from the flat ``<metric>.bs<batch>`` keys already present in each run,
+so a query costs one request per page, never one per run or per metric.
 
 The DataFrame has one row per run x batch size. Columns: ``run_id``, ``experiment_id``,
 ``start_time``, ``parent_run_id``, ``device``, ``model``, ``family``, ``compiler``,
@@ -14,9 +14,10 @@ column per metric name (``throughput``, ``cpu_percent``, ...).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -117,8 +118,7 @@ def parse_where(items: Iterable[str]) -> tuple[tuple[str, str], ...]:
         key = key.strip()
         if not eq or not key:
             raise NgraphError(f"--where {item!r}: expected KEY=VALUE")
-        prefixed = key.startswith((schema.P_MODEL_PARAM_PREFIX, schema.P_FLAG_PREFIX))
-        if key not in WHERE_KEYS and not (prefixed and key.count(".") >= 1 and key[-1] != "."):
+        if not _where_key_ok(key):
             known = ", ".join(WHERE_KEYS)
             raise NgraphError(
                 f"unknown filter key {key!r} (use --device/--model/--family/--compiler, or "
@@ -126,6 +126,15 @@ def parse_where(items: Iterable[str]) -> tuple[tuple[str, str], ...]:
             )
         out.append((key, value.strip()))
     return tuple(out)
+
+
+def _where_key_ok(key: str) -> bool:
+    if key in WHERE_KEYS:
+        return True
+    for prefix in (schema.P_MODEL_PARAM_PREFIX, schema.P_FLAG_PREFIX):
+        if key.startswith(prefix) and len(key) > len(prefix):
+            return True
+    return False
 
 
 def page_size(tracking_uri: str) -> int:
@@ -208,21 +217,34 @@ def filter_strings(query: RunQuery) -> list[str]:
     return out
 
 
-def run_records(run: RunData) -> list[dict]:
+@functools.lru_cache(maxsize=65536)
+def _parsed(key: str) -> tuple[str, int] | None:
+    """``schema.parse_flat_key``, memoized: every run repeats the same few hundred keys."""
+    return schema.parse_flat_key(key)
+
+
+def run_records(run: RunData, metrics: Collection[str] | None = None) -> list[dict]:
     """One record per batch size of ``run`` (one record without a batch size if it has no
-    per-batch metrics, e.g. a run that failed before measuring)."""
+    per-batch metrics, e.g. a run that failed before measuring).
+
+    Args:
+        run: the run.
+        metrics: metric names to keep (all when ``None``).
+    """
     base = _run_base(run)
     per_batch: dict[int, dict[str, float]] = {}
     run_level: dict[str, float] = {}
     for key, value in run.metrics.items():
-        parsed = schema.parse_flat_key(key)
+        parsed = _parsed(key)
         if parsed is None:
             run_level[key] = value
-        else:
+        elif metrics is None or parsed[0] in metrics:
             per_batch.setdefault(parsed[1], {})[parsed[0]] = value
     stepped = {name for values in per_batch.values() for name in values}
     # a stepped metric's run-level value is only its highest step: never spread it to rows
-    shared = {k: v for k, v in run_level.items() if k not in stepped}
+    shared = {
+        k: v for k, v in run_level.items() if k not in stepped and (metrics is None or k in metrics)
+    }
     if not per_batch:
         return [{**base, **shared, "batch_size": None}]
     return [{**base, **shared, **values, "batch_size": b} for b, values in per_batch.items()]
@@ -265,9 +287,10 @@ def _number(text: str) -> float | None:
         return None
 
 
-def runs_to_frame(runs: Iterable[RunData]) -> pd.DataFrame:
-    """Flatten runs into the one-row-per-run-x-batch-size DataFrame."""
-    records = [record for run in runs for record in run_records(run)]
+def runs_to_frame(runs: Iterable[RunData], metrics: Collection[str] | None = None) -> pd.DataFrame:
+    """Flatten runs into the one-row-per-run-x-batch-size DataFrame (``metrics``: the metric
+    names to keep, all when ``None``)."""
+    records = [record for run in runs for record in run_records(run, metrics)]
     frame = pd.DataFrame.from_records(records)
     if frame.empty:
         return pd.DataFrame(columns=BASE_COLUMNS)
@@ -275,8 +298,14 @@ def runs_to_frame(runs: Iterable[RunData]) -> pd.DataFrame:
     return frame
 
 
-def fetch_cells(client: MlflowClient, query: RunQuery, tracking_uri: str) -> pd.DataFrame:
-    """The cell runs ``query`` needs (its selection plus the identity baselines), flattened.
+def fetch_cells(
+    client: MlflowClient,
+    query: RunQuery,
+    tracking_uri: str,
+    metrics: Collection[str] | None = None,
+) -> pd.DataFrame:
+    """The cell runs ``query`` needs (its selection plus the identity baselines), flattened
+    (``metrics``: the metric names to keep, all when ``None``).
 
     Raises:
         NgraphError: an unknown experiment, or no run matching the filters (the message names
@@ -290,7 +319,7 @@ def fetch_cells(client: MlflowClient, query: RunQuery, tracking_uri: str) -> pd.
     log.info("fetched %d cell runs", len(runs))
     if not runs:
         raise NgraphError(explain_empty(client, experiment_ids, query))
-    return runs_to_frame(runs)
+    return runs_to_frame(runs, metrics)
 
 
 def _any_run(client: MlflowClient, experiment_ids: list[str], query: RunQuery) -> bool:

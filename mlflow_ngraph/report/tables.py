@@ -48,6 +48,13 @@ METRIC_COLUMNS = (
 )
 NO_THROUGHPUT = "no throughput measured"
 CPU_STD = f"{schema.M_CPU}_std"  # not in the schema yet: used when a runner logs it
+#: every metric the tables read (the query keeps only these)
+READ_METRICS = frozenset((*METRIC_COLUMNS, CPU_STD))
+
+
+def _list(series: pd.Series) -> list:
+    """A column as a Python list (iterating an Arrow-backed column value by value is slow)."""
+    return series.tolist()
 
 
 # --- preparation ------------------------------------------------------------------------
@@ -71,11 +78,11 @@ def add_labels(raw: pd.DataFrame) -> pd.DataFrame:
             frame[column] = np.nan
     frame["family"] = [
         fam if isinstance(fam, str) and fam else family_of(str(model))
-        for fam, model in zip(frame["family"], frame["model"], strict=True)
+        for fam, model in zip(_list(frame["family"]), _list(frame["model"]), strict=True)
     ]
     frame["model_label"] = [
         f"{m}:{p}" if p else str(m)
-        for m, p in zip(frame["model"], frame["model_params"], strict=True)
+        for m, p in zip(_list(frame["model"]), _list(frame["model_params"]), strict=True)
     ]
     frame["baseline_key"] = (
         frame["device"].astype(str) + "|" + frame["model_label"] + "|" + frame["scenario"]
@@ -126,7 +133,9 @@ def add_validity(frame: pd.DataFrame) -> pd.DataFrame:
 def _series_by_run(frame: pd.DataFrame, column: str) -> dict[str, dict[int, float]]:
     ok = frame[frame[column].notna() & frame["batch_size"].notna()]
     out: dict[str, dict[int, float]] = {}
-    for run_id, batch, value in zip(ok["run_id"], ok["batch_size"], ok[column], strict=True):
+    for run_id, batch, value in zip(
+        _list(ok["run_id"]), _list(ok["batch_size"]), _list(ok[column]), strict=True
+    ):
         out.setdefault(run_id, {})[int(batch)] = float(value)
     return out
 
@@ -135,7 +144,7 @@ def _identity_runs(frame: pd.DataFrame) -> dict[str, str]:
     """baseline key -> run id of the identity run (the newest, if several flag sets ran)."""
     ident = frame[frame["compiler"] == IDENTITY].drop_duplicates("run_id")
     ident = ident.sort_values("start_time", kind="stable")
-    return dict(zip(ident["baseline_key"], ident["run_id"], strict=True))
+    return dict(zip(_list(ident["baseline_key"]), _list(ident["run_id"]), strict=True))
 
 
 def add_relative_metrics(frame: pd.DataFrame) -> pd.DataFrame:
@@ -153,10 +162,15 @@ def add_relative_metrics(frame: pd.DataFrame) -> pd.DataFrame:
     rows = [
         _row_values(run, b, key, tput, cpu, baseline, rel)
         for run, b, key in zip(
-            frame["run_id"], frame["batch_size"], frame["baseline_key"], strict=True
+            _list(frame["run_id"]),
+            _list(frame["batch_size"]),
+            _list(frame["baseline_key"]),
+            strict=True,
         )
     ]
-    for row, status, error in zip(rows, frame["status"], frame["error"].fillna(""), strict=True):
+    for row, status, error in zip(
+        rows, _list(frame["status"]), _list(frame["error"].fillna("")), strict=True
+    ):
         if row[-1] == NO_THROUGHPUT and (status != "OK" or error):
             row[-1] = f"{NO_THROUGHPUT} ({status}{': ' + error if error else ''})"
     columns = [*RELATIVE, "identity_throughput", "identity_cpu_percent", "cpu_reduction_pct"]
@@ -171,7 +185,7 @@ def _run_series(frame: pd.DataFrame, tput: dict) -> list[tuple[str, str, dict]]:
     runs = frame.drop_duplicates("run_id")
     return [
         (r, k, tput[r])
-        for r, k in zip(runs["run_id"], runs["baseline_key"], strict=True)
+        for r, k in zip(_list(runs["run_id"]), _list(runs["baseline_key"]), strict=True)
         if r in tput
     ]
 
@@ -241,20 +255,22 @@ def is_result(frame: pd.DataFrame) -> pd.Series:
     return ~frame["status"].isin(NOT_RESULTS) & frame[schema.M_THROUGHPUT].notna()
 
 
-def _compiler_rank(label: str) -> tuple[int, str]:
+def compiler_rank(label: str) -> tuple[int, str]:
+    """Sort key: the identity first, then compilers by name."""
     return (0 if label == IDENTITY else 1, label)
 
 
-def _family_rank(family: str) -> tuple[int, str]:
+def family_rank(family: str) -> tuple[int, str]:
+    """Sort key: the paper's family order, then other families by name."""
     return (FAMILY_ORDER.index(family) if family in FAMILY_ORDER else len(FAMILY_ORDER), family)
 
 
 def _sort(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     def key(series: pd.Series) -> pd.Series:
         if series.name == "compiler":
-            return series.map(lambda v: _compiler_rank(str(v)))
+            return series.map(lambda v: compiler_rank(str(v)))
         if series.name == "family":
-            return series.map(lambda v: _family_rank(str(v)))
+            return series.map(lambda v: family_rank(str(v)))
         return series
 
     return frame.sort_values(list(columns), key=key, kind="stable").reset_index(drop=True)
@@ -442,8 +458,8 @@ def kendall_tau(first: Sequence[float], second: Sequence[float]) -> float | None
     concordant = discordant = ties_first = ties_second = 0
     for i in range(len(first)):
         for j in range(i + 1, len(first)):
-            a = np.sign(first[i] - first[j])
-            b = np.sign(second[i] - second[j])
+            a = (first[i] > first[j]) - (first[i] < first[j])
+            b = (second[i] > second[j]) - (second[i] < second[j])
             if a == 0 and b == 0:
                 continue
             if a == 0:
