@@ -37,7 +37,7 @@ def export_onnx(model, cache_dir: Path) -> Path:
     target = Path(cache_dir) / "exports" / f"{model.content_hash[:32]}-{torch.__version__}"
     path = target / "model.onnx"
     if path.is_file():
-        log.info("ONNX export cache hit: %s", path)
+        log.debug("ONNX export cache hit: %s", path)
         return path
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
