@@ -41,10 +41,9 @@ from mlflow_ngraph.measure.stats import summarize
 
 #: requests per repetition per parallel slot in the throughput scenario, for engines that
 #: run several requests at once: 8 rounds per slot make a repetition long enough for its
-#: rate to mean something while leaving enough repetitions for a standard deviation. Such an
+#: rate to mean something while leaving enough repetitions for a standard deviation. An
 #: engine without ``start_many`` drains its queue every repetition (the last requests run
-#: with idle slots); 8 rounds keep that tail under ~1/8 of a repetition. An engine with
-#: ``start_many`` is never drained, so its repetition is one round of its slots.
+#: with idle slots); 8 rounds keep that tail under ~1/8 of a repetition.
 REQUESTS_PER_SLOT = 8
 
 
@@ -136,12 +135,10 @@ def _step(engine: Engine, scenario: str) -> tuple[int, Callable[[], None]]:
     slots = max(1, engine.parallel_requests)
     if slots == 1:
         return 1, lambda: engine.run_many(1)
+    per_rep = slots * REQUESTS_PER_SLOT
     start_many = getattr(engine, "start_many", None)
     if start_many is not None:
-        # nothing drains between repetitions, so one round of the slots is a repetition: the
-        # count of repetitions then means the same work as for a sequential engine
-        return slots, lambda: start_many(slots)
-    per_rep = slots * REQUESTS_PER_SLOT
+        return per_rep, lambda: start_many(per_rep)
     return per_rep, lambda: engine.run_many(per_rep)
 
 
