@@ -37,7 +37,7 @@ def parser(description: str, duration_s: float, repetitions: int, csv_name: str)
         "--repetitions", type=int, default=repetitions, help="interleaved pairs per cell"
     )
     p.add_argument(
-        "--warmup", type=int, default=2, help="harness warm-up steps (outside the window)"
+        "--warmup", type=int, default=1, help="harness warm-up steps (outside the window)"
     )
     p.add_argument("--csv", type=Path, default=RESULTS_DIR / csv_name, help="CSV output file")
     p.add_argument("--home", type=Path, default=DEFAULT_HOME, help="export/engine cache root")
@@ -128,6 +128,11 @@ def ratio_columns(prefix: str, ratio: Ratio) -> dict[str, Any]:
         f"{prefix}_max": round(ratio.high, 4),
         "pairs": ratio.count,
     }
+
+
+def raw(name: str, values: list[float]) -> dict[str, str]:
+    """The paired values themselves, ``;``-separated in one CSV cell, for pooled analysis."""
+    return {name: ";".join(f"{v:.6g}" for v in values)}
 
 
 def log(message: str) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import _common as C
 import numpy as np
 
-DEFAULT_MODELS = "resnet18,deit3_small_patch16_224,conv_block:width=64,depth=4"
+DEFAULT_MODELS = "resnet18;deit3_small_patch16_224;conv_block:width=32,depth=2"
 BENCHMARK_APP = Path(sys.executable).with_name("benchmark_app")
 _FPS = re.compile(r"Throughput:\s+([0-9.]+)\s+FPS")
 _MEDIAN = re.compile(r"Median:\s+([0-9.]+)\s+ms")
@@ -122,6 +122,9 @@ def run_cell(args, model, model_file: Path, batch: int, scenario: str) -> dict:
         "app_fps": median(r["throughput"] for r in app),
     }
     ours_fps = [o["throughput"] for o in ours]
+    row.update(C.raw("ours_values", ours_fps))
+    row.update(C.raw("loop_values", [r["throughput"] for r in loop]))
+    row.update(C.raw("app_values", [r["throughput"] for r in app]))
     for name, ref in (("vs_app", app), ("vs_loop", loop)):
         ratio = C.paired_ratio(ours_fps, [r["throughput"] for r in ref])
         row.update(C.ratio_columns(f"fps_{name}", ratio))
@@ -139,10 +142,11 @@ def run_cell(args, model, model_file: Path, batch: int, scenario: str) -> dict:
 
 
 def main() -> None:
-    p = C.parser(__doc__.splitlines()[0], 5.0, 3, "openvino.csv")
+    p = C.parser(__doc__.splitlines()[0], 2.0, 4, "openvino.csv")
     p.add_argument("--models", default=DEFAULT_MODELS, help="';'-separated model specs")
     p.add_argument("--batch-sizes", default="1,8")
     p.add_argument("--scenarios", default="throughput,latency")
+    p.add_argument("--latency-batch-sizes", default="1", help="batch sizes of the latency rows")
     p.add_argument(
         "--precision", default="f32", help="benchmark_app -infer_precision ('default': unset)"
     )
@@ -153,8 +157,9 @@ def main() -> None:
     for spec in _split_models(args.models):
         model = C.load(spec)
         model_file = export_onnx(model, args.home)
-        for batch in (int(b) for b in args.batch_sizes.split(",")):
-            for scenario in args.scenarios.split(","):
+        for scenario in args.scenarios.split(","):
+            batches = args.latency_batch_sizes if scenario == "latency" else args.batch_sizes
+            for batch in (int(b) for b in batches.split(",")):
                 rows.append(run_cell(args, model, model_file, batch, scenario))
     C.print_table(
         rows,
