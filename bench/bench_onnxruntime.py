@@ -1,9 +1,13 @@
 """ONNX Runtime fidelity: the tool's harness against a bare ``InferenceSession.run`` loop.
 
-The bare side builds its own session from the same ONNX file (the tool's export cache) with
-the same session options the tool uses by default (all graph optimizations, ONNX Runtime's
-own thread counts, sequential execution, the batch dimension fixed to the measured batch) and
-calls ``session.run(None, feed)`` in a plain loop for the same duration. Ratio = ours / bare.
+The bare side calls ``session.run(None, feed)`` in a plain loop for the same duration on the
+same input. Ratio = ours / bare. Its session is, by default, the engine's own (``--session
+same``: same options by construction, and one thread pool in the process). ``--session
+separate`` builds a second session from the same ONNX file (the tool's export cache) with the
+options the tool uses by default (all graph optimizations, ONNX Runtime's own thread counts,
+sequential execution, the batch dimension fixed to the measured batch); two sessions means two
+intra-op thread pools in one process, and on a 2-core host the side that runs second in a pair
+then loses ~10% to the other pool's threads: read its ratios with that in mind.
 
     python bench/bench_onnxruntime.py
     python bench/bench_onnxruntime.py --models resnet18 --batch-sizes 1 --duration 5
@@ -48,7 +52,7 @@ def bare_loop(session, inputs, duration_s: float) -> dict[str, float]:
 
 def run_cell(args, model, model_file: Path, batch: int) -> dict:
     built = C.engine("onnxruntime", model, batch, args.home)
-    session = bare_session(model_file, batch)
+    session = built.session if args.session == "same" else bare_session(model_file, batch)
     inputs = model.random_input(batch)
     C.log(f"{model.label} bs{batch}: {built.runtime_settings()}")
     ours, bare = C.interleave(
@@ -76,6 +80,7 @@ def main() -> None:
     p = C.parser(__doc__.splitlines()[0], 2.0, 5, "onnxruntime.csv")
     p.add_argument("--models", default=DEFAULT_MODELS, help="';'-separated model specs")
     p.add_argument("--batch-sizes", default="1,8")
+    p.add_argument("--session", default="same", choices=("same", "separate"))
     args = p.parse_args()
     from mlflow_ngraph.compilers._export import export_onnx
 

@@ -1,10 +1,12 @@
 """OpenVINO fidelity: the tool's harness against OpenVINO's own ``benchmark_app``.
 
-Both sides load the same ONNX file (the tool's export cache), on the same device, at the same
-static batch shape, in f32 (the tool's default precision hint; ``benchmark_app`` would pick
-bf16 on CPUs with AVX512-BF16), with the same performance hint and the same duration. The
-throughput scenario is compared with ``benchmark_app -hint throughput`` (FPS), the latency
-scenario with ``benchmark_app -hint latency`` (sync API; FPS and median latency).
+Both sides load the same ONNX file (the tool's export cache) and run the same input batch
+(passed to ``benchmark_app`` with ``-i``), on the same device, at the same static batch shape,
+in f32 with an f32 input (the tool's defaults; ``benchmark_app``'s own would be bf16 on CPUs
+with AVX512-BF16 and a u8 input: ``--vendor-defaults``), with the same hint and duration.
+The throughput scenario is compared with ``benchmark_app -hint throughput`` (FPS), the
+latency scenario with ``benchmark_app -hint latency`` (sync API; FPS and median latency). A
+third column runs ``benchmark_app``'s own loop in this process on the tool's compiled model.
 
     python bench/bench_openvino.py                      # resnet18, deit3_small, conv_block
     python bench/bench_openvino.py --models resnet18 --batch-sizes 1 --duration 10
@@ -33,9 +35,17 @@ _COUNT = re.compile(r"Count:\s+(\d+)\s+iterations")
 
 
 def benchmark_app(
-    model_file: Path, shape: tuple[int, ...], scenario: str, duration_s: float, precision: str
+    model_file: Path, input_file: Path, scenario: str, duration_s: float, matched: bool
 ) -> dict[str, float]:
-    """Run ``benchmark_app`` once and parse its FPS, median latency and request count."""
+    """Run ``benchmark_app`` once and parse its FPS, median latency and request count.
+
+    ``matched``: run what the tool runs: the tool's own input batch (``-i`` a ``.npy`` file;
+    by default it fills uniform [0, 255] values), an f32 input (``-ip f32``; by default an
+    image-shaped input becomes u8 with a conversion in the graph) and f32 inference
+    (``-infer_precision f32``; by default bf16 on CPUs with AVX512-BF16). Otherwise its own
+    defaults.
+    """
+    shape = np.load(input_file, mmap_mode="r").shape
     command = [
         str(BENCHMARK_APP),
         "-m",
@@ -49,8 +59,8 @@ def benchmark_app(
         "-hint",
         scenario,
     ]
-    if precision != "default":
-        command += ["-infer_precision", precision]
+    if matched:
+        command += ["-i", str(input_file), "-ip", "f32", "-infer_precision", "f32"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     text = done.stdout + done.stderr
     fps, median = _FPS.search(text), _MEDIAN.search(text)
@@ -102,13 +112,16 @@ def vendor_loop(built, inputs, scenario: str, duration_s: float) -> dict[str, fl
 def run_cell(args, model, model_file: Path, batch: int, scenario: str) -> dict:
     built = C.engine("openvino", model, batch, args.home, scenario=scenario)
     inputs = model.random_input(batch)
-    shape = model.input_shape(batch)
+    input_file = args.home / "work" / "bench" / f"input-{model.content_hash[:16]}-bs{batch}.npy"
+    np.save(input_file, inputs)
     C.log(f"{model.label} bs{batch} {scenario}: {built.runtime_settings()}")
     ours, loop, app = C.interleave(
         args.repetitions,
         lambda: C.harness(built, batch, scenario, args.duration, args.warmup),
         lambda: vendor_loop(built, inputs, scenario, args.duration),
-        lambda: benchmark_app(model_file, shape, scenario, args.duration, args.precision),
+        lambda: benchmark_app(
+            model_file, input_file, scenario, args.duration, not args.vendor_defaults
+        ),
     )
     built.close()
     median = C.statistics.median
@@ -148,7 +161,9 @@ def main() -> None:
     p.add_argument("--scenarios", default="throughput,latency")
     p.add_argument("--latency-batch-sizes", default="1", help="batch sizes of the latency rows")
     p.add_argument(
-        "--precision", default="f32", help="benchmark_app -infer_precision ('default': unset)"
+        "--vendor-defaults",
+        action="store_true",
+        help="run benchmark_app with its own defaults (bf16 where supported, u8 random input)",
     )
     args = p.parse_args()
     from mlflow_ngraph.compilers._export import export_onnx

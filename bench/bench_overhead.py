@@ -61,11 +61,8 @@ def sides(args, compiler: str, model, batch: int):
         return NoopEngine(), lambda: noop_loop(args.duration)
     built = C.engine(compiler, model, batch, args.home)
     inputs = model.random_input(batch)
-    if compiler == "onnxruntime":
-        from mlflow_ngraph.compilers._export import export_onnx
-
-        session = bench_onnxruntime.bare_session(export_onnx(model, args.home), batch)
-        return built, lambda: bench_onnxruntime.bare_loop(session, inputs, args.duration)
+    if compiler == "onnxruntime":  # the engine's own session: one thread pool in the process
+        return built, lambda: bench_onnxruntime.bare_loop(built.session, inputs, args.duration)
     if compiler == "openvino":
         return built, lambda: bench_openvino.vendor_loop(built, inputs, "throughput", args.duration)
     import torch
