@@ -64,8 +64,13 @@ class ResourceSampler:
             self._thread.join()
         self._peak_rss = max(self._peak_rss, self._process.memory_info().rss)
         gpu = self._gpu_sampler.stop() if self._gpu_sampler is not None else {}
+        # The process CPU clock of threads running on other cores is read at their last
+        # accounting update, so on a short window it can overshoot the wall clock times the
+        # cores by a few percent (107% seen on a 2-core VM); no process can use more than all
+        # cores, so the reading is capped there.
+        percent = 100.0 * cpu / wall / self._cores if wall > 0 else 0.0
         return ResourceUsage(
-            cpu_percent=100.0 * cpu / wall / self._cores if wall > 0 else 0.0,
+            cpu_percent=min(percent, 100.0),
             peak_rss_mb=self._peak_rss / 2**20,
             wall_s=wall,
             gpu=gpu,
