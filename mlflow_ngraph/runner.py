@@ -31,6 +31,7 @@ from mlflow_ngraph.errors import CompileFailed, NgraphError
 from mlflow_ngraph.measure.harness import measure
 from mlflow_ngraph.models.base import LoadedModel
 from mlflow_ngraph.models.registry import load_model, validate_model_spec
+from mlflow_ngraph.tracking import index
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.engines import EngineCache, cache_key, engine_bytes, write_manifest
@@ -178,8 +179,14 @@ class Runner:
                     "the store is back to send them and finish the rest"
                 ) from None
             raise
+        self._write_index()
         ml.finish(self.client, self.parent_id, status)
         return self.rows
+
+    def _write_index(self) -> None:
+        """The parent's results index: every cell run of the spec, as the store holds it."""
+        run_ids = [r for r in (self.journal.cell(c.key).run_id for c in self.plan.cells) if r]
+        index.write(self.client, self.parent_id, index.snapshot(self.client, run_ids))
 
     # --- one model ------------------------------------------------------------------------
     def _pending(self, cell: Cell) -> list[int]:

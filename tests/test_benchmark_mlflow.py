@@ -123,3 +123,19 @@ def test_parent_has_resolved_spec_artifact(benchmarked, tmp_path):
     spec = json.load(open(path))
     assert spec["batch_sizes"] == [1, 2]
     assert [c["name"] for c in spec["compilers"]] == COMPILERS
+
+
+def test_parent_holds_a_results_index_of_every_cell_run(benchmarked):
+    """The index is what the store holds: each record equals the cell run read back."""
+    from mlflow_ngraph.tracking import index
+
+    client, runs = benchmarked
+    parent = next(r for r in runs if r.data.tags.get(S.T_ROLE) == "benchmark")
+    assert index.is_current(client.get_run(parent.info.run_id))
+    assert parent.data.tags[S.T_INDEX_RUNS] == str(len(COMPILERS))
+    records = {r["run_id"]: r for r in index.read(client, parent.info.run_id)}
+    cells = _cells(runs)
+    assert set(records) == {run.info.run_id for run in cells.values()}
+    for run in cells.values():
+        assert records[run.info.run_id] == index.run_record(client.get_run(run.info.run_id))
+    assert all(r["metrics"]["throughput.bs2"] > 0 for r in records.values())

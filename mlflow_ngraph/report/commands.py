@@ -132,13 +132,14 @@ def run_compare(
     query: RunQuery,
     table_names: Sequence[str],
     ranges: Sequence[tuple[int, int]],
+    live: bool = False,
 ) -> Comparison:
     """Fetch, prepare, select and tabulate.
 
     Raises:
         NgraphError: nothing matched (the message names the filter), or a bad filter.
     """
-    raw = fetch_cells(client, query, tracking_uri, tables.READ_METRICS)
+    raw = fetch_cells(client, query, tracking_uri, tables.READ_METRICS, live=live)
     frame, superseded = tables.prepare(raw)
     selected = tables.select(
         frame, query.compilers, query.batch_sizes, query.valid_only, query.flag_where()
@@ -214,7 +215,7 @@ def _execute(options: dict) -> None:
         names = list(TABLES)  # a report holds every table, whatever is printed
     uri = options["tracking_uri"] or mlflow.get_tracking_uri()
     client = MlflowClient(tracking_uri=uri)
-    result = run_compare(client, uri, query, names, ranges)
+    result = run_compare(client, uri, query, names, ranges, live=options["live"])
     shown = {n: result.tables[n] for n in parse_tables(options["table_names"], fmt)}
     click.echo(render.render(shown, fmt), nl=False)
     with tempfile.TemporaryDirectory(prefix="ngraph-plots-") as scratch:
@@ -265,6 +266,11 @@ class CompareError(click.ClickException):
     help="Show these batch sizes (batch 1 is still read for RTR/ASE/BSR).",
 )
 @click.option("--valid-only", is_flag=True, help="Only runs whose output check passed.")
+@click.option(
+    "--live",
+    is_flag=True,
+    help="Search every cell run instead of reading the benchmarks' results indexes.",
+)
 @click.option(
     "--where",
     "where",

@@ -18,6 +18,7 @@ import functools
 import itertools
 import logging
 from collections.abc import Collection, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -27,7 +28,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.errors import NgraphError
-from mlflow_ngraph.report.runsource import RunData, searcher_for
+from mlflow_ngraph.report.runsource import RunData, Searcher, from_record, searcher_for
 from mlflow_ngraph.tracking import schema
 
 log = logging.getLogger(__name__)
@@ -303,9 +304,11 @@ def fetch_cells(
     query: RunQuery,
     tracking_uri: str,
     metrics: Collection[str] | None = None,
+    live: bool = False,
 ) -> pd.DataFrame:
     """The cell runs ``query`` needs (its selection plus the identity baselines), flattened
-    (``metrics``: the metric names to keep, all when ``None``).
+    (``metrics``: the metric names to keep, all when ``None``). They are read from the
+    benchmarks' results indexes where those are current, else (or with ``live``) searched.
 
     Raises:
         NgraphError: an unknown experiment, or no run matching the filters (the message names
@@ -315,11 +318,73 @@ def fetch_cells(
     if not experiment_ids:
         raise NgraphError("no runs match: the tracking store has no experiments")
     searcher = searcher_for(client, page_size(tracking_uri))
-    runs = searcher.search_all(experiment_ids, filter_strings(query))
+    if live:
+        runs = searcher.search_all(experiment_ids, filter_strings(query))
+    else:
+        runs = indexed_runs(client, searcher, experiment_ids, query)
     log.info("fetched %d cell runs", len(runs))
     if not runs:
         raise NgraphError(explain_empty(client, experiment_ids, query))
     return runs_to_frame(runs, metrics)
+
+
+def parent_filters(query: RunQuery) -> list[str]:
+    """Server-side filters for the benchmark (parent) runs that can hold ``query``'s cells."""
+    role = f"tags.\"{schema.T_ROLE}\" = 'benchmark'"
+    devices = sorted(set(query.devices))
+    return [f'{role} and tags."{schema.T_DEVICE}" = {_quote(d)}' for d in devices] or [role]
+
+
+def matches(run: RunData, query: RunQuery) -> bool:
+    """Whether a cell run passes ``query``'s server-side filters (:func:`filter_strings`),
+    tested on the client for runs read from an index."""
+    params, tags = run.params, run.tags
+    if tags.get(schema.T_ROLE) != "cell":
+        return False
+    if query.valid_only and tags.get(schema.T_STATUS) != schema.STATUS_OK:
+        return False
+    for attr, param, _ in _PARAM_FILTERS:
+        values = set(getattr(query, attr))
+        if attr == "compilers" and values:
+            values.add(IDENTITY)
+        if values and params.get(param) not in values:
+            return False
+    return all(params.get(key) in values for key, values in query.server_where().items())
+
+
+def indexed_runs(
+    client: MlflowClient, searcher: Searcher, experiment_ids: list[str], query: RunQuery
+) -> list[RunData]:
+    """The cell runs ``query`` needs: read from the current results index of each benchmark
+    run, searched live under the benchmark runs without one (killed, running, or logged
+    before indexes existed). With no current index at all, one live search."""
+    from mlflow_ngraph.tracking import index
+
+    parents = searcher.search_all(experiment_ids, parent_filters(query), shard=False)
+    current = [p for p in parents if p.status == "FINISHED" and schema.T_INDEX_TIME in p.tags]
+    if not current:
+        return searcher.search_all(experiment_ids, filter_strings(query))
+    current.sort(key=lambda p: int(p.tags[schema.T_INDEX_TIME]))  # newest index wins
+    with ThreadPoolExecutor(index.THREADS) as pool:
+        indexes = list(pool.map(lambda p: index.read(client, p.run_id), current))
+    runs: dict[str, RunData] = {}
+    for records in indexes:
+        for record in records:
+            run = from_record(record)
+            if matches(run, query):
+                runs[run.run_id] = run
+    fresh = {p.run_id for p in current}
+    stale = [p.run_id for p in parents if p.run_id not in fresh]
+    if stale:
+        children = [
+            f"{flt} and tags.\"{schema.T_PARENT}\" = '{run_id}'"
+            for run_id in stale
+            for flt in filter_strings(query)
+        ]
+        found = searcher.search_all(experiment_ids, children, shard=False)
+        runs.update((run.run_id, run) for run in found)
+    log.info("%d indexes, %d benchmark runs searched live", len(current), len(stale))
+    return list(runs.values())
 
 
 def _any_run(client: MlflowClient, experiment_ids: list[str], query: RunQuery) -> bool:

@@ -39,6 +39,7 @@ class RunData:
     params: dict[str, str]
     tags: dict[str, str]
     metrics: dict[str, float]
+    status: str = ""  # the run's MLflow status (RUNNING, FINISHED, KILLED, ...)
 
 
 def from_entity(run: Run) -> RunData:
@@ -50,6 +51,19 @@ def from_entity(run: Run) -> RunData:
         dict(data.params),
         dict(data.tags),
         dict(data.metrics),
+        info.status or "",
+    )
+
+
+def from_record(record: dict) -> RunData:
+    """A run of a results index (:mod:`mlflow_ngraph.tracking.index`)."""
+    return RunData(
+        run_id=record["run_id"],
+        experiment_id=str(record["experiment_id"]),
+        start_time=int(record.get("start_time") or 0),
+        params=record["params"],
+        tags=record["tags"],
+        metrics={k: float(v) for k, v in record["metrics"].items()},
     )
 
 
@@ -64,6 +78,7 @@ def from_json(run: dict) -> RunData:
         params={p["key"]: p.get("value", "") for p in data.get("params", [])},
         tags={t["key"]: t.get("value", "") for t in data.get("tags", [])},
         metrics={m["key"]: float(m.get("value", "nan")) for m in data.get("metrics", [])},
+        status=info.get("status", ""),
     )
 
 
@@ -92,9 +107,13 @@ class Searcher:
             if not token:
                 return out
 
-    def search_all(self, experiment_ids: list[str], filters: list[str]) -> list[RunData]:
-        """Every run matching any of ``filters`` (disjoint), each split into shards."""
-        sharded = [" and ".join(p for p in (f, s) if p) for f in filters for s in self.shards]
+    def search_all(
+        self, experiment_ids: list[str], filters: list[str], shard: bool = True
+    ) -> list[RunData]:
+        """Every run matching any of ``filters`` (disjoint), each split into shards unless
+        ``shard`` is false (filters that match few runs each)."""
+        shards = self.shards if shard else ("",)
+        sharded = [" and ".join(p for p in (f, s) if p) for f in filters for s in shards]
         if self.threads == 1 or len(sharded) == 1:
             return [run for f in sharded for run in self.search(experiment_ids, f)]
         with ThreadPoolExecutor(self.threads) as pool:

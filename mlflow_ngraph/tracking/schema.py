@@ -29,20 +29,22 @@ T_DEVICE = "ngraph.device"
 T_DEVICE_KIND = "ngraph.device_kind"
 T_HOST = "ngraph.host"
 T_PARENT = "mlflow.parentRunId"
+T_INDEX_TIME = "ngraph.index.time"  # on a parent: when its results index was written (ms)
+T_INDEX_RUNS = "ngraph.index.runs"  # on a parent: how many cell runs the index holds
 
 STATUS_OK = "OK"
 STATUS_INVALID = "INVALID"
 STATUS_FAILED = "FAILED"
 
 # --- per-batch metrics (stepped by batch size, and flat as "<name>.bs<batch>") -----------
-M_THROUGHPUT = "throughput"  # samples/s, mean over repetitions
+M_THROUGHPUT = "throughput"  # samples/s: samples measured / seconds measured
 M_THROUGHPUT_STD = "throughput_std"
 M_LATENCY_MEAN = "latency_mean_ms"
 M_LATENCY_STD = "latency_std_ms"
 M_LATENCY_P50 = "latency_p50_ms"
 M_LATENCY_P90 = "latency_p90_ms"
 M_LATENCY_P99 = "latency_p99_ms"
-M_CV = "cv"  # coefficient of variation of the per-repetition throughput
+M_CV = "cv"  # coefficient of variation of the repetition times
 M_REPETITIONS = "repetitions"
 M_DURATION = "duration_s"
 M_CPU = "cpu_percent"  # process CPU time / wall time / logical cores * 100

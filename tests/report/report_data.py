@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from mlflow_ngraph.tracking import index
 from mlflow_ngraph.tracking import schema as S
 
 EXPERIMENT = "paper"
@@ -82,10 +83,20 @@ def cell_params(cell: Cell) -> list[Param]:
     return [Param(k, str(v)) for k, v in params.items()]
 
 
-def log_benchmark(client: MlflowClient, experiment_id: str, device: str, cells: list[Cell]) -> str:
-    """A parent run for ``device`` and one child run per cell; returns the parent's id."""
+def log_benchmark(
+    client: MlflowClient,
+    experiment_id: str,
+    device: str,
+    cells: list[Cell],
+    indexed: bool = True,
+    finish: bool = True,
+) -> str:
+    """A parent run for ``device`` and one child run per cell; returns the parent's id.
+    With ``indexed``, the parent gets its results index as the runner writes it; unless
+    ``finish``, the parent is left RUNNING (an invocation killed or still going)."""
     parent = client.create_run(experiment_id, tags={S.T_ROLE: "benchmark", S.T_DEVICE: device})
     parent_id = parent.info.run_id
+    run_ids = []
     for cell in cells:
         tags = {S.T_ROLE: "cell", S.T_PARENT: parent_id, S.T_STATUS: cell.status}
         if cell.status == S.STATUS_FAILED:
@@ -95,7 +106,11 @@ def log_benchmark(client: MlflowClient, experiment_id: str, device: str, cells: 
         metrics = [] if cell.status == S.STATUS_FAILED else cell_metrics(cell, now)
         client.log_batch(run.info.run_id, metrics=metrics, params=cell_params(cell))
         client.set_terminated(run.info.run_id)
-    client.set_terminated(parent_id)
+        run_ids.append(run.info.run_id)
+    if indexed:
+        index.write(client, parent_id, index.snapshot(client, run_ids))
+    if finish:
+        client.set_terminated(parent_id)
     return parent_id
 
 
