@@ -1,10 +1,13 @@
 """How long ``mlflow-ngraph compare`` takes on a tracking server holding 10,000 cell runs.
 
 Starts ``mlflow server`` on 127.0.0.1 (sqlite by default, or PostgreSQL with ``--backend
-postgresql``), fills an experiment with synthetic cell runs that follow the schema exactly
-(params, tags, stepped and flat per-batch metrics; one ``log_batch`` per run, from a few
-threads), then times ``compare`` over all of them: in-process (query + tables + render) and
-as a fresh process (with imports). The store is reused when it already holds the runs.
+postgresql``; artifacts proxied by the server), fills an experiment with synthetic benchmark
+invocations of 80 cell runs each that follow the schema exactly (params, tags, the runner's
+24 per-batch metrics stepped and flat at 5 batch sizes; one ``log_batch`` per run, from a few
+threads; each invocation's results index written by the runner's own code), then times
+``compare`` over all of them, side by side: reading the indexes (the default) and searching
+every cell run (``--live``); in-process (query + tables + render) and as a fresh process
+(imports included). The store is reused when it already holds the runs.
 
 Usage::
 
@@ -38,9 +41,13 @@ from mlflow_ngraph.report import render
 from mlflow_ngraph.report.commands import parse_tables, run_compare
 from mlflow_ngraph.report.query import RunQuery
 from mlflow_ngraph.report.tables import DEFAULT_RANGES
+from mlflow_ngraph.tracking import index as results_index
 from mlflow_ngraph.tracking import schema as S
 
-EXPERIMENT = "bench-compare"
+#: MLflow prints a link for every run terminated on a server: 10,000 lines while filling
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+
+EXPERIMENT = "bench-compare-indexed"
 T_COMPLETE = "bench.complete"  # experiment tag: the number of runs once filling finished
 BATCH_SIZES = (1, 2, 4, 8, 16)
 PAPER = {
@@ -57,16 +64,30 @@ PER_BATCH = (
     S.M_THROUGHPUT,
     S.M_THROUGHPUT_STD,
     S.M_LATENCY_MEAN,
+    S.M_LATENCY_STD,
     S.M_LATENCY_P50,
+    S.M_LATENCY_P90,
     S.M_LATENCY_P99,
+    S.M_CV,
+    S.M_REPETITIONS,
+    S.M_DURATION,
     S.M_CPU,
     S.M_RSS,
     S.M_COMPILE,
-    S.M_VALID,
+    S.M_CACHE_HIT,
+    S.M_FIRST_INFERENCE,
+    S.M_ENGINE_SIZE,
     S.M_MAX_ABS_ERROR,
+    S.M_MAX_REL_ERROR,
+    S.M_COSINE,
+    S.M_VALID,
     S.M_SPEEDUP,
+    S.M_RTR,
     S.M_ASE,
+    S.M_BSR,
 )
+#: cell runs per benchmark invocation (the default experiment has 80)
+CELLS_PER_BENCHMARK = 80
 #: threads logging runs: enough to keep every server worker busy
 LOG_THREADS = 8
 #: MLflow's default worker count; compare's shard requests run on all of them
@@ -102,11 +123,10 @@ def _value(metric: str, batch: int, seed: int) -> float:
     return (base / 10.0) * (1 + batch / 16)
 
 
-def log_cell(client: MlflowClient, experiment_id: str, index: int, cell: tuple) -> None:
-    """One cell run with one ``log_batch`` (left RUNNING: terminating would add 10k calls
-    and does not change what search returns)."""
+def log_cell(client: MlflowClient, experiment_id: str, parent_id: str, index: int, cell) -> str:
+    """One finished cell run with one ``log_batch``; returns its id."""
     device, model, family, params, compiler = cell
-    tags = {S.T_ROLE: "cell", S.T_STATUS: S.STATUS_OK, S.T_DEVICE: device}
+    tags = {S.T_ROLE: "cell", S.T_STATUS: S.STATUS_OK, S.T_DEVICE: device, S.T_PARENT: parent_id}
     run = client.create_run(experiment_id, tags=tags)
     now = int(time.time() * 1000)
     metrics = []
@@ -130,6 +150,33 @@ def log_cell(client: MlflowClient, experiment_id: str, index: int, cell: tuple) 
         params=[Param(k, v) for k, v in logged.items()],
         tags=[RunTag(S.T_CELL_KEY, f"{device}|{model}|{params}|{compiler}")],
     )
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+def log_benchmark(client: MlflowClient, experiment_id: str, first: int, chunk: list) -> None:
+    """One benchmark invocation: a parent run, its cell runs, and its results index written
+    the way the runner writes it (read back from the server, logged on the parent)."""
+    device = chunk[0][0]
+    tags = {S.T_ROLE: "benchmark", S.T_DEVICE: device}
+    parent_id = client.create_run(experiment_id, tags=tags).info.run_id
+    run_ids = [
+        log_cell(client, experiment_id, parent_id, first + i, cell) for i, cell in enumerate(chunk)
+    ]
+    results_index.write(client, parent_id, results_index.snapshot(client, run_ids))
+    client.set_terminated(parent_id)
+
+
+def benchmarks(count: int) -> list[tuple[int, list]]:
+    """``count`` cells cut into invocations of one device each, at most
+    ``CELLS_PER_BENCHMARK`` cells long: (index of the first cell, cells)."""
+    out, chunk, first = [], [], 0
+    for i, cell in enumerate(cells(count)):
+        if chunk and (len(chunk) == CELLS_PER_BENCHMARK or chunk[0][0] != cell[0]):
+            out.append((first, chunk))
+            chunk, first = [], i
+        chunk.append(cell)
+    return out + [(first, chunk)]
 
 
 def experiment_name(runs: int) -> str:
@@ -149,7 +196,7 @@ def populate(client: MlflowClient, runs: int) -> str:
     experiment_id = client.create_experiment(name)
     start = time.perf_counter()
     with ThreadPoolExecutor(LOG_THREADS) as pool:
-        list(pool.map(lambda pair: log_cell(client, experiment_id, *pair), enumerate(cells(runs))))
+        list(pool.map(lambda job: log_benchmark(client, experiment_id, *job), benchmarks(runs)))
     elapsed = time.perf_counter() - start
     client.set_experiment_tag(experiment_id, T_COMPLETE, str(runs))
     print(f"logged {runs} cell runs in {elapsed:.1f} s ({runs / elapsed:.0f} runs/s)")
@@ -191,14 +238,14 @@ def start_server(backend_uri: str, port: int, workdir: Path, server_path: str | 
     raise SystemExit("mlflow server did not answer /health within 120 s")
 
 
-def time_in_process(uri: str, repeat: int, query: RunQuery) -> list[float]:
+def time_in_process(uri: str, repeat: int, query: RunQuery, live: bool = False) -> list[float]:
     """Seconds for query + every table + terminal rendering, ``repeat`` times."""
     client = MlflowClient(uri)
     names = parse_tables(["all"], "terminal")
     times = []
     for _ in range(repeat):
         start_wall, start_cpu = time.perf_counter(), time.process_time()
-        result = run_compare(client, uri, query, names, DEFAULT_RANGES)
+        result = run_compare(client, uri, query, names, DEFAULT_RANGES, live=live)
         render.render(result.tables, "terminal")
         times.append(time.perf_counter() - start_wall)
         client_cpu = time.process_time() - start_cpu
@@ -240,13 +287,15 @@ def main() -> None:
         populate(MlflowClient(uri), args.runs)
         print(f"compare over {args.runs} runs on {args.backend} ({backend}):")
         name = experiment_name(args.runs)
-        every = RunQuery(experiments=(name,))
-        times = time_in_process(uri, args.repeat, every)
-        print("  all runs, in-process: " + ", ".join(f"{t:.2f} s" for t in times))
-        one_device = RunQuery(experiments=(name,), devices=("device00",))
-        times = time_in_process(uri, args.repeat, one_device)
-        print("  --device device00, in-process: " + ", ".join(f"{t:.2f} s" for t in times))
-        print(f"  fresh process, csv: {time_subprocess(uri, name):.2f} s")
+        for label, query in (
+            ("all runs", RunQuery(experiments=(name,))),
+            ("--device device00", RunQuery(experiments=(name,), devices=("device00",))),
+        ):
+            for live in (False, True):
+                how = "live search (--live)" if live else "results indexes"
+                times = time_in_process(uri, 1 if live else args.repeat, query, live)
+                print(f"  {label}, {how}, in-process: " + ", ".join(f"{t:.2f} s" for t in times))
+        print(f"  fresh process, csv, results indexes: {time_subprocess(uri, name):.2f} s")
     finally:
         server.terminate()
         server.wait(timeout=30)

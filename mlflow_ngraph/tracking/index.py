@@ -19,6 +19,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Iterable
@@ -81,6 +82,8 @@ def write(client, parent_id: str, records: list[dict[str, Any]]) -> None:
 
 def read(client, parent_id: str) -> list[dict[str, Any]]:
     """The records of a parent's index."""
+    # one small file per benchmark: MLflow's per-download progress bar would flood stderr
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     with tempfile.TemporaryDirectory() as tmp:
         path = client.download_artifacts(parent_id, INDEX_ARTIFACT, tmp)
         with gzip.open(path, "rt", encoding="utf-8") as handle:
