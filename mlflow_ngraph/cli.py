@@ -6,6 +6,7 @@ Every option can also come from the environment as ``MLFLOW_NGRAPH_<COMMAND>_<OP
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -43,8 +44,59 @@ def _setup_logging(verbose: int) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
+class LazyGroup(click.Group):
+    """A group some of whose commands are imported only when one of them is run.
+
+    ``lazy`` maps a command name to ``("package.module:attribute", help)``. ``compare``
+    imports MLflow and pandas (seconds); importing it up front made every ``benchmark`` pay
+    for it, a resume most of all. The listing of ``--help`` shows ``help`` (the first
+    paragraph of the command's docstring, shortened by click as for any command) without
+    importing it; running it, or asking for its own ``--help``, imports the real command.
+    """
+
+    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+        self._listing = False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy and cmd_name not in self.commands:
+            target, help_text = self.lazy[cmd_name]
+            if self._listing:  # a stand-in that only carries the help of the listing
+                return click.Command(cmd_name, help=help_text)
+            module_name, _, attribute = target.partition(":")
+            try:
+                command = getattr(importlib.import_module(module_name), attribute)
+            except ImportError as exc:  # pragma: no cover - the module is part of the package
+                log.debug("command %s does not import: %s", cmd_name, exc)
+                return None
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._listing = True
+        try:
+            super().format_commands(ctx, formatter)
+        finally:
+            self._listing = False
+
+
+#: commands of other modules of the package: name -> (import path, first paragraph of help)
+LAZY_COMMANDS = {
+    "compare": (
+        "mlflow_ngraph.report.commands:compare",
+        "Compare benchmark results across devices, compilers and experiments.",
+    ),
+}
+
+
 @click.group(
-    context_settings={"auto_envvar_prefix": "MLFLOW_NGRAPH", "help_option_names": ["-h", "--help"]}
+    cls=LazyGroup,
+    lazy=LAZY_COMMANDS,
+    context_settings={"auto_envvar_prefix": "MLFLOW_NGRAPH", "help_option_names": ["-h", "--help"]},
 )
 @click.version_option(package_name="mlflow-ngraph")
 def cli() -> None:
@@ -162,7 +214,8 @@ def _run(data: dict[str, Any], home: Path | None, retry_failed: bool) -> None:
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
 
     spec = build_spec(data)
-    work = plan(spec)
+    home = home or default_home()
+    work = plan(spec, home)
     uri = resolve_tracking_uri(spec.tracking_uri)
     log.info(
         "benchmarking %d model(s) x %d compiler(s) x batch sizes %s on %s -> %s",
@@ -172,7 +225,7 @@ def _run(data: dict[str, Any], home: Path | None, retry_failed: bool) -> None:
         spec.device,
         uri,
     )
-    rows = Runner(work, uri, home or default_home(), retry_failed=retry_failed).run()
+    rows = Runner(work, uri, home, retry_failed=retry_failed).run()
     click.echo(format_summary(rows, spec))
 
 
@@ -334,18 +387,6 @@ def models_command() -> None:
     click.echo(format_table(["model", "family"], rows))
     click.echo("model sets: " + ", ".join(f"{k} ({len(v)})" for k, v in MODEL_SETS.items()))
     click.echo("also: any timm model name, a file ending in .onnx, or package.module:function")
-
-
-def _register_optional_commands() -> None:
-    """Commands that live in other modules of the package."""
-    try:
-        from mlflow_ngraph.report.commands import compare
-    except ImportError:  # pragma: no cover - the report module is part of the package
-        return
-    cli.add_command(compare)
-
-
-_register_optional_commands()
 
 
 def main(argv: list[str] | None = None) -> None:

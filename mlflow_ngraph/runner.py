@@ -85,8 +85,11 @@ class Plan:
     cells: list[Cell] = field(default_factory=list)
 
 
-def plan(spec: Spec) -> Plan:
+def plan(spec: Spec, home: Path | None = None) -> Plan:
     """Validate everything that can be validated before any work starts.
+
+    ``home`` (the cache directory) lets model names be checked against cached lists
+    instead of importing the libraries that define them.
 
     Raises:
         NgraphError: unknown model, compiler, flag or profile; a compiler unavailable here.
@@ -94,7 +97,7 @@ def plan(spec: Spec) -> Plan:
     profile = get_profile(spec.device)
     check_profile_runs_here(profile)
     for model in spec.models:
-        validate_model_spec(model.name, model.params)
+        validate_model_spec(model.name, model.params, home)
     compilers: list[tuple[Compiler, dict]] = []
     for cspec in _identity_first(spec.compilers):
         compiler = get_compiler(cspec.name)

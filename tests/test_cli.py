@@ -182,3 +182,74 @@ def test_blocks_runs_the_depth_width_grid(run_cli, tracking_uri):
 def test_blocks_bad_depths(run_cli):
     code, out, err = run_cli("blocks", "--depths", "one-six")
     assert code == 2 and "depths 'one-six' is not like 1,2,4 or 1-6" in err
+
+
+def test_compare_is_listed_with_its_own_help_without_importing_it():
+    """`compare` is imported only when run: the listing shows the same line as the real one."""
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from mlflow_ngraph.cli import cli\n"
+        "out = CliRunner().invoke(cli, ['--help']).output\n"
+        "print('compare-imported' if 'mlflow_ngraph.report.commands' in sys.modules else '')\n"
+        "print('mlflow-imported' if 'mlflow' in sys.modules else '')\n"
+        "print(out)\n"
+    )
+    lazy = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, check=True)
+    assert "compare-imported" not in lazy.stdout and "mlflow-imported" not in lazy.stdout
+    listed = [line.split(None, 1) for line in lazy.stdout.splitlines() if line.strip()]
+    compare_line = next(parts[1] for parts in listed if parts[0] == "compare")
+
+    from click.testing import CliRunner
+
+    from mlflow_ngraph.cli import cli
+    from mlflow_ngraph.report.commands import compare
+
+    eager = CliRunner().invoke(cli, ["compare", "--help"])  # imports and registers the real one
+    assert eager.exit_code == 0 and "--experiment" in eager.output
+    assert cli.get_command(None, "compare") is compare
+    listing = CliRunner().invoke(cli, ["--help"]).output  # now from the real command
+    assert f"compare    {compare_line}" in listing
+
+
+def test_timm_names_are_checked_from_the_cache_without_importing_timm(tmp_path):
+    """The first check writes timm's model names under the home; later ones skip `import timm`
+    (seconds); an unknown name is still refused by timm itself."""
+    code = (
+        "import sys\n"
+        "from mlflow_ngraph.models.registry import validate_model_spec\n"
+        f"validate_model_spec('resnet18', {{}}, {str(tmp_path)!r})\n"
+        "validate_model_spec('resnet18.a1_in1k', {}, " + repr(str(tmp_path)) + ")\n"
+        "print('timm' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    first = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, check=True)
+    assert first.stdout.split() == ["True", "True"]
+    assert list((tmp_path / "timm-models").glob("timm-*.txt"))
+    second = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, check=True)
+    assert second.stdout.split() == ["False", "False"]
+
+    from mlflow_ngraph.errors import NgraphError
+    from mlflow_ngraph.models.registry import validate_model_spec
+
+    with pytest.raises(NgraphError, match="unknown model 'no_such_net'"):
+        validate_model_spec("no_such_net", {}, tmp_path)
+
+
+def test_block_params_are_checked_without_building_the_block():
+    code = (
+        "import sys\n"
+        "from mlflow_ngraph.models.registry import validate_model_spec\n"
+        "validate_model_spec('conv_block', {'width': 8, 'depth': 2})\n"
+        "validate_model_spec('mha_block', {'width': 64, 'heads': 4})\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+    from mlflow_ngraph.errors import NgraphError
+    from mlflow_ngraph.models.registry import validate_model_spec
+
+    with pytest.raises(NgraphError, match="not divisible by heads=8"):
+        validate_model_spec("mha_block", {"width": 60})
+    with pytest.raises(NgraphError, match="no init param 'widht'"):
+        validate_model_spec("conv_block", {"widht": 4})

@@ -6,6 +6,7 @@ OpenVINO, TVM or TensorRT: each module imports its runtime inside its methods.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import logging
@@ -29,6 +30,13 @@ BUILTIN: dict[str, str] = {
 
 
 def _targets() -> dict[str, str]:
+    return dict(_registered_targets())
+
+
+@functools.cache
+def _registered_targets() -> dict[str, str]:
+    """Built-ins plus plug-ins, read once per process (a scan of every installed
+    distribution's entry points takes ~10 ms, and a plan asks for several compilers)."""
     targets = dict(BUILTIN)
     for entry in importlib.metadata.entry_points(group="mlflow_ngraph.compilers"):
         if entry.name in targets:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import logging
+import os
+import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -97,35 +99,52 @@ def _torch_model(name: str, family: str, params: dict, module: Any, sample_shape
     )
 
 
+#: the init params of the built-in blocks and their defaults
+BLOCK_PARAMS: dict[str, dict[str, int]] = {
+    "conv_block": {"width": 64, "depth": 1, "image_size": 224},
+    "mha_block": {"width": 128, "depth": 1, "heads": 8, "seq_len": 10},
+}
+
+
+def _block_args(kind: str, params: dict[str, Any]) -> dict[str, int]:
+    """The checked init params of block ``kind`` (defaults filled in), without building it."""
+    rest = dict(params)
+    defaults = BLOCK_PARAMS[kind]
+    args = {key: _int_param(rest, key, default, kind) for key, default in defaults.items()}
+    _reject_leftover(kind, rest, ", ".join(defaults))
+    if kind == "mha_block" and args["width"] % args["heads"]:
+        raise NgraphError(
+            f"model 'mha_block': width={args['width']} is not divisible by heads={args['heads']}"
+        )
+    return args
+
+
 @register_model("conv_block", family="conv_block")
 def conv_block(**params: Any) -> LoadedModel:
     from mlflow_ngraph.models.blocks import ConvBlockStack
 
-    given = dict(params)
-    rest = dict(params)
-    width = _int_param(rest, "width", 64, "conv_block")
-    depth = _int_param(rest, "depth", 1, "conv_block")
-    size = _int_param(rest, "image_size", 224, "conv_block")
-    _reject_leftover("conv_block", rest, "width, depth, image_size")
-    module = _seeded(lambda: ConvBlockStack(width=width, depth=depth))
-    return _torch_model("conv_block", "conv_block", given, module, (3, size, size))
+    args = _block_args("conv_block", params)
+    module = _seeded(lambda: ConvBlockStack(width=args["width"], depth=args["depth"]))
+    size = args["image_size"]
+    return _torch_model("conv_block", "conv_block", dict(params), module, (3, size, size))
 
 
 @register_model("mha_block", family="mha_block")
 def mha_block(**params: Any) -> LoadedModel:
     from mlflow_ngraph.models.blocks import MHABlockStack
 
-    given = dict(params)
-    rest = dict(params)
-    width = _int_param(rest, "width", 128, "mha_block")
-    depth = _int_param(rest, "depth", 1, "mha_block")
-    heads = _int_param(rest, "heads", 8, "mha_block")
-    seq = _int_param(rest, "seq_len", 10, "mha_block")
-    _reject_leftover("mha_block", rest, "width, depth, heads, seq_len")
-    if width % heads:
-        raise NgraphError(f"model 'mha_block': width={width} is not divisible by heads={heads}")
-    module = _seeded(lambda: MHABlockStack(width=width, depth=depth, heads=heads))
-    return _torch_model("mha_block", "mha_block", given, module, (seq, width))
+    args = _block_args("mha_block", params)
+    module = _seeded(
+        lambda: MHABlockStack(width=args["width"], depth=args["depth"], heads=args["heads"])
+    )
+    return _torch_model(
+        "mha_block", "mha_block", dict(params), module, (args["seq_len"], args["width"])
+    )
+
+
+#: the built-in blocks, whose params validate_model_spec checks without building them:
+#: building even a small block imports torch (seconds on a resume that builds nothing)
+_BUILTIN_BLOCKS = {"conv_block": conv_block, "mha_block": mha_block}
 
 
 def _seeded(build: Callable[[], Any]) -> Any:
@@ -140,10 +159,7 @@ def _timm_model(name: str, params: dict[str, Any]) -> LoadedModel:
     import timm
 
     if not timm.is_model(name):
-        raise NgraphError(
-            f"unknown model {name!r}: not a block, an .onnx file, a 'package.module:function' "
-            "factory or a timm model name (see `mlflow-ngraph models`)"
-        )
+        raise NgraphError(_unknown_model(name))
     kwargs = {k: v for k, v in params.items() if v is not None}
     kwargs.pop("pretrained", None)  # never download weights
     try:
@@ -235,7 +251,16 @@ def _numel(dims) -> int:
     return total
 
 
+_entry_points_loaded = False
+
+
 def _load_entry_points() -> None:
+    """Register the ``mlflow_ngraph.models`` plug-ins, once per process (scanning every
+    installed distribution's entry points takes ~10 ms)."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
     for entry in importlib.metadata.entry_points(group="mlflow_ngraph.models"):
         if entry.name in _BUILDERS:
             continue
@@ -278,18 +303,24 @@ def expand_model_set(name: str) -> list[str] | None:
     return MODEL_SETS.get(name)
 
 
-def validate_model_spec(name: str, params: dict[str, Any] | None = None) -> None:
+def validate_model_spec(
+    name: str, params: dict[str, Any] | None = None, cache_dir: Path | None = None
+) -> None:
     """Check that ``name`` resolves, without building large models.
 
-    Blocks and ONNX files are cheap and built in full (so their params are checked); a
-    factory must import; a timm name must be registered in timm.
+    The built-in blocks have their params checked without being built (that needs torch);
+    ONNX files and plug-in models are cheap and built in full; a factory must import; a
+    timm name must be registered in timm (checked against the list of timm's names cached
+    under ``cache_dir`` when there is one, see :func:`is_timm_model`).
 
     Raises:
         NgraphError: what is wrong and how to fix it.
     """
     params = dict(params or {})
     _load_entry_points()
-    if name in _BUILDERS or name.lower().endswith(".onnx"):
+    if name in _BUILTIN_BLOCKS and _BUILDERS[name][0] is _BUILTIN_BLOCKS[name]:
+        _block_args(name, params)  # a built-in block (not replaced by a plug-in)
+    elif name in _BUILDERS or name.lower().endswith(".onnx"):
         load_model(name, params)
     elif ":" in name:
         module_name, _, function_name = name.partition(":")
@@ -299,12 +330,65 @@ def validate_model_spec(name: str, params: dict[str, Any] | None = None) -> None
             raise NgraphError(f"model factory {name!r} does not import: {exc}") from None
         if not callable(getattr(module, function_name, None)):
             raise NgraphError(f"model factory {name!r}: {module_name} has no {function_name!r}")
-    else:
-        import timm
+    elif not is_timm_model(name, cache_dir):
+        raise NgraphError(_unknown_model(name))
 
-        if not timm.is_model(name):
-            raise NgraphError(
-                f"unknown model {name!r}: not a block, an .onnx file, a "
-                "'package.module:function' factory or a timm model name "
-                "(see `mlflow-ngraph models`)"
-            )
+
+def _unknown_model(name: str) -> str:
+    return (
+        f"unknown model {name!r}: not a block, an .onnx file, a 'package.module:function' "
+        "factory or a timm model name (see `mlflow-ngraph models`)"
+    )
+
+
+#: where the list of timm's model names is cached, under the home directory
+TIMM_NAMES_DIR = "timm-models"
+
+
+def _timm_names_file(cache_dir: Path | None) -> Path | None:
+    """``<home>/timm-models/timm-<version>.txt``, or ``None`` without a home or timm."""
+    if cache_dir is None:
+        return None
+    try:
+        version = importlib.metadata.version("timm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return Path(cache_dir) / TIMM_NAMES_DIR / f"timm-{version}.txt"
+
+
+def is_timm_model(name: str, cache_dir: Path | None = None) -> bool:
+    """Whether timm registers the architecture ``name`` (a pretrained tag is ignored), as
+    ``timm.is_model``, without importing timm when it can be helped.
+
+    Importing timm takes seconds (it pulls in torchvision and ``torch._dynamo``), so with a
+    ``cache_dir`` the names timm registers are kept in a file keyed by timm's version: a
+    name found there is a timm model without importing it. A name not found there (or no
+    file yet) is checked by timm itself, which also (re)writes the file.
+    """
+    path = _timm_names_file(cache_dir)
+    arch = name.split(".", 1)[0]
+    if path is not None:
+        try:
+            if arch in path.read_text().split():
+                return True
+        except OSError:
+            pass  # no list yet: timm decides, and the list is written below
+    import timm
+
+    known = timm.is_model(name)
+    if path is not None:
+        _write_names(path, timm.list_models())
+    return known
+
+
+def _write_names(path: Path, names: list[str]) -> None:
+    """Write the name list atomically (a concurrent reader sees the old file or the new)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            "w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False
+        ) as handle:
+            handle.write("\n".join(names) + "\n")
+        os.replace(handle.name, path)
+    except OSError as exc:  # a read-only home only costs the import next time
+        log.debug("could not cache timm's model names in %s: %s", path, exc)
