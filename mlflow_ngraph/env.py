@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
+import json
 import os
 import platform
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +73,69 @@ def git_revision() -> str:
     return "unknown"
 
 
-def environment(profile_name: str, device_kind: str) -> dict[str, Any]:
-    """A flat record of this host, for the parent run's tags and ``environment.json``."""
-    import psutil
+#: environment variables that can change PyTorch's default thread counts
+_THREAD_VAR_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH_")
+
+
+def torch_threads(cache_dir: Path | None = None) -> tuple[int, int]:
+    """PyTorch's intra-op and inter-op thread counts in this process.
+
+    Importing torch takes seconds, which a re-run that measures nothing would spend only on
+    these two numbers. With a ``cache_dir`` they are kept in a file keyed by everything
+    PyTorch derives its defaults from (its version, the CPU, the affinity mask, the thread
+    environment variables), written whenever torch is asked, and read only while torch is
+    not imported: once it is, its own answer is the truth, and before it is nothing can
+    have changed its defaults. (The package never calls ``torch.set_num_threads``.)
+    """
+    path = None
+    if cache_dir is not None:
+        path = Path(cache_dir) / "torch-threads" / f"{_thread_key()}.json"
+        if "torch" not in sys.modules:
+            try:
+                intra, inter = json.loads(path.read_text())
+                return int(intra), int(inter)
+            except (OSError, ValueError, TypeError):
+                pass  # not cached yet: asked below, and written
     import torch
 
+    threads = torch.get_num_threads(), torch.get_num_interop_threads()
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(threads))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only home only costs the import next time
+    return threads
+
+
+def _thread_key() -> str:
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        version = "none"
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    parts = {
+        "torch": version,
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "affinity": affinity,
+        "env": {k: v for k, v in os.environ.items() if k.startswith(_THREAD_VAR_PREFIXES)},
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def environment(
+    profile_name: str, device_kind: str, cache_dir: Path | None = None
+) -> dict[str, Any]:
+    """A flat record of this host, for the parent run's tags and ``environment.json``.
+
+    ``cache_dir`` lets PyTorch's thread counts come from a cache (see :func:`torch_threads`).
+    """
+    import psutil
+
+    intra, inter = torch_threads(cache_dir)
     env: dict[str, Any] = {
         "device_profile": profile_name,
         "device_kind": device_kind,
@@ -85,8 +146,8 @@ def environment(profile_name: str, device_kind: str) -> dict[str, Any]:
         "cpu_logical_cores": psutil.cpu_count(logical=True),
         "cpu_physical_cores": psutil.cpu_count(logical=False),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "torch_num_threads": torch.get_num_threads(),
-        "torch_num_interop_threads": torch.get_num_interop_threads(),
+        "torch_num_threads": intra,
+        "torch_num_interop_threads": inter,
         "git_revision": git_revision(),
     }
     env.update({f"version.{k}": v for k, v in library_versions().items()})

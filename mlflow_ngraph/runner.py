@@ -162,7 +162,7 @@ class Runner:
         self.journal = Journal.for_target(
             self.home, self.tracking_uri, self.spec.experiment, self.profile.name
         )
-        env = self.env = environment(self.profile.name, self.profile.kind)
+        env = self.env = environment(self.profile.name, self.profile.kind, self.home)
         self.parent_id = ml.parent_run(
             self.client, self.experiment_id, self.spec, self.profile, env, {S.T_HOST: env["host"]}
         )

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -12,3 +13,74 @@ def test_importing_the_package_and_cli_imports_no_compiler_runtime():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+#: ONNX Runtime's availability check imports it (a broken install is refused up front, ~30 ms)
+NOT_ON_A_RESUME = ("torch", "timm", "torchvision", "onnx", "openvino", "tvm", "tensorrt")
+
+
+def test_a_rerun_with_every_cell_journaled_imports_no_runtime(tmp_path):
+    """Time to result: a re-run that has nothing to measure imports neither the model
+    libraries (timm, torch) nor any compiler runtime."""
+    args = [
+        "benchmark",
+        "--model",
+        "conv_block:width=8,depth=1,image_size=32",
+        "--model",
+        "resnet18",
+        "--compiler",
+        "identity",
+        "--compiler",
+        "onnxruntime",
+        "--batch-sizes",
+        "1",
+        "--warmup",
+        "0",
+        "--repetitions",
+        "1",
+        "--min-duration",
+        "0",
+        "--home",
+        str(tmp_path / "home"),
+        "--tracking-uri",
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "-q",
+    ]
+    code = (
+        "import sys\n"
+        "from mlflow_ngraph.cli import main\n"
+        "try:\n"
+        f"    main({args!r})\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        f"print([m for m in {NOT_ON_A_RESUME!r} if m in sys.modules])\n"
+    )
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("(resumed)") == 4
+    assert again.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_torch_thread_counts_are_cached_per_environment(tmp_path):
+    code = (
+        "import sys\n"
+        "from mlflow_ngraph.env import torch_threads\n"
+        f"threads = torch_threads({str(tmp_path)!r})\n"
+        "import torch\n"
+        "assert threads == (torch.get_num_threads(), torch.get_num_interop_threads())\n"
+        "print(threads)\n"
+    )
+    probe = (
+        "import sys\n"
+        "from mlflow_ngraph.env import torch_threads\n"
+        f"print(torch_threads({str(tmp_path)!r}), 'torch' in sys.modules)\n"
+    )
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    cached = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert cached.stdout.strip() == f"{first.stdout.strip()} False"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # another environment: torch is asked
+    other = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    assert other.stdout.strip().endswith("True") and other.stdout.startswith("(1,")
