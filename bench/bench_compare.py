@@ -238,6 +238,17 @@ def start_server(backend_uri: str, port: int, workdir: Path, server_path: str | 
     raise SystemExit("mlflow server did not answer /health within 120 s")
 
 
+def warm_up(uri: str, experiment: str) -> None:
+    """Let every server worker open its store once (a fresh worker spends seconds on its
+    first request), as on a tracking server that has been up for a while."""
+    client = MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    start = time.perf_counter()
+    with ThreadPoolExecutor(SERVER_WORKERS * 2) as pool:
+        list(pool.map(lambda _: client.search_runs([experiment_id], max_results=1), range(16)))
+    print(f"  server warm-up (16 one-run searches): {time.perf_counter() - start:.2f} s")
+
+
 def time_in_process(uri: str, repeat: int, query: RunQuery, live: bool = False) -> list[float]:
     """Seconds for query + every table + terminal rendering, ``repeat`` times."""
     client = MlflowClient(uri)
@@ -285,6 +296,7 @@ def main() -> None:
     try:
         uri = f"http://127.0.0.1:{args.port}"
         populate(MlflowClient(uri), args.runs)
+        warm_up(uri, experiment_name(args.runs))
         print(f"compare over {args.runs} runs on {args.backend} ({backend}):")
         name = experiment_name(args.runs)
         for label, query in (

@@ -366,7 +366,7 @@ def indexed_runs(
         return searcher.search_all(experiment_ids, filter_strings(query))
     current.sort(key=lambda p: int(p.tags[schema.T_INDEX_TIME]))  # newest index wins
     with ThreadPoolExecutor(index.THREADS) as pool:
-        indexes = list(pool.map(lambda p: index.read(client, p.run_id), current))
+        indexes = list(pool.map(lambda p: index.read(client, p.run_id, p.artifact_uri), current))
     runs: dict[str, RunData] = {}
     for records in indexes:
         for record in records:

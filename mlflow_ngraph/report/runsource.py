@@ -40,6 +40,7 @@ class RunData:
     tags: dict[str, str]
     metrics: dict[str, float]
     status: str = ""  # the run's MLflow status (RUNNING, FINISHED, KILLED, ...)
+    artifact_uri: str | None = None
 
 
 def from_entity(run: Run) -> RunData:
@@ -52,6 +53,7 @@ def from_entity(run: Run) -> RunData:
         dict(data.tags),
         dict(data.metrics),
         info.status or "",
+        info.artifact_uri,
     )
 
 
@@ -79,6 +81,7 @@ def from_json(run: dict) -> RunData:
         tags={t["key"]: t.get("value", "") for t in data.get("tags", [])},
         metrics={m["key"]: float(m.get("value", "nan")) for m in data.get("metrics", [])},
         status=info.get("status", ""),
+        artifact_uri=info.get("artifact_uri"),
     )
 
 

@@ -216,5 +216,18 @@ def log_json(client, run_id: str, name: str, data: Any) -> None:
     _log_json(client, run_id, name, data)
 
 
-def finish(client, run_id: str, status: str = "FINISHED") -> None:
-    client.set_terminated(run_id, status=status)
+#: MLflow prints a link to every run terminated on a tracking server (and reads the run back
+#: to build it); the runner announces only the parent, not one line per cell
+_QUIET = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+
+
+def finish(client, run_id: str, status: str = "FINISHED", announce: bool = False) -> None:
+    """Terminate a run; with ``announce``, MLflow prints its link (on a tracking server)."""
+    if announce or os.environ.get(_QUIET):
+        client.set_terminated(run_id, status=status)
+        return
+    os.environ[_QUIET] = "true"
+    try:
+        client.set_terminated(run_id, status=status)
+    finally:
+        del os.environ[_QUIET]

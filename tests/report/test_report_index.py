@@ -116,6 +116,6 @@ def test_device_filter_reads_only_that_devices_indexes(tmp_path, monkeypatch):
     log_benchmark(client, experiment, "gpu", gpu_cells())
     read: list[str] = []
     original = index.read
-    monkeypatch.setattr(index, "read", lambda c, pid: read.append(pid) or original(c, pid))
+    monkeypatch.setattr(index, "read", lambda c, pid, *a: read.append(pid) or original(c, pid, *a))
     cells = _compare(uri, "--device", "cpu")
     assert read == [cpu] and {r["device"] for r in cells} == {"cpu"}
