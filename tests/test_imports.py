@@ -15,6 +15,14 @@ def test_importing_the_package_and_cli_imports_no_compiler_runtime():
     assert out.stdout.strip() == "[]"
 
 
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 #: ONNX Runtime's availability check imports it (a broken install is refused up front, ~30 ms)
 NOT_ON_A_RESUME = ("torch", "timm", "torchvision", "onnx", "openvino", "tvm", "tensorrt")
 
@@ -55,10 +63,8 @@ def test_a_rerun_with_every_cell_journaled_imports_no_runtime(tmp_path):
         "    assert not exc.code, exc.code\n"
         f"print([m for m in {NOT_ON_A_RESUME!r} if m in sys.modules])\n"
     )
-    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert first.returncode == 0, first.stderr
-    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert again.returncode == 0, again.stderr
+    _python(code)
+    again = _python(code)
     assert again.stdout.count("(resumed)") == 4
     assert again.stdout.strip().splitlines()[-1] == "[]"
 
@@ -77,10 +83,7 @@ def test_torch_thread_counts_are_cached_per_environment(tmp_path):
         "from mlflow_ngraph.env import torch_threads\n"
         f"print(torch_threads({str(tmp_path)!r}), 'torch' in sys.modules)\n"
     )
-    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert first.returncode == 0, first.stderr
-    cached = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
-    assert cached.stdout.strip() == f"{first.stdout.strip()} False"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # another environment: torch is asked
-    other = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    first = _python(code)
+    assert _python(probe).stdout.strip() == f"{first.stdout.strip()} False"
+    other = _python(probe, OMP_NUM_THREADS="1")  # another environment: torch is asked
     assert other.stdout.strip().endswith("True") and other.stdout.startswith("(1,")
