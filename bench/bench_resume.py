@@ -9,7 +9,7 @@ Runs ``mlflow-ngraph benchmark`` in subprocesses on a small spec:
 
 Also times ``mlflow-ngraph --help`` (interpreter start and imports: the floor of any run).
 Reports wall seconds, the fraction of the first run, and compile seconds summed over cells
-as logged in MLflow (``compile_s``), with the cache-hit count.
+as logged in MLflow (``compile_s``), in total and per compiler, with the cache-hit count.
 
     python bench/bench_resume.py
     python bench/bench_resume.py --repetitions 3 --keep /tmp/resume
@@ -50,21 +50,24 @@ def timed(command: list[str]) -> float:
     return elapsed
 
 
-def compile_seconds(tracking_uri: str) -> tuple[float, int, int]:
-    """(sum of compile_s, cache hits, cells x batch sizes) logged in ``tracking_uri``."""
+def compile_seconds(tracking_uri: str) -> dict[str, float]:
+    """Compile seconds summed over cells and batch sizes, in total and per compiler, cache
+    hits and the count of cells x batch sizes, as logged in ``tracking_uri``."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
     experiment = client.get_experiment_by_name("bench-resume")
-    total, hits, count = 0.0, 0, 0
+    out: dict[str, float] = {"compile_s": 0.0, "cache_hits": 0, "cells": 0}
     for run in client.search_runs([experiment.experiment_id], "tags.`ngraph.role` = 'cell'"):
+        compiler = f"compile_s.{run.data.params.get('compiler', '?')}"
         for key, value in run.data.metrics.items():
             if key.startswith("compile_s.bs"):
-                total += value
-                count += 1
+                out["compile_s"] += value
+                out[compiler] = out.get(compiler, 0.0) + value
+                out["cells"] += 1
             elif key.startswith("cache_hit.bs"):
-                hits += int(value)
-    return total, hits, count
+                out["cache_hits"] += int(value)
+    return out
 
 
 def one_round(workdir: Path, duration: float) -> list[dict]:
@@ -93,7 +96,7 @@ def one_round(workdir: Path, duration: float) -> list[dict]:
     ):
         row = {"run": name, "wall_s": seconds, "fraction_of_first": seconds / first}
         if store and name != "resume":
-            row["compile_s"], row["cache_hits"], row["cells"] = compile_seconds(store)
+            row.update(compile_seconds(store))
         rows.append(row)
     return rows
 
@@ -112,9 +115,11 @@ def main() -> None:
         finally:
             if args.keep is None:
                 shutil.rmtree(workdir, ignore_errors=True)
+    per_compiler = sorted({k for row in rows for k in row if k.startswith("compile_s.")})
     C.print_table(
         rows,
-        ["round", "run", "wall_s", "fraction_of_first", "compile_s", "cache_hits", "cells"],
+        ["round", "run", "wall_s", "fraction_of_first", "compile_s", *per_compiler]
+        + ["cache_hits", "cells"],
     )
     C.write_csv(rows, args.csv)
 
