@@ -184,7 +184,7 @@ class Runner:
                 ) from None
             raise
         self._write_index()
-        ml.finish(self.client, self.parent_id, status)
+        ml.finish(self.client, self.parent_id, status, announce=True)
         return self.rows
 
     def _write_index(self) -> None:
