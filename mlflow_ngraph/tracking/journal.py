@@ -4,6 +4,8 @@ One append-only JSON-lines file per (tracking URI, experiment, device profile). 
 written (and fsynced) the moment a batch size is measured, then marked logged once MLflow has
 it. On a re-run, logged records are skipped, measured-but-unlogged ones are sent to MLflow
 from the journal (a tracking server that was down loses nothing) and the rest is measured.
+An ``indexed`` record closes an invocation whose results index was written: a re-run that
+finds it last, with every cell done, has nothing to tell MLflow and never opens the store.
 The cluster sweep reads the same journal to resume a task on another attempt.
 """
 
@@ -37,6 +39,7 @@ class Journal:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.cells: dict[str, CellState] = {}
+        self.last: dict[str, Any] | None = None  # the latest record
         self._replay()
 
     @classmethod
@@ -56,8 +59,11 @@ class Journal:
                 self._apply(record)
 
     def _apply(self, record: dict[str, Any]) -> None:
-        cell = self.cells.setdefault(record["cell"], CellState())
+        self.last = record
         kind = record["kind"]
+        if kind == "indexed":
+            return
+        cell = self.cells.setdefault(record["cell"], CellState())
         if kind == "run":
             cell.run_id = record["run_id"]
         elif kind == "measured":
@@ -91,6 +97,16 @@ class Journal:
 
     def failed(self, key: str, batch_size: int, reason: str) -> None:
         self._append({"kind": "failed", "cell": key, "batch_size": batch_size, "reason": reason})
+
+    def indexed(self, spec_hash: str, parent_id: str) -> None:
+        """The parent's results index holds every cell of ``spec_hash`` as logged."""
+        self._append({"kind": "indexed", "spec_hash": spec_hash, "parent_id": parent_id})
+
+    def up_to_date(self, spec_hash: str) -> bool:
+        """Whether nothing was recorded since ``spec_hash``'s index was written: no cell
+        measured or logged since (by this spec or another that shares cells or baselines)."""
+        last = self.last or {}
+        return last.get("kind") == "indexed" and last.get("spec_hash") == spec_hash
 
     def done(self, key: str, batch_size: int, retry_failed: bool = False) -> bool:
         """Whether ``(key, batch_size)`` needs no more work."""
