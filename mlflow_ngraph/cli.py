@@ -238,6 +238,9 @@ BLOCK_BATCH_SIZES = [1, 2, 4, 8, 16]
 SMALL_WIDTHS = {"conv_block": [64, 128], "mha_block": [128, 256]}
 SMALL_DEPTHS = [1, 2, 3]
 SMALL_BATCH_SIZES = [1, 8]
+#: ``--small`` measures like the default experiment (the paper's 100 repetitions of a
+#: width-128 conv stack at batch 8 take minutes per cell on 2 cores)
+SMALL_MEASURE = {"warmup": 3, "repetitions": 10, "min_duration": 0.5}
 
 
 def _int_list(text: str | None, what: str) -> list[int] | None:
@@ -276,7 +279,7 @@ def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) 
 @click.option("--depths", help="Depths, e.g. 1-6 or 1,2,4 (default 1-6).")
 @click.option("--batch-sizes", help="Batch sizes (default 1,2,4,8,16).")
 @click.option(
-    "--small", is_flag=True, help="A small grid: 2 widths per kind, depths 1-3, batch 1 and 8."
+    "--small", is_flag=True, help="A small grid: 2 widths per kind, depths 1-3, batch 1 and 8, 10 repetitions."
 )
 @click.option(
     "--compiler", "compilers", multiple=True, help="NAME[:flag=value,...] (default: the profile's)."
@@ -324,6 +327,10 @@ def blocks(
         if batch_sizes
         else (SMALL_BATCH_SIZES if small else BLOCK_BATCH_SIZES)
     )
+    if small:
+        warmup = SMALL_MEASURE["warmup"] if warmup is None else warmup
+        repetitions = SMALL_MEASURE["repetitions"] if repetitions is None else repetitions
+        min_duration = SMALL_MEASURE["min_duration"] if min_duration is None else min_duration
     data = merge_options(
         {},
         device=device,

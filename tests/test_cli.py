@@ -179,6 +179,28 @@ def test_blocks_runs_the_depth_width_grid(run_cli, tracking_uri):
     }
 
 
+def test_blocks_small_grid_measures_like_the_default_experiment(run_cli, tracking_uri):
+    from mlflow.tracking import MlflowClient
+
+    code, out, err = run_cli("blocks", "--small", "--kinds", "mha_block", "--widths", "16",
+                             "--depths", "1", "--compiler", "identity",
+                             "--tracking-uri", tracking_uri)  # fmt: skip
+    assert code == 0, err
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name("ngraph-blocks")
+    (cell,) = [
+        r
+        for r in client.search_runs([exp.experiment_id])
+        if r.data.tags.get("ngraph.role") == "cell"
+    ]
+    params, metrics = cell.data.params, cell.data.metrics
+    assert (params["warmup"], params["repetitions"], params["min_duration_s"]) == ("3", "10", "0.5")
+    assert {k for k in metrics if k.startswith("throughput.bs")} == {
+        "throughput.bs1",
+        "throughput.bs8",
+    }
+
+
 def test_blocks_bad_depths(run_cli):
     code, out, err = run_cli("blocks", "--depths", "one-six")
     assert code == 2 and "depths 'one-six' is not like 1,2,4 or 1-6" in err
