@@ -6,13 +6,21 @@ machine is, only on the structure of what the harness did and on arithmetic iden
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from mlflow_ngraph.compilers._torch import TorchCallableEngine
 from mlflow_ngraph.compilers.base import CompileContext
 from mlflow_ngraph.compilers.registry import get_compiler
 from mlflow_ngraph.config import MeasureSettings
-from mlflow_ngraph.measure.harness import REQUESTS_PER_SLOT, measure
+from mlflow_ngraph.measure.harness import (
+    CALIBRATION_CALLS,
+    MAX_REQUESTS_PER_REPETITION,
+    MIN_REPETITION_S,
+    REQUESTS_PER_SLOT,
+    measure,
+)
 from mlflow_ngraph.models.registry import load_model
 
 BATCH = 2
@@ -81,11 +89,32 @@ def test_throughput_scenario_runs_every_repetition_through_run_many(model):
     assert engine.infer_calls == 0
 
 
-def test_throughput_scenario_with_one_slot_runs_one_request_per_repetition(model):
+def test_one_slot_engine_is_calibrated_before_the_warm_up(model):
+    """Up to CALIBRATION_CALLS single requests, then every repetition the same count."""
     engine = counting_engine(model, parallel_requests=1)
     result = measure(engine, BATCH, settings(scenario="throughput"))
+    per_rep, calls = result.requests_per_repetition, engine.run_many_counts
+    calibration = calls[: len(calls) - 2 - result.repetitions]
+    assert 1 <= len(calibration) <= CALIBRATION_CALLS
+    assert set(calibration) == {1}
+    assert calls[len(calibration) :] == [per_rep] * (2 + result.repetitions)
+    assert 1 <= per_rep <= MAX_REQUESTS_PER_REPETITION
+    assert engine.infer_calls == 0
+
+
+class SlowEngine(CountingEngine):
+    """Every request lasts at least MIN_REPETITION_S."""
+
+    def run_many(self, count: int) -> None:
+        time.sleep(MIN_REPETITION_S * count)
+        super().run_many(count)
+
+
+def test_one_slot_engine_slower_than_a_repetition_runs_one_request_each(model):
+    engine = counting_engine(model, parallel_requests=1, kind=SlowEngine)
+    result = measure(engine, BATCH, settings(scenario="throughput"))
     assert result.requests_per_repetition == 1
-    assert engine.run_many_counts == [1] * (2 + result.repetitions)
+    assert engine.run_many_counts == [1] * (1 + 2 + result.repetitions)  # one calibration call
 
 
 def test_throughput_scenario_never_drains_an_engine_that_can_stream(model):
