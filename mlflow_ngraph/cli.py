@@ -279,7 +279,9 @@ def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) 
 @click.option("--depths", help="Depths, e.g. 1-6 or 1,2,4 (default 1-6).")
 @click.option("--batch-sizes", help="Batch sizes (default 1,2,4,8,16).")
 @click.option(
-    "--small", is_flag=True, help="A small grid: 2 widths per kind, depths 1-3, batch 1 and 8, 10 repetitions."
+    "--small",
+    is_flag=True,
+    help="A small grid: 2 widths per kind, depths 1-3, batch 1 and 8, 10 repetitions.",
 )
 @click.option(
     "--compiler", "compilers", multiple=True, help="NAME[:flag=value,...] (default: the profile's)."

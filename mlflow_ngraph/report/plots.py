@@ -204,7 +204,9 @@ def plot_speedup(frame: pd.DataFrame, out_dir: Path, result: PlotResult) -> None
     data = _models_data(frame)
     data = data[(data["compiler"] != IDENTITY) & data["speedup"].notna()]
     if data.empty:
-        result.skipped.append("fig06 speedup: no compiled run with an identity baseline")
+        result.skipped.append(
+            "fig06 speedup: no compiled run of a non-block model with an identity baseline"
+        )
         return
     title = "Speedup over identity (family mean; dotted line = identity)"
     figure = _family_device_grid(data, "speedup", title, "speedup [x identity]", _colors(frame))
@@ -216,7 +218,7 @@ def plot_ase(frame: pd.DataFrame, out_dir: Path, result: PlotResult) -> None:
     data = _models_data(frame)
     data = data[data["ase"].notna()]
     if data.empty:
-        result.skipped.append("fig08 ASE: no run with a batch-1 throughput")
+        result.skipped.append("fig08 ASE: no run of a non-block model with a batch-1 throughput")
         return
     title = "Absolute scaling efficiency (family mean; 1 = throughput linear in batch size)"
     figure = _family_device_grid(data, "ase", title, "ASE = T(b) / (b T(1))", _colors(frame))
@@ -228,7 +230,9 @@ def plot_bsr(frame: pd.DataFrame, out_dir: Path, result: PlotResult) -> None:
     data = _models_data(frame)
     data = data[(data["compiler"] != IDENTITY) & data["bsr"].notna()]
     if data.empty:
-        result.skipped.append("fig09 BSR: no compiled run with batch-1 and identity baselines")
+        result.skipped.append(
+            "fig09 BSR: no compiled run of a non-block model with batch-1 and identity baselines"
+        )
         return
     title = "Batch scaling resilience (family mean; above 1 = scales better than identity)"
     figure = _family_device_grid(data, "bsr", title, "BSR = ASE / identity ASE", _colors(frame))

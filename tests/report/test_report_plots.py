@@ -43,7 +43,8 @@ def test_plots_without_data_are_skipped_with_the_reason(compare_cli, tmp_path):
     assert result.exit_code == 0, result.output
     assert {p.name for p in out.iterdir()} == {"fig05_throughput_gpu.png", "fig08_ase.png"}
     for reason in (
-        "plot skipped: fig06 speedup: no compiled run with an identity baseline",
+        "plot skipped: fig06 speedup: no compiled run of a non-block model with an identity "
+        "baseline",
         "plot skipped: fig07 depth: no compiled block run with an identity baseline",
         "plot skipped: fig10 ASE heatmaps: no block run with a batch-1 throughput",
         "plot skipped: fig12 CPU: no CPU usage measured for non-block models",
