@@ -193,7 +193,10 @@ class Runner:
     def _finished_before(self) -> bool:
         """A re-run of an invocation that finished and indexed every cell, with nothing
         recorded in the journal since: its rows come from the journal, MLflow is not opened
-        (the store already holds everything, relative metrics included)."""
+        (the store already holds everything, relative metrics included). Not under
+        ``mlflow run``, which created a run for this invocation that must be filled."""
+        if os.environ.get("MLFLOW_RUN_ID"):  # `mlflow run` made a run for this invocation
+            return False
         if not self.journal.up_to_date(self.spec.spec_hash):
             return False
         if any(self._pending(cell) for cell in self.plan.cells):

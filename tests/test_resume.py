@@ -191,46 +191,46 @@ def test_mlflow_run_entry_point(tmp_path):
     }
     bin_dir = Path(PYTHON).parent
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
-    result = subprocess.run(
-        [
-            str(bin_dir / "mlflow"),
-            "run",
-            str(REPO),
-            "-e",
-            "benchmark",
-            "--env-manager",
-            "local",
-            "--experiment-name",
-            "project",
-            "-P",
-            "device=cpu",
-            "-P",
-            "models=conv_block:width=8,depth=1,image_size=32",
-            "-P",
-            "compilers=identity",
-            "-P",
-            "batch_sizes=1,2",
-            "-P",
-            "warmup=1",
-            "-P",
-            "repetitions=2",
-            "-P",
-            "min_duration=0",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    command = [
+        str(bin_dir / "mlflow"),
+        "run",
+        str(REPO),
+        "-e",
+        "benchmark",
+        "--env-manager",
+        "local",
+        "--experiment-name",
+        "project",
+        "-P",
+        "device=cpu",
+        "-P",
+        "models=conv_block:width=8,depth=1,image_size=32",
+        "-P",
+        "compilers=identity",
+        "-P",
+        "batch_sizes=1,2",
+        "-P",
+        "warmup=1",
+        "-P",
+        "repetitions=2",
+        "-P",
+        "min_duration=0",
+    ]
+    for _ in range(2):  # the second invocation resumes: nothing measured, its run still filled
+        result = subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
     cells, runs = _cell_runs(env["MLFLOW_TRACKING_URI"], "project")
     assert len(cells) == 1
-    project_run = next(
-        r for r in runs if r.data.tags.get("mlflow.project.entryPoint") == "benchmark"
+    first, second = sorted(
+        (r for r in runs if r.data.tags.get("mlflow.project.entryPoint") == "benchmark"),
+        key=lambda r: r.info.start_time,
     )
-    assert cells[0].data.tags[S.T_PARENT] == project_run.info.run_id
+    assert cells[0].data.tags[S.T_PARENT] == first.info.run_id
     assert cells[0].data.metrics["throughput.bs2"] > 0
+    assert second.data.params["device"] == "cpu"
+    assert second.data.tags[S.T_INDEX_RUNS] == "1"
 
 
 def test_relative_metrics_use_an_identity_measured_in_an_earlier_run(run_cli, tracking_uri):
