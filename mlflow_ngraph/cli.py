@@ -27,9 +27,22 @@ def default_home() -> Path:
     return Path(os.environ.get("MLFLOW_NGRAPH_HOME") or Path.home() / ".cache" / "mlflow-ngraph")
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted, not the stream it was
+    created with (which an embedding program or a test harness may since have closed)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def _setup_logging(verbose: int) -> None:
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose >= 0 else logging.WARNING
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
     root = logging.getLogger("mlflow_ngraph")
     root.handlers[:] = [handler]
