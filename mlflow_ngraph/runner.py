@@ -432,6 +432,7 @@ class Runner:
     def _cell_tags(self) -> dict[str, str]:
         """Where and with what a cell was measured (the latest invocation's values)."""
         tags = {
+            S.T_LAST_PARENT: self.parent_id,
             S.T_DEVICE: self.profile.name,
             S.T_DEVICE_KIND: self.profile.kind,
             S.T_HOST: self.env["host"],
@@ -443,7 +444,7 @@ class Runner:
         return tags
 
     def _log_record(self, cell: Cell, run_id: str, b: int, record: dict) -> None:
-        tags = {f"{S.T_STATUS}.bs{b}": record["status"]}
+        tags = {f"{S.T_STATUS}.bs{b}": record["status"], S.T_LAST_PARENT: self.parent_id}
         if record.get("note"):
             tags[f"ngraph.note.bs{b}"] = record["note"]
         ml.log_batch(self.client, run_id, metrics=ml.batch_metrics(record["metrics"], b), tags=tags)

@@ -57,6 +57,7 @@ def test_one_parent_and_one_nested_child_per_compiler(benchmarked):
     assert sorted(cells) == sorted(COMPILERS)
     for run in cells.values():
         assert run.data.tags[S.T_PARENT] == parents[0].info.run_id
+        assert run.data.tags[S.T_LAST_PARENT] == parents[0].info.run_id
         assert run.info.status == "FINISHED"
         assert run.data.tags[S.T_DEVICE] == "cpu" and run.data.tags[S.T_HOST]
         assert run.data.tags["ngraph.version.torch"]

@@ -356,8 +356,10 @@ def indexed_runs(
     client: MlflowClient, searcher: Searcher, experiment_ids: list[str], query: RunQuery
 ) -> list[RunData]:
     """The cell runs ``query`` needs: read from the current results index of each benchmark
-    run, searched live under the benchmark runs without one (killed, running, or logged
-    before indexes existed). With no current index at all, one live search."""
+    run, searched live for the benchmark runs without one (killed, running, or logged
+    before indexes existed): their children, and the cells they last logged to (a cell of
+    an earlier benchmark that a resumed invocation extended). With no current index at all,
+    one live search."""
     from mlflow_ngraph.tracking import index
 
     parents = searcher.search_all(experiment_ids, parent_filters(query), shard=False)
@@ -375,10 +377,11 @@ def indexed_runs(
                 runs[run.run_id] = run
     fresh = {p.run_id for p in current}
     stale = [p.run_id for p in parents if p.run_id not in fresh]
-    if stale:
+    if stale:  # their own cells, and cells of other benchmarks they logged to (resumed)
         children = [
-            f"{flt} and tags.\"{schema.T_PARENT}\" = '{run_id}'"
+            f"{flt} and tags.\"{tag}\" = '{run_id}'"
             for run_id in stale
+            for tag in (schema.T_PARENT, schema.T_LAST_PARENT)
             for flt in filter_strings(query)
         ]
         found = searcher.search_all(experiment_ids, children, shard=False)

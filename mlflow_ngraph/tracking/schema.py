@@ -29,6 +29,7 @@ T_DEVICE = "ngraph.device"
 T_DEVICE_KIND = "ngraph.device_kind"
 T_HOST = "ngraph.host"
 T_PARENT = "mlflow.parentRunId"
+T_LAST_PARENT = "ngraph.last_parent"  # on a cell: the benchmark run that last logged to it
 T_INDEX_TIME = "ngraph.index.time"  # on a parent: when its results index was written (ms)
 T_INDEX_RUNS = "ngraph.index.runs"  # on a parent: how many cell runs the index holds
 

@@ -119,3 +119,20 @@ def test_device_filter_reads_only_that_devices_indexes(tmp_path, monkeypatch):
     monkeypatch.setattr(index, "read", lambda c, pid, *a: read.append(pid) or original(c, pid, *a))
     cells = _compare(uri, "--device", "cpu")
     assert read == [cpu] and {r["device"] for r in cells} == {"cpu"}
+
+
+def test_cells_a_running_benchmark_extended_are_read_live(tmp_path):
+    """A resumed invocation (a new spec: its own parent) logs to cells of an earlier,
+    indexed benchmark and is killed: those cells carry its id and are read live."""
+    uri, client, experiment = _fresh_store(tmp_path)
+    indexed = log_benchmark(client, experiment, "cpu", model_cells())
+    running = log_benchmark(client, experiment, "cpu", [], indexed=False, finish=False)
+    cell = next(
+        r
+        for r in client.search_runs([experiment], f"tags.`{S.T_PARENT}` = '{indexed}'")
+        if r.data.params[S.P_COMPILER] == "openvino" and r.data.params[S.P_MODEL] == "resnet18"
+    )
+    client.set_tag(cell.info.run_id, S.T_LAST_PARENT, running)
+    client.log_metric(cell.info.run_id, S.flat_key(S.M_THROUGHPUT, 8), 4321.0)
+    now = _compare(uri, "--model", "resnet18", "--compiler", "openvino", "--batch-size", "8")
+    assert [r["throughput"] for r in now if r["compiler"] == "openvino"] == [4321.0]
