@@ -132,7 +132,8 @@ def test_parent_holds_a_results_index_of_every_cell_run(benchmarked):
 
     client, runs = benchmarked
     parent = next(r for r in runs if r.data.tags.get(S.T_ROLE) == "benchmark")
-    assert index.is_current(client.get_run(parent.info.run_id))
+    current = client.get_run(parent.info.run_id)
+    assert index.is_current(current.info.status, current.data.tags)
     assert parent.data.tags[S.T_INDEX_RUNS] == str(len(COMPILERS))
     records = {r["run_id"]: r for r in index.read(client, parent.info.run_id)}
     cells = _cells(runs)

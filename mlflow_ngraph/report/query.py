@@ -363,7 +363,7 @@ def indexed_runs(
     from mlflow_ngraph.tracking import index
 
     parents = searcher.search_all(experiment_ids, parent_filters(query), shard=False)
-    current = [p for p in parents if p.status == "FINISHED" and schema.T_INDEX_TIME in p.tags]
+    current = [p for p in parents if index.is_current(p.status, p.tags)]
     if not current:
         return searcher.search_all(experiment_ids, filter_strings(query))
     current.sort(key=lambda p: int(p.tags[schema.T_INDEX_TIME]))  # newest index wins

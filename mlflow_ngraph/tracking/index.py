@@ -22,7 +22,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -111,8 +111,9 @@ def _download_file(client, artifact_uri: str, path: Path) -> bool:
     return True
 
 
-def is_current(parent) -> bool:
-    """Whether a parent ``Run``'s index holds every cell of its last invocation: the runner
-    writes the index just before it marks the parent FINISHED, and marks it RUNNING again
-    when an invocation resumes it, so a killed or running invocation never looks indexed."""
-    return parent.info.status == "FINISHED" and S.T_INDEX_TIME in parent.data.tags
+def is_current(status: str, tags: Mapping[str, str]) -> bool:
+    """Whether a parent run (its MLflow ``status`` and ``tags``) has an index holding every
+    cell of its last invocation: the runner writes the index just before it marks the parent
+    FINISHED, and marks it RUNNING again when an invocation resumes it, so a killed or
+    running invocation never looks indexed."""
+    return status == "FINISHED" and S.T_INDEX_TIME in tags
