@@ -253,3 +253,17 @@ def test_relative_metrics_use_an_identity_measured_in_an_earlier_run(run_cli, tr
         next(r for r in cells if r.data.params["compiler"] == "torchscript").info.run_id, "speedup"
     )
     assert sorted(m.step for m in history) == [1, 2]  # logged once per batch size
+
+
+def test_the_same_relative_store_uri_in_two_directories_is_two_journals(tmp_path, monkeypatch):
+    from mlflow_ngraph.tracking.journal import Journal
+
+    home = tmp_path / "home"
+    paths = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        paths.append(Journal.for_target(home, "sqlite:///mlflow.db", "e", "cpu").path)
+    assert paths[0] != paths[1]
+    absolute = f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}"
+    assert Journal.for_target(home, absolute, "e", "cpu").path == paths[1]

@@ -22,6 +22,18 @@ from typing import Any
 JOURNAL_VERSION = 1
 
 
+def store_identity(tracking_uri: str) -> str:
+    """The store a tracking URI names, wherever it is used from: a relative sqlite path
+    (MLflow's default ``sqlite:///mlflow.db``) or file-store path is made absolute, so the
+    same words in two directories are two stores with two journals."""
+    prefix = "sqlite:///"
+    if tracking_uri.startswith(prefix) and not tracking_uri.startswith(prefix + "/"):
+        return prefix + str(Path(tracking_uri[len(prefix) :]).resolve())
+    if "://" not in tracking_uri:
+        return str(Path(tracking_uri).resolve())
+    return tracking_uri
+
+
 @dataclass
 class CellState:
     """What the journal knows about one cell (device x model x compiler x flags)."""
@@ -44,7 +56,8 @@ class Journal:
 
     @classmethod
     def for_target(cls, home: Path, tracking_uri: str, experiment: str, device: str) -> Journal:
-        digest = hashlib.sha256(f"{tracking_uri}|{experiment}|{device}".encode()).hexdigest()
+        store = store_identity(tracking_uri)
+        digest = hashlib.sha256(f"{store}|{experiment}|{device}".encode()).hexdigest()
         return cls(Path(home) / "journals" / f"{device}-{digest[:16]}.jsonl")
 
     def _replay(self) -> None:
