@@ -77,6 +77,8 @@ class Row:
     max_rel_error: float | None = None
     note: str = ""
     skipped: bool = False
+    #: the cell's resolved compiler flags: two settings of one compiler are two rows
+    flags: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -292,7 +294,16 @@ class Runner:
                 run_id,
                 tags={f"{S.T_STATUS}.bs{b}": S.STATUS_FAILED, f"{S.T_ERROR}.bs{b}": reason[:5000]},
             )
-            self._emit(Row(cell.model.label, cell.compiler.name, b, S.STATUS_FAILED, note=reason))
+            self._emit(
+                Row(
+                    cell.model.label,
+                    cell.compiler.name,
+                    b,
+                    S.STATUS_FAILED,
+                    note=reason,
+                    flags=dict(cell.flags),
+                )
+            )
             return None
         self.journal.measured(cell.key, b, record)
         self._log_record(cell, run_id, b, record)
@@ -490,7 +501,11 @@ class Runner:
     def _set_row_speedups(self, cell: Cell) -> None:
         own, identity = self._throughputs(cell.key), self._identity_throughputs(cell) or {}
         for row in self.rows:
-            if row.model == cell.model.label and row.compiler == cell.compiler.name:
+            if (
+                row.model == cell.model.label
+                and row.compiler == cell.compiler.name
+                and row.flags == cell.flags
+            ):
                 row.speedup = M.speedup(own.get(row.batch_size), identity.get(row.batch_size))
 
     def _throughputs(self, key: str) -> dict[int, float]:
@@ -536,7 +551,12 @@ class Runner:
                 row = _row(cell, b, state.measured[b])
             elif b in state.failed:
                 row = Row(
-                    cell.model.label, cell.compiler.name, b, S.STATUS_FAILED, note=state.failed[b]
+                    cell.model.label,
+                    cell.compiler.name,
+                    b,
+                    S.STATUS_FAILED,
+                    note=state.failed[b],
+                    flags=dict(cell.flags),
                 )
             else:
                 continue
@@ -664,6 +684,7 @@ def _row(cell: Cell, b: int, record: dict) -> Row:
         compile_s=m.get(S.M_COMPILE),
         max_rel_error=m.get(S.M_MAX_REL_ERROR),
         note=record.get("note") or ("untuned" if m.get("tuned") == 0.0 else ""),
+        flags=dict(cell.flags),
     )
 
 
