@@ -33,6 +33,14 @@ T_LAST_PARENT = "ngraph.last_parent"  # on a cell: the benchmark run that last l
 T_INDEX_TIME = "ngraph.index.time"  # on a parent: when its results index was written (ms)
 T_INDEX_RUNS = "ngraph.index.runs"  # on a parent: how many cell runs the index holds
 
+T_STABILITY = "ngraph.stability"  # STABLE / UNSTABLE (any batch size unstable), and .bs<b>
+T_STABILITY_REASON = "ngraph.stability.reason"  # .bs<b>: why a batch size is UNSTABLE
+T_REFERENCE = "ngraph.reference"  # what the outputs were checked against
+T_SWEEP = "ngraph.sweep"  # the sweep id of every run a sweep started
+
+STABILITY_STABLE = "STABLE"
+STABILITY_UNSTABLE = "UNSTABLE"
+
 STATUS_OK = "OK"
 STATUS_INVALID = "INVALID"
 STATUS_FAILED = "FAILED"
@@ -58,6 +66,14 @@ M_MAX_ABS_ERROR = "max_abs_error"
 M_MAX_REL_ERROR = "max_rel_error"
 M_COSINE = "cosine_similarity"
 M_VALID = "valid"  # 1 when the output check passed
+M_THROUGHPUT_CI_LOW = "throughput_ci_low"  # 95% interval of the throughput
+M_THROUGHPUT_CI_HIGH = "throughput_ci_high"
+# what the host did during the measured window (noise that is not the engine's)
+M_HOST_OTHER_CPU = "host_other_cpu_percent"  # CPU time of other processes, % of all cores
+M_HOST_STEAL = "host_steal_percent"  # hypervisor steal time, % of all cores
+M_HOST_LOAD = "host_load_avg"  # 1-minute load average at the end of the window
+M_CPU_FREQ = "cpu_freq_mhz"  # mean current CPU frequency over the window, where exposed
+M_CPU_THROTTLE = "cpu_throttle_events"  # thermal throttle events during the window
 M_GPU_UTIL = "gpu_util_percent"
 M_GPU_MEM = "gpu_mem_mb"
 # relative metrics (need T_c(1) and the identity baseline of the same device and model)
