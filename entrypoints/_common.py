@@ -12,8 +12,9 @@ import sys
 def run_cli(command: str, argv: list[str], multi: dict[str, str] | None = None) -> None:
     """Call ``mlflow-ngraph <command>`` with the non-empty options of ``argv``.
 
-    ``multi`` maps an entry-point option that holds a comma/space separated list to the
-    repeatable CLI option it expands to (``--models "a b"`` -> ``--model a --model b``).
+    ``multi`` maps an entry-point option that holds a list separated by spaces or semicolons
+    (not commas: a model's params use them, ``conv_block:width=64,depth=2``) to the repeatable
+    CLI option it expands to (``--models "a b"`` -> ``--model a --model b``).
     """
     from mlflow_ngraph.cli import main
 

@@ -216,10 +216,12 @@ def benchmark(
         tracking_uri=tracking_uri,
         log_engines=False if no_engine_artifacts else None,
     )
-    _run(data, home, retry_failed)
+    _run(data, home, retry_failed, experiment_explicit=experiment is not None)
 
 
-def _run(data: dict[str, Any], home: Path | None, retry_failed: bool) -> None:
+def _run(
+    data: dict[str, Any], home: Path | None, retry_failed: bool, experiment_explicit=False
+) -> None:
     """Validate the merged settings, run every cell and print the summary."""
     from mlflow_ngraph.config import build_spec
     from mlflow_ngraph.runner import Runner, plan
@@ -238,8 +240,11 @@ def _run(data: dict[str, Any], home: Path | None, retry_failed: bool) -> None:
         spec.device,
         uri,
     )
-    rows = Runner(work, uri, home, retry_failed=retry_failed).run()
-    click.echo(format_summary(rows, spec))
+    runner = Runner(
+        work, uri, home, retry_failed=retry_failed, experiment_explicit=experiment_explicit
+    )
+    rows = runner.run()
+    click.echo(format_summary(rows, spec, experiment=runner.experiment_name))
 
 
 #: the paper's block grid (Section V-C/V-E): conv widths are channels, MHA widths embedding

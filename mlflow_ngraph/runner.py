@@ -32,6 +32,7 @@ from mlflow_ngraph.errors import CompileFailed, NgraphError
 from mlflow_ngraph.measure.harness import measure
 from mlflow_ngraph.models.base import LoadedModel
 from mlflow_ngraph.models.registry import load_model, validate_model_spec
+from mlflow_ngraph.summary import cell_run_name, differing_flags
 from mlflow_ngraph.tracking import index
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
@@ -53,6 +54,8 @@ class Cell:
     compiler: Compiler
     flags: dict[str, Any]
     key: str
+    #: the short name of its MLflow run (model, compiler, the flags that tell it apart)
+    run_name: str = ""
 
     @property
     def name(self) -> str:
@@ -109,8 +112,15 @@ def plan(spec: Spec, home: Path | None = None) -> Plan:
         flags = compiler.resolve_flags(given)
         require_available(compiler, profile.kind)
         compilers.append((compiler, flags))
+    differing = differing_flags((compiler.name, flags) for compiler, flags in compilers)
     cells = [
-        Cell(model, compiler, flags, _cell_key(spec, profile, model, compiler, flags))
+        Cell(
+            model,
+            compiler,
+            flags,
+            _cell_key(spec, profile, model, compiler, flags),
+            cell_run_name(model.label, compiler.name, flags, differing[compiler.name]),
+        )
         for model in spec.models
         for compiler, flags in compilers
     ]
@@ -146,6 +156,7 @@ class Runner:
         home: Path,
         retry_failed: bool = False,
         on_row: Callable[[Row], None] | None = None,
+        experiment_explicit: bool = False,
     ) -> None:
         self.plan = plan_
         self.spec = plan_.spec
@@ -156,6 +167,10 @@ class Runner:
         self.on_row = on_row or (lambda row: None)
         self.cache = EngineCache(self.home)
         self.rows: list[Row] = []
+        #: where the results went (under ``mlflow run``: the project run's experiment)
+        self.experiment_name = plan_.spec.experiment
+        #: the experiment was named on the command line (not taken from the spec file)
+        self.experiment_explicit = experiment_explicit
 
     def run(self) -> list[Row]:
         from mlflow_ngraph.env import environment
@@ -166,7 +181,9 @@ class Runner:
         if self._finished_before():
             return self.rows
         self.client = ml.connect(self.tracking_uri)
-        self.experiment_id = ml.run_experiment(self.client, self.spec.experiment)
+        self.experiment_id, self.experiment_name = ml.run_experiment(
+            self.client, self.spec.experiment, self.experiment_explicit
+        )
         env = self.env = environment(self.profile.name, self.profile.kind, self.home)
         self.parent_id = ml.parent_run(
             self.client, self.experiment_id, self.spec, self.profile, env, {S.T_HOST: env["host"]}
@@ -260,7 +277,12 @@ class Runner:
         pending = self._pending(cell)
         state = self.journal.cell(cell.key)
         run_id = ml.cell_run(
-            self.client, self.experiment_id, self.parent_id, cell.key, cell.name, state.run_id
+            self.client,
+            self.experiment_id,
+            self.parent_id,
+            cell.key,
+            cell.run_name or cell.name,
+            state.run_id,
         )
         self.journal.set_run(cell.key, run_id)
         ml.log_params_once(self.client, run_id, self._cell_params(cell, model))
@@ -485,7 +507,7 @@ class Runner:
         for b, rel in M.relative_metrics(own, identity).items():
             values += ml.batch_metrics(rel, b)
         logged = self.client.get_run(run_id).data.metrics
-        changed = [  # a resume re-logs nothing that the run already holds
+        changed = [  # a resume re-logs nothing that the run already holds (all are flat)
             (key, value, step)
             for key, value, step in values
             if logged.get(S.flat_key(key.split(".bs")[0], step)) != value

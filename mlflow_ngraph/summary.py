@@ -1,8 +1,8 @@
-"""The terminal summary printed at the end of a benchmark."""
+"""The terminal summary printed at the end of a benchmark, and the short names of cells."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
@@ -19,8 +19,72 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def format_summary(rows, spec) -> str:
-    """One line per model x compiler x batch size, identity's speedup alongside."""
+def differing_flags(flag_sets: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, set[str]]:
+    """Per compiler, the names of the flags whose values differ between its settings in one
+    run (``openvino`` under two ``PERFORMANCE_HINT`` values -> ``{"openvino":
+    {"PERFORMANCE_HINT"}}``); a compiler run under one setting has none."""
+    seen: dict[str, list[dict[str, Any]]] = {}
+    for compiler, flags in flag_sets:
+        settings = seen.setdefault(compiler, [])
+        if flags not in settings:
+            settings.append(flags)
+    out: dict[str, set[str]] = {}
+    for compiler, settings in seen.items():
+        names = {k for flags in settings for k in flags}
+        out[compiler] = {k for k in names if len({repr(flags.get(k)) for flags in settings}) > 1}
+    return out
+
+
+def compiler_label(compiler: str, flags: dict[str, Any], differing: Iterable[str]) -> str:
+    """``openvino[PERFORMANCE_HINT=LATENCY]``: the compiler and the flags that tell it apart
+    from its other settings in the same run (all flags stay in the run's params)."""
+    shown = [f"{k}={flags.get(k)}" for k in sorted(differing)]
+    return compiler + (f"[{','.join(shown)}]" if shown else "")
+
+
+def cell_run_name(model_label: str, compiler: str, flags: dict[str, Any], differing) -> str:
+    """A cell run's short, readable name: ``resnet18 openvino`` or ``conv_block w64 d3
+    onnxruntime[...]``. Block and factory parameters are shortened (``width=64`` -> ``w64``);
+    the full identity is in the run's params."""
+    name, _, params = model_label.partition(":")
+    short = [_short_param(p) for p in params.split(",") if p] if params else []
+    return " ".join([name.rsplit(".", 1)[-1], *short, compiler_label(compiler, flags, differing)])
+
+
+def _short_param(item: str) -> str:
+    key, _, value = item.partition("=")
+    abbreviations = {"width": "w", "depth": "d", "seq_len": "s", "heads": "h"}
+    return f"{abbreviations[key]}{value}" if key in abbreviations else item
+
+
+def winners(rows) -> list[tuple[str, int, str, float | None, float | None]]:
+    """Per model and batch size, the fastest valid (status OK) row that is not the
+    baseline: (model, batch size, label, throughput, speedup). Rows carry ``label``."""
+    best: dict[tuple[str, int], Any] = {}
+    for r in rows:
+        if r.status != "OK" or r.throughput is None or r.compiler == "identity":
+            continue
+        key = (r.model, r.batch_size)
+        if key not in best or r.throughput > best[key].throughput:
+            best[key] = r
+    return [
+        (model, b, best[(model, b)].label, best[(model, b)].throughput, best[(model, b)].speedup)
+        for model, b in best
+    ]
+
+
+def format_summary(rows, spec, experiment: str | None = None) -> str:
+    """One line per model x compiler setting x batch size, identity's speedup alongside,
+    then the fastest valid compiler per model and batch size.
+
+    ``experiment`` is the experiment the results went to (under ``mlflow run`` that of the
+    project run), the spec's by default.
+    """
+    differing = differing_flags((r.compiler, getattr(r, "flags", {}) or {}) for r in rows)
+    for r in rows:
+        r.label = compiler_label(
+            r.compiler, getattr(r, "flags", {}) or {}, differing.get(r.compiler, ())
+        )
     headers = [
         "model",
         "compiler",
@@ -40,7 +104,7 @@ def format_summary(rows, spec) -> str:
         table.append(
             [
                 r.model,
-                r.compiler,
+                r.label,
                 r.batch_size,
                 _num(r.throughput),
                 _num(r.throughput_std),
@@ -53,10 +117,25 @@ def format_summary(rows, spec) -> str:
             ]
         )
     title = (
-        f"device {spec.device}, scenario {spec.measure.scenario}, experiment {spec.experiment!r}"
+        f"device {spec.device}, scenario {spec.measure.scenario}, "
+        f"experiment {experiment or spec.experiment!r}"
     )
-    counts = {}
+    counts: dict[str, int] = {}
     for r in rows:
         counts[r.status] = counts.get(r.status, 0) + 1
     footer = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    return f"{title}\n{format_table(headers, table)}\n{footer}"
+    out = [title, format_table(headers, table), footer]
+    best = winners(rows)
+    if best:
+        out += [
+            "",
+            "fastest valid compiler per model and batch size:",
+            format_table(
+                ["model", "bs", "compiler", "samples/s", "speedup"],
+                [
+                    [m, b, label, _num(t), f"{s:.2f}x" if s is not None else "-"]
+                    for m, b, label, t, s in best
+                ],
+            ),
+        ]
+    return "\n".join(out)

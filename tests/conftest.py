@@ -3,12 +3,56 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import warnings
 from pathlib import Path
 
 import pytest
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _work_in_tmp(tmp_path: Path, monkeypatch) -> None:
+    """Every test runs in its own temporary directory: a local store's default artifact
+    root (``./mlruns``) and anything else written relative to the working directory land
+    there, never in the user's checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
+def _untracked(root: Path) -> set[str]:
+    """Files in ``root`` that git does not track, ignored ones included (``mlruns/``)."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--ignored", "--untracked-files=all"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    skip = (".venv/", ".ruff_cache/", ".pytest_cache/", "mlflow_ngraph.egg-info/")
+    paths = {line[3:] for line in out.splitlines() if line[:2] in ("??", "!!")}
+    return {p for p in paths if not p.startswith(skip) and "__pycache__" not in p}
+
+
+def pytest_sessionstart(session) -> None:
+    session.config._ngraph_untracked = _untracked(REPO)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """The suite writes nothing into the checkout: a test that did fails the run."""
+    before = getattr(session.config, "_ngraph_untracked", None)
+    if before is None or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    new = sorted(_untracked(REPO) - before)
+    if new:
+        print(f"\nerror: the tests wrote into the checkout {REPO}: {', '.join(new[:10])}")
+        session.exitstatus = 1
 
 
 @pytest.fixture

@@ -78,22 +78,51 @@ def is_store_error(exc: BaseException) -> bool:
     return isinstance(exc, (MlflowException, requests.RequestException, ConnectionError))
 
 
+#: MLflow 3's UI opens an experiment on its GenAI overview unless this experiment tag says
+#: the experiment is for model development; then it opens on the runs table.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
 def ensure_experiment(client, name: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
-        return client.create_experiment(name)
+        experiment_id = client.create_experiment(
+            name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+        )
+        return experiment_id
     if experiment.lifecycle_stage == "deleted":
         client.restore_experiment(experiment.experiment_id)
+    _mark_runs_view(client, experiment)
     return experiment.experiment_id
 
 
-def run_experiment(client, name: str) -> str:
-    """The experiment to log into: the one of the ``mlflow run`` run when inside one (the
-    project run becomes the parent), else ``name``."""
+def _mark_runs_view(client, experiment) -> None:
+    """Open an experiment that has no kind yet on the runs table in MLflow's UI."""
+    if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+
+
+def run_experiment(client, name: str, explicit: bool = False) -> tuple[str, str]:
+    """The experiment to log into, as (id, name): the one of the ``mlflow run`` run when
+    inside one (the project run becomes the parent), else ``name``.
+
+    Raises:
+        NgraphError: inside ``mlflow run``, ``name`` was given explicitly (``-P
+            experiment=``) and is not the project run's experiment.
+    """
     active = os.environ.get("MLFLOW_RUN_ID")
-    if active:
-        return client.get_run(active).info.experiment_id
-    return ensure_experiment(client, name)
+    if not active:
+        return ensure_experiment(client, name), name
+    experiment = client.get_experiment(client.get_run(active).info.experiment_id)
+    if explicit and experiment.name != name:
+        raise NgraphError(
+            f"experiment {name!r} (-P experiment / --experiment) is not the experiment of this "
+            f"mlflow run ({experiment.name!r}): choose it with "
+            f"'mlflow run . --experiment-name {name} ...' and leave -P experiment out"
+        )
+    _mark_runs_view(client, experiment)
+    return experiment.experiment_id, experiment.name
 
 
 def _find_run(client, experiment_id: str, tags: dict[str, str]) -> str | None:
@@ -190,14 +219,16 @@ def log_batch(
 
 
 def batch_metrics(values: dict[str, float | None], batch_size: int) -> list[MetricValue]:
-    """Each value stepped at the batch size and flat under ``<name>.bs<batch>``; missing
-    values (``None``, NaN) are left out, never logged as a number."""
+    """Each value stepped at the batch size, and flat under ``<name>.bs<batch>`` when it is
+    one of ``schema.FLAT_METRICS``; missing values (``None``, NaN) are left out, never logged
+    as a number."""
     out: list[MetricValue] = []
     for name, value in values.items():
         if value is None or value != value:
             continue
         out.append((name, value, batch_size))
-        out.append((S.flat_key(name, batch_size), value, batch_size))
+        if name in S.FLAT_METRICS:
+            out.append((S.flat_key(name, batch_size), value, batch_size))
     return out
 
 

@@ -2,9 +2,9 @@
 
 Child runs (one per device x model x compiler x flags) carry the params ``device``, ``model``,
 ``compiler``, ``family``, ``parameter_count``, ``model.<init param>``, ``flag.<compiler
-flag>`` and the measurement settings. Per-batch metrics are logged twice: stepped
-(``throughput`` at ``step = batch size``) and flat (``throughput.bs8``), because MLflow's
-search and runs table only see the value at the highest step.
+flag>`` and the measurement settings. Per-batch metrics are logged stepped (``throughput``
+at ``step = batch size``), and those in ``FLAT_METRICS`` also flat (``throughput.bs8``),
+because MLflow's search and runs table only see the value at the highest step.
 """
 
 from __future__ import annotations
@@ -81,6 +81,34 @@ M_SPEEDUP = "speedup"
 M_RTR = "rtr"
 M_ASE = "ase"
 M_BSR = "bsr"
+
+
+#: the per-batch metrics also logged flat (``throughput.bs8``): what the runs table sorts on,
+#: what a search filters on and what ``compare`` reads from the results index. Every other
+#: per-batch metric (latency mean/std, repetitions, durations, host noise, engine size, ...)
+#: is logged stepped only: MLflow draws it as one chart over batch size. Flat copies of all
+#: of them made a cell run show ~135 charts, most of them single points.
+FLAT_METRICS = frozenset(
+    {
+        M_THROUGHPUT,
+        M_THROUGHPUT_STD,
+        M_THROUGHPUT_CI_LOW,
+        M_THROUGHPUT_CI_HIGH,
+        M_LATENCY_P50,
+        M_LATENCY_P99,
+        M_CV,
+        M_CPU,
+        M_COMPILE,
+        M_CACHE_HIT,
+        M_MAX_ABS_ERROR,
+        M_MAX_REL_ERROR,
+        M_VALID,
+        M_SPEEDUP,
+        M_RTR,
+        M_ASE,
+        M_BSR,
+    }
+)
 
 
 def flat_key(metric: str, batch_size: int) -> str:

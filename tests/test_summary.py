@@ -1,0 +1,88 @@
+"""The end-of-run summary: rows are cells (compiler and flags), each with its own speedup,
+and the fastest valid compiler per model and batch size is named."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import mlflow
+import pytest
+
+from mlflow_ngraph.runner import Row
+from mlflow_ngraph.summary import cell_run_name, differing_flags, format_summary
+from tests._support import TINY
+
+LATENCY = "openvino:PERFORMANCE_HINT=LATENCY"
+THROUGHPUT = "openvino:PERFORMANCE_HINT=THROUGHPUT"
+
+
+def test_two_settings_of_one_compiler_are_two_rows_with_their_own_speedups(
+    run_cli, tracking_uri
+):
+    pytest.importorskip("openvino")
+    code, out, err = run_cli(
+        "benchmark",
+        *TINY,
+        "--compiler",
+        "identity",
+        "--compiler",
+        LATENCY,
+        "--compiler",
+        THROUGHPUT,
+        "--tracking-uri",
+        tracking_uri,
+        "--experiment",
+        "two-flags",
+    )
+    assert code == 0, err
+    client = mlflow.tracking.MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name("two-flags")
+    cells = client.search_runs([experiment.experiment_id], "tags.`ngraph.role` = 'cell'")
+    logged = {
+        r.data.params["flag.PERFORMANCE_HINT"]: r
+        for r in cells
+        if r.data.params["compiler"] == "openvino"
+    }
+    assert set(logged) == {"LATENCY", "THROUGHPUT"}
+    lines = out.splitlines()
+    for hint, run in logged.items():
+        label = f"openvino[PERFORMANCE_HINT={hint}]"
+        assert run.info.run_name.endswith(label)  # short run names tell the settings apart
+        for b in (1, 2):
+            row = next(
+                line.split()
+                for line in lines
+                if line.split()[1:3] == [label, str(b)] and "OK" in line.split()
+            )
+            speedup = run.data.metrics[f"speedup.bs{b}"]
+            assert float(row[7]) == pytest.approx(speedup, abs=0.006)
+    assert "fastest valid compiler per model and batch size:" in out
+
+
+def _row(compiler, b, throughput, status="OK", flags=None, speedup=None):
+    return Row("m", compiler, b, status, throughput=throughput, speedup=speedup, flags=flags or {})
+
+
+def test_winner_is_the_fastest_valid_non_baseline_row():
+    spec = SimpleNamespace(device="cpu", experiment="e", measure=SimpleNamespace(scenario="t"))
+    rows = [
+        _row("identity", 1, 100.0),
+        _row("openvino", 1, 500.0, status="INVALID"),  # fastest, but outputs did not match
+        _row("onnxruntime", 1, 300.0, flags={"threads": 1}, speedup=3.0),
+        _row("onnxruntime", 1, 200.0, flags={"threads": 2}, speedup=2.0),
+    ]
+    out = format_summary(rows, spec, experiment="where-it-went")
+    table = out.split("fastest valid compiler per model and batch size:")[1]
+    winner = [line.split() for line in table.splitlines() if line.startswith("m ")]
+    assert winner == [["m", "1", "onnxruntime[threads=1]", "300.0", "3.00x"]]
+    assert "experiment 'where-it-went'" in out.splitlines()[0]
+
+
+def test_names_show_only_the_flags_that_differ():
+    differing = differing_flags(
+        [("ov", {"hint": "LATENCY", "streams": 2}), ("ov", {"hint": "THROUGHPUT", "streams": 2})]
+    )
+    assert differing == {"ov": {"hint"}}
+    name = cell_run_name("conv_block:depth=3,width=64", "ov", {"hint": "LATENCY"}, {"hint"})
+    assert name == "conv_block d3 w64 ov[hint=LATENCY]"
+    assert cell_run_name("resnet18", "identity", {}, set()) == "resnet18 identity"
