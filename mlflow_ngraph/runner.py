@@ -29,6 +29,7 @@ from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
 from mlflow_ngraph.errors import CompileFailed, NgraphError
+from mlflow_ngraph.estimate import Timings, describe, estimate, timing_key
 from mlflow_ngraph.measure.harness import measure
 from mlflow_ngraph.models.base import LoadedModel
 from mlflow_ngraph.models.registry import load_model, validate_model_spec
@@ -180,6 +181,14 @@ class Runner:
         )
         if self._finished_before():
             return self.rows
+        self.timings = Timings(self.home)
+        todo = [
+            (cell.model.label, cell.compiler.name, cell.flags, b)
+            for cell in self.plan.cells
+            for b in self._pending(cell)
+        ]
+        if todo:
+            log.info(describe(*estimate(todo, self.spec.measure, self.timings)))
         self.client = ml.connect(self.tracking_uri)
         self.experiment_id, self.experiment_name = ml.run_experiment(
             self.client, self.spec.experiment, self.experiment_explicit
@@ -303,8 +312,13 @@ class Runner:
         self._finish_cell(cell, run_id)
 
     def _measure_batch(self, cell, model, references, run_id, b, engine):
+        started = time.perf_counter()
         try:
             engine, record = self._measure(cell, model, references, b, engine)
+            self.timings.record(
+                timing_key(cell.model.label, cell.compiler.name, cell.flags, b),
+                time.perf_counter() - started,
+            )
         except Exception as exc:  # one failing cell never stops the run
             if isinstance(exc, NgraphError) or ml.is_store_error(exc):
                 raise
