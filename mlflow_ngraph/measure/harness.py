@@ -26,7 +26,8 @@ In both scenarios the throughput is the samples measured over the seconds measur
 ``benchmark_app`` reports), never the mean of per-repetition rates: that mean weighs a
 repetition by its speed, so on a loaded machine it over-reports a fast model by up to several
 times (a 50 us ONNX Runtime call read 5x its real rate) and favours the noisier runtime. The
-standard deviation and the coefficient of variation are over per-repetition rates.
+coefficient of variation is that of the repetition times (std / mean of the seconds each
+repetition took), and the throughput's standard deviation is the throughput times that CV.
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ class Measurement:
     duration_s: float
     stop_reason: str
     throughput: float  # samples/s: total samples / total measured seconds
-    throughput_std: float  # std of per-repetition samples/s
+    throughput_std: float  # samples/s: throughput x cv (the spread of repetition times)
     throughput_overall: float  # the same as throughput (kept for existing records)
-    cv: float
+    cv: float  # coefficient of variation of the repetition times
     latency_mean_ms: float
     latency_std_ms: float
     latency_p50_ms: float
