@@ -226,7 +226,7 @@ def _run(
     from mlflow_ngraph.config import build_spec
     from mlflow_ngraph.runner import Runner, plan
     from mlflow_ngraph.summary import format_summary
-    from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
+    from mlflow_ngraph.tracking.mlflow_log import redact, resolve_tracking_uri
 
     spec = build_spec(data)
     home = home or default_home()
@@ -238,7 +238,7 @@ def _run(
         len(work.cells) // max(len(spec.models), 1),
         ",".join(map(str, spec.batch_sizes)),
         spec.device,
-        uri,
+        redact(uri),
     )
     runner = Runner(
         work, uri, home, retry_failed=retry_failed, experiment_explicit=experiment_explicit

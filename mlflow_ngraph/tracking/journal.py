@@ -13,13 +13,65 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 JOURNAL_VERSION = 1
+
+#: the fields each kind of record needs, with their types; a record without them is damaged
+_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "run": {"cell": str, "run_id": str},
+    "measured": {"cell": str, "batch_size": int, "status": str, "metrics": dict},
+    "logged": {"cell": str, "batch_size": int},
+    "failed": {"cell": str, "batch_size": int, "reason": str},
+    "indexed": {"spec_hash": str},
+    "store": {"experiment_id": str},
+    "reset": {"cell": str},
+}
+
+
+def _valid(record: Any) -> bool:
+    if not isinstance(record, dict) or record.get("kind") not in _FIELDS:
+        return False
+    fields = _FIELDS[record["kind"]]
+    return all(
+        isinstance(record.get(name), kind) and not isinstance(record.get(name), bool)
+        for name, kind in fields.items()
+    )
+
+
+def store_mtime(tracking_uri: str) -> int | None:
+    """When a local sqlite store last changed (ns; its write-ahead log included), or None."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        return None
+    path = Path(store_identity(tracking_uri)[len(prefix) :])
+    times = []
+    for candidate in (path, path.with_name(path.name + "-wal")):
+        try:
+            times.append(candidate.stat().st_mtime_ns)
+        except OSError:
+            continue
+    return max(times) if times else None
+
+
+def store_file_id(tracking_uri: str) -> str | None:
+    """``device:inode`` of a local sqlite store's file (None for other stores, or no file):
+    a store deleted and made again at the same path is another file."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        return None
+    try:
+        stat = Path(store_identity(tracking_uri)[len(prefix) :]).stat()
+    except OSError:
+        return None
+    return f"{stat.st_dev}:{stat.st_ino}"
 
 
 def store_identity(tracking_uri: str) -> str:
@@ -61,20 +113,44 @@ class Journal:
         return cls(Path(home) / "journals" / f"{device}-{digest[:16]}.jsonl")
 
     def _replay(self) -> None:
+        """Read every record back, checking each: a damaged one (a line torn by a kill
+        mid-write, garbage a disk left, a record missing its fields) is skipped and counted,
+        never allowed to take its neighbours with it; the work it described is done again."""
+        self.store: dict[str, Any] | None = None
+        self._torn_tail = False
         if not self.path.exists():
             return
-        with open(self.path) as handle:
-            for line in handle:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line torn by a kill mid-write: the cell is measured again
-                self._apply(record)
+        data = self.path.read_bytes()
+        skipped = 0
+        for raw in data.split(b"\n"):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                record = None
+            if not _valid(record):
+                skipped += 1
+                continue
+            self._apply(record)
+        self._torn_tail = bool(data) and not data.endswith(b"\n")
+        if skipped:
+            log.warning(
+                "journal %s: skipped %d damaged record(s); the work they recorded is done again",
+                self.path,
+                skipped,
+            )
 
     def _apply(self, record: dict[str, Any]) -> None:
         self.last = record
         kind = record["kind"]
         if kind == "indexed":
+            return
+        if kind == "store":
+            self.store = record
+            return
+        if kind == "reset":
+            self.cells.pop(record["cell"], None)
             return
         cell = self.cells.setdefault(record["cell"], CellState())
         if kind == "run":
@@ -89,11 +165,40 @@ class Journal:
     def _append(self, record: dict[str, Any]) -> None:
         record = {"v": JOURNAL_VERSION, "time": time.time(), **record}
         line = json.dumps(record, default=float) + "\n"
+        if self._torn_tail:  # end the torn line first, or this record would be lost with it
+            line = "\n" + line
+            self._torn_tail = False
         with open(self.path, "a") as handle:
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
         self._apply(record)
+
+    def bind_store(self, experiment_id: str, created: int | None, file_id: str | None) -> bool:
+        """Tie the journal to the experiment (id and creation time) and the store file it
+        records results for. When those are not the ones it recorded (the store was deleted
+        or made again at the same URI, the experiment deleted and created again), what it
+        holds describes another store: it is set aside (``*.stale-<time>``) and a fresh one
+        started, so the cells are measured and logged into this store. Returns whether it
+        was set aside."""
+        current = {"experiment_id": str(experiment_id), "created": created, "file": file_id}
+        known = self.store
+        if known is not None and all(
+            known.get(k) == v for k, v in current.items() if v is not None
+        ):
+            return False
+        # a journal with results but no store recorded predates this check: it cannot be
+        # tied to this store either, so it is set aside too
+        stale = known is not None or bool(self.cells)
+        if stale:
+            self.path.rename(self.path.with_name(f"{self.path.name}.stale-{int(time.time())}"))
+            self.cells, self.last, self.store, self._torn_tail = {}, None, None, False
+        self._append({"kind": "store", **current})
+        return stale
+
+    def reset(self, key: str) -> None:
+        """Forget a cell (its MLflow run was deleted): it is measured and logged again."""
+        self._append({"kind": "reset", "cell": key})
 
     def cell(self, key: str) -> CellState:
         return self.cells.get(key, CellState())
@@ -111,9 +216,23 @@ class Journal:
     def failed(self, key: str, batch_size: int, reason: str) -> None:
         self._append({"kind": "failed", "cell": key, "batch_size": batch_size, "reason": reason})
 
-    def indexed(self, spec_hash: str, parent_id: str) -> None:
-        """The parent's results index holds every cell of ``spec_hash`` as logged."""
-        self._append({"kind": "indexed", "spec_hash": spec_hash, "parent_id": parent_id})
+    def indexed(self, spec_hash: str, parent_id: str, mtime: int | None = None) -> None:
+        """The parent's results index holds every cell of ``spec_hash`` as logged (and a
+        local store's file was last changed at ``mtime``)."""
+        record = {"kind": "indexed", "spec_hash": spec_hash, "parent_id": parent_id}
+        self._append({**record, "store_mtime": mtime})
+
+    def same_store(self, tracking_uri: str) -> bool:
+        """Whether ``tracking_uri`` is a local sqlite store whose file is the one this
+        journal recorded and unchanged since its last results index (checked without
+        opening it: a run deleted or an experiment renamed since changed the file). Other
+        stores cannot be checked without asking them, so they answer False."""
+        file_id = store_file_id(tracking_uri)
+        return (
+            file_id is not None
+            and (self.store or {}).get("file") == file_id
+            and (self.last or {}).get("store_mtime") == store_mtime(tracking_uri)
+        )
 
     def up_to_date(self, spec_hash: str) -> bool:
         """Whether nothing was recorded since ``spec_hash``'s index was written: no cell

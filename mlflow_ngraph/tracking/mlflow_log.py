@@ -27,6 +27,21 @@ MetricValue = tuple[str, float, int]
 MAX_PARAM_CHARS = 6000
 
 
+def redact(uri: str) -> str:
+    """``http://alice:secret@host:5000`` -> ``http://alice:***@host:5000``: the tracking URI
+    as it may be printed (a password in a URI must never reach a terminal or a log)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return uri
+    if parts.password is None:
+        return uri
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
 def resolve_tracking_uri(given: str | None) -> str:
     """The URI given, else ``MLFLOW_TRACKING_URI``, else MLflow's own default."""
     if given:
@@ -52,7 +67,7 @@ def connect(tracking_uri: str):
     except Exception as exc:  # MLflow raises many types for a bad store
         reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise NgraphError(
-            f"tracking store {tracking_uri!r} cannot be opened: {reason} "
+            f"tracking store {redact(tracking_uri)!r} cannot be opened: {reason} "
             "(check --tracking-uri / MLFLOW_TRACKING_URI)"
         ) from None
     return client
@@ -65,7 +80,7 @@ def _check_http(uri: str) -> None:
         requests.get(uri.rstrip("/") + "/health", timeout=5)
     except requests.RequestException as exc:
         raise NgraphError(
-            f"tracking server {uri} is unreachable ({type(exc).__name__}); start it or "
+            f"tracking server {redact(uri)} is unreachable ({type(exc).__name__}); start it or "
             "point --tracking-uri / MLFLOW_TRACKING_URI at a running server"
         ) from None
 
@@ -184,6 +199,16 @@ def cell_run(
         return run_id
     tags = {S.T_PARENT: parent_id, S.T_CELL_KEY: cell_key, S.T_ROLE: "cell"}
     return client.create_run(experiment_id, tags=tags, run_name=name).info.run_id
+
+
+def run_is_active(client, run_id: str) -> bool:
+    """Whether ``run_id`` exists in the store and is not deleted."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id).info.lifecycle_stage == "active"
+    except MlflowException:
+        return False
 
 
 def log_params_once(client, run_id: str, params: dict[str, Any]) -> None:
