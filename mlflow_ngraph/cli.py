@@ -103,6 +103,18 @@ LAZY_COMMANDS = {
         "mlflow_ngraph.report.commands:compare",
         "Compare benchmark results across devices, compilers and experiments.",
     ),
+    "pull": (
+        "mlflow_ngraph.deploy.commands:pull",
+        "Fetch the fastest verified engine of a device and model into a directory.",
+    ),
+    "run-engine": (
+        "mlflow_ngraph.deploy.commands:run_engine",
+        "Run a pulled engine: output shape, a checksum and latency.",
+    ),
+    "register": (
+        "mlflow_ngraph.deploy.commands:register",
+        "Log the fastest verified engine as an MLflow model and alias it per device.",
+    ),
 }
 
 

@@ -50,6 +50,18 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> list[str]:
+    """The CPU's ISA feature flags (``/proc/cpuinfo``), empty where the OS does not say:
+    an engine's manifest records them, so a host missing one is told before loading."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return sorted(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return []
+
+
 def library_versions() -> dict[str, str]:
     versions = {}
     for name in _LIBRARIES:

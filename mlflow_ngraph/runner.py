@@ -468,6 +468,7 @@ class Runner:
                 "compile_s": compile_s,
                 "cache_key": key,
                 "host_cpu": _host_fingerprint(),
+                "cpu_flags": _cpu_flags(),
                 "versions": _versions(),
             }
             write_manifest(Path(tmp), files.files, info)
@@ -770,6 +771,12 @@ def _host_fingerprint() -> str:
     from mlflow_ngraph.env import cpu_model
 
     return f"{cpu_model()}|{os.cpu_count()}"
+
+
+def _cpu_flags() -> list[str]:
+    from mlflow_ngraph.env import cpu_flags
+
+    return cpu_flags()
 
 
 def _versions() -> dict[str, str]:

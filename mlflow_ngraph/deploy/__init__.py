@@ -1,0 +1,17 @@
+"""Deploying the engine that was measured: choose it, pull it verified, load it, register it.
+
+- :mod:`.select`: the best valid cell of a device and model by a metric, under constraints,
+  read from the results indexes (as ``compare`` reads them).
+- :mod:`.pull`: the cell's ``engines/bs<b>`` artifact downloaded, every file checked against
+  its manifest (size and sha256), then moved into place.
+- :mod:`.engine`: :func:`load_engine` runs a pulled engine with the runtime that built it,
+  after checking this host can (runtime version, CPU, GPU).
+- :mod:`.register`: the engine as an MLflow logged model (models from code), a registered
+  model version and an alias per device.
+"""
+
+from __future__ import annotations
+
+from mlflow_ngraph import load_engine
+
+__all__ = ["load_engine"]

@@ -1,0 +1,280 @@
+"""Load and run a pulled engine with the runtime named in its manifest.
+
+The engine is loaded through its compiler's own ``load`` (the code path the benchmark used
+on a cache hit), so a deployed engine runs exactly as it was measured. Before loading, the
+host is checked: the runtime installed, its version the one that built the engine where the
+format requires it (an OpenVINO blob, a TVM library, a TensorRT plan), the CPU the one it
+was built on where code was generated for it (TVM; ONNX Runtime's NCHWc layouts: a warning),
+a CUDA device for CUDA engines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlflow_ngraph.errors import NgraphError
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+#: compilers whose engine only loads into the very runtime version that wrote it
+EXACT_VERSION = {"openvino", "tvm", "tensorrt", "inductor"}
+#: compilers whose engine holds code generated for the CPU it was built on
+CPU_SPECIFIC = {"tvm": "refuse", "onnxruntime": "warn", "inductor": "warn"}
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The engine's manifest.
+
+    Raises:
+        NgraphError: missing, not JSON, or without the fields an engine needs.
+    """
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise NgraphError(f"{path} does not exist: not an engine directory (pull one first)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise NgraphError(f"{path} does not parse as JSON ({exc}): pull the engine again") from None
+    required = ("compiler", "flags", "input_shape", "dtype", "files", "batch_size")
+    missing = [k for k in required if not isinstance(manifest, dict) or k not in manifest]
+    if missing:
+        raise NgraphError(f"{path} lacks {', '.join(missing)}: pull the engine again")
+    return manifest
+
+
+def verify_files(directory: Path, manifest: dict[str, Any]) -> None:
+    """Every file the manifest lists is present with its size and sha256.
+
+    Raises:
+        NgraphError: naming the first file that is missing, truncated or altered.
+    """
+    from mlflow_ngraph.models.base import file_hash
+
+    directory = Path(directory)
+    for entry in manifest["files"]:
+        path = directory / entry["path"]
+        if not path.is_file():
+            raise NgraphError(f"engine file {entry['path']} is missing")
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            raise NgraphError(
+                f"engine file {entry['path']} has {size} bytes, the manifest says "
+                f"{entry['bytes']} (truncated or altered): refusing it"
+            )
+        if file_hash(path) != entry["sha256"]:
+            raise NgraphError(
+                f"engine file {entry['path']} does not match its sha256 in the manifest "
+                "(altered): refusing it"
+            )
+
+
+def check_host(manifest: dict[str, Any]) -> list[str]:
+    """Whether this host can run the engine; returns warnings.
+
+    Raises:
+        NgraphError: the runtime is not installed (naming the extra), its version is not the
+            one that built an engine that needs the same, the CPU differs for code generated
+            for it, or a CUDA engine on a host without CUDA.
+    """
+    from mlflow_ngraph.compilers.registry import get_compiler
+
+    name = manifest["compiler"]
+    try:
+        compiler = get_compiler(name)
+    except NgraphError:
+        raise NgraphError(
+            f"the engine was built by compiler {name!r}, which this installation does not know"
+        ) from None
+    ok, reason = compiler.availability(manifest.get("device_kind", "cpu"))
+    if not ok:
+        raise NgraphError(f"cannot run a {name} engine here: {reason}")
+    built, here = manifest.get("compiler_version"), compiler.version()
+    if name in EXACT_VERSION and built and here and built != here:
+        raise NgraphError(
+            f"the engine was built with {name} {built}, this host has {here}: a {name} engine "
+            f"loads only into the version that built it (install {name}=={built}, or pull an "
+            "engine built with this version)"
+        )
+    warns = []
+    built_cpu, here_cpu = manifest.get("host_cpu"), _host_cpu()
+    policy = CPU_SPECIFIC.get(name)
+    if policy and built_cpu and built_cpu.split("|")[0] != here_cpu.split("|")[0]:
+        text = (
+            f"the engine was built on CPU {built_cpu.split('|')[0]!r}, this host is "
+            f"{here_cpu.split('|')[0]!r}"
+        )
+        missing = sorted(set(manifest.get("cpu_flags") or []) - set(_cpu_flags()))
+        if policy == "refuse" and (missing or not manifest.get("cpu_flags")):
+            detail = f": it needs {', '.join(missing[:8])}" if missing else ""
+            raise NgraphError(
+                f"{text}{detail}; {name} generated machine code for that CPU: benchmark and "
+                "pull an engine built on this kind of host"
+            )
+        warns.append(f"{text}; it may run slower here than it was measured")
+    return warns
+
+
+def _host_cpu() -> str:
+    import os
+
+    from mlflow_ngraph.env import cpu_model
+
+    return f"{cpu_model()}|{os.cpu_count()}"
+
+
+def _cpu_flags() -> list[str]:
+    from mlflow_ngraph.env import cpu_flags
+
+    return cpu_flags()
+
+
+@dataclass
+class _ManifestModel:
+    """What a compiler's ``load`` reads of a model, from the manifest and engine files."""
+
+    name: str
+    input_name: str
+    sample_shape: tuple[int, ...]
+    dtype: str
+    onnx_file: Path | None
+    params: dict
+    module: Any = None
+
+    @property
+    def is_torch(self) -> bool:
+        return False
+
+    def input_shape(self, batch_size: int) -> tuple[int, ...]:
+        return (batch_size, *self.sample_shape)
+
+
+class DeployedEngine:
+    """A pulled engine, ready to run: ``predict(x)`` takes and returns numpy arrays."""
+
+    def __init__(self, directory: Path, manifest: dict[str, Any], engine: Any) -> None:
+        self.directory = Path(directory)
+        self.manifest = manifest
+        self._engine = engine
+        self.input_shape = tuple(manifest["input_shape"])
+        self.dtype = np.dtype(manifest["dtype"])
+
+    @property
+    def compiler(self) -> str:
+        return self.manifest["compiler"]
+
+    def check_input(self, x: Any) -> np.ndarray:
+        """``x`` as the array the engine was built for.
+
+        Raises:
+            NgraphError: another shape, or a dtype that does not convert safely.
+        """
+        array = np.asarray(x)
+        if tuple(array.shape) != self.input_shape:
+            raise NgraphError(
+                f"input shape {tuple(array.shape)} is not the engine's {self.input_shape} "
+                f"(it was compiled for batch size {self.manifest['batch_size']})"
+            )
+        if array.dtype != self.dtype:
+            if not np.can_cast(array.dtype, self.dtype, casting="same_kind"):
+                raise NgraphError(f"input dtype {array.dtype} is not the engine's {self.dtype}")
+            array = array.astype(self.dtype)
+        return np.ascontiguousarray(array)
+
+    def predict(self, x: Any) -> np.ndarray:
+        return self._engine.outputs(self.check_input(x))
+
+    def close(self) -> None:
+        self._engine.close()
+
+    def __enter__(self) -> DeployedEngine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def load_engine(directory: Path | str, check_files: bool = True) -> DeployedEngine:
+    """Load the engine in ``directory`` (as ``mlflow-ngraph pull`` writes it).
+
+    Raises:
+        NgraphError: not an engine, files not matching the manifest, a host that cannot
+            run it (see :func:`check_host`), or a runtime that fails to load it.
+    """
+    from mlflow_ngraph.compilers.base import CompileContext
+    from mlflow_ngraph.compilers.registry import get_compiler
+
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    if not manifest["files"]:
+        raise NgraphError(
+            f"the {manifest['compiler']} cell logged no engine files (it runs in-process "
+            "only): nothing to deploy"
+        )
+    if check_files:
+        verify_files(directory, manifest)
+    for text in check_host(manifest):
+        warnings.warn(text, stacklevel=2)
+        log.warning(text)
+    compiler = get_compiler(manifest["compiler"])
+    onnx_files = sorted(directory.glob("*.onnx"))
+    shape = tuple(manifest["input_shape"])
+    model = _ManifestModel(
+        name=str(manifest.get("model", "")),
+        input_name=str(manifest.get("input_name") or "input"),
+        sample_shape=shape[1:],
+        dtype=str(manifest["dtype"]),
+        onnx_file=onnx_files[0] if onnx_files else None,
+        params={},
+    )
+    work = directory / ".work"
+    ctx = CompileContext(
+        workdir=work,
+        device=manifest.get("device_kind", "cpu"),
+        batch_size=int(manifest["batch_size"]),
+        cache_dir=work,
+        scenario="latency",
+    )
+    try:
+        flags = compiler.resolve_flags(
+            {k: v for k, v in manifest["flags"].items() if v is not None}
+        )
+        engine = compiler.load(model, flags, ctx, directory)
+    except NgraphError:
+        raise
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise NgraphError(f"{manifest['compiler']} could not load the engine: {first}") from None
+    if engine is None:
+        raise NgraphError(
+            f"{manifest['compiler']} found no engine it can load in {directory} "
+            f"(format {manifest.get('format')!r})"
+        )
+    return DeployedEngine(directory, manifest, engine)
+
+
+def timed_runs(engine: DeployedEngine, x: np.ndarray, repetitions: int) -> dict[str, float]:
+    """Latency of ``repetitions`` calls of ``predict`` (ms): mean, p50, p99."""
+    times = []
+    for _ in range(max(repetitions, 1)):
+        t0 = time.perf_counter()
+        engine.predict(x)
+        times.append(1000 * (time.perf_counter() - t0))
+    data = np.asarray(times)
+    return {
+        "mean_ms": float(data.mean()),
+        "p50_ms": float(np.percentile(data, 50)),
+        "p99_ms": float(np.percentile(data, 99)),
+        "throughput": engine.input_shape[0] / (float(data.mean()) / 1000)
+        if data.mean() > 0
+        else math.nan,
+    }

@@ -1,0 +1,170 @@
+"""An engine as an MLflow model: a logged model of its cell run, a registered model version
+and an alias per device.
+
+The logged model is models-from-code (``pyfunc_model.py`` of this package) with the pulled,
+verified engine files as its ``engine`` artifact; its source run is the cell run and the
+cell's metrics at that batch size are linked to it, so the experiment's Models view lists
+engines with their throughput and latency. The registered model (``<model>-<compiler>`` by
+default) gets a version per registration, tagged with what it is and how fast it ran, and the
+alias named after the device moves to it when it beats the version the alias points at.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlflow_ngraph.deploy.engine import load_engine
+from mlflow_ngraph.deploy.select import METRICS, Candidate
+from mlflow_ngraph.tracking import schema as S
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE = Path(__file__).with_name("pyfunc_model.py")
+MODEL_TYPE = "ngraph-engine"
+ARTIFACT_NAME = "engine"
+T_METRIC = "ngraph.metric."  # version tags of the metric values
+
+
+@dataclass
+class Registered:
+    name: str
+    version: str
+    model_uri: str  # the logged model (models:/m-...)
+    alias: str
+    alias_moved: bool
+    alias_version: str  # the version the alias points at afterwards
+
+
+def default_name(candidate: Candidate) -> str:
+    """``conv_block-depth-3-width-64-openvino``: a registered-model name from the model's
+    label and the compiler (letters, digits, ``-``, ``_`` and ``.``)."""
+    text = f"{candidate.model}-{candidate.compiler}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
+
+
+def _requirements(manifest: dict[str, Any]) -> list[str]:
+    """The engine's runtime pinned as it was built (no requirement inference: MLflow would
+    load the model in a subprocess to guess them)."""
+    import mlflow
+
+    from mlflow_ngraph.compilers.registry import get_compiler
+
+    compiler = get_compiler(manifest["compiler"])
+    out = [f"mlflow=={mlflow.__version__}", "numpy"]
+    if manifest.get("compiler_version") and compiler.distribution:
+        out.append(f"{compiler.distribution}=={manifest['compiler_version']}")
+    return out
+
+
+def log_engine_model(engine_dir: Path, candidate: Candidate, tracking_uri: str):
+    """Log ``engine_dir`` (verified) as a logged model of the candidate's cell run, with the
+    cell's metrics at its batch size linked to it. Returns MLflow's ModelInfo."""
+    import mlflow
+    from mlflow.models import infer_signature
+
+    engine = load_engine(engine_dir)
+    try:
+        x = np.random.default_rng(0).standard_normal(engine.input_shape).astype(engine.dtype)
+        y = engine.predict(x)
+    finally:
+        engine.close()
+    manifest = engine.manifest
+    mlflow.set_tracking_uri(tracking_uri)
+    params = {
+        "device": candidate.device,
+        "model": candidate.model,
+        "compiler": candidate.compiler,
+        "batch_size": candidate.batch_size,
+        **{f"flag.{k}": v for k, v in sorted(manifest["flags"].items())},
+    }
+    with mlflow.start_run(run_id=candidate.run_id):
+        info = mlflow.pyfunc.log_model(
+            name=f"engine-bs{candidate.batch_size}",
+            python_model=str(MODEL_FILE),
+            artifacts={ARTIFACT_NAME: str(engine_dir)},
+            signature=infer_signature(x, y),
+            input_example=x,
+            pip_requirements=_requirements(manifest),
+            params={k: str(v) for k, v in params.items()},
+            model_type=MODEL_TYPE,
+            tags={"ngraph.compiler": candidate.compiler, "ngraph.device": candidate.device},
+        )
+        metrics = {k: v for k, v in candidate.metrics.items() if not math.isnan(v)}
+        mlflow.log_metrics(metrics, model_id=info.model_id, step=candidate.batch_size)
+    return info
+
+
+def register(
+    client,
+    engine_dir: Path,
+    candidate: Candidate,
+    tracking_uri: str,
+    metric: str = S.M_THROUGHPUT,
+    name: str | None = None,
+) -> Registered:
+    """Log, register and alias the engine in ``engine_dir`` (pulled and verified)."""
+    import mlflow
+
+    name = name or default_name(candidate)
+    manifest = json.loads((Path(engine_dir) / "manifest.json").read_text())
+    info = log_engine_model(engine_dir, candidate, tracking_uri)
+    tags = {
+        "device": candidate.device,
+        "device_fingerprint": manifest.get("host_cpu", ""),
+        "compiler": candidate.compiler,
+        "compiler_version": manifest.get("compiler_version", ""),
+        "flags": json.dumps(manifest["flags"], sort_keys=True),
+        "batch_size": str(candidate.batch_size),
+        "model": candidate.model,
+        "source_run": candidate.run_id,
+        "engine_sha256": ",".join(f["sha256"] for f in manifest["files"]),
+        **{f"{T_METRIC}{k}": repr(v) for k, v in candidate.metrics.items()},
+    }
+    version = mlflow.register_model(info.model_uri, name, tags=tags)
+    alias = re.sub(r"[^A-Za-z0-9_-]+", "-", candidate.device).lower()
+    moved, holder = _move_alias(client, name, alias, version.version, candidate, metric)
+    return Registered(name, str(version.version), info.model_uri, alias, moved, holder)
+
+
+def _move_alias(client, name, alias, version, candidate: Candidate, metric: str):
+    """Point ``alias`` at ``version`` unless the version it points at is better by
+    ``metric``; returns (moved, the version it points at)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        current = client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        current = None
+    new_value = candidate.value(metric)
+    if current is not None and str(current.version) != str(version):
+        try:
+            old_value = float(current.tags.get(f"{T_METRIC}{metric}", "nan"))
+        except ValueError:
+            old_value = math.nan
+        higher = METRICS[metric]
+        better = (new_value > old_value) if higher else (new_value < old_value)
+        if not math.isnan(old_value) and not better:
+            log.info(
+                "alias %s stays on version %s (%s %.4g, this one %.4g)",
+                alias,
+                current.version,
+                metric,
+                old_value,
+                new_value,
+            )
+            return False, str(current.version)
+    client.set_registered_model_alias(name, alias, str(version))
+    return True, str(version)
+
+
+def cleanup(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

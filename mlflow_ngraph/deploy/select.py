@@ -1,0 +1,213 @@
+"""Which engine to deploy: the best valid cell of a device and model, and why.
+
+Cells are read as ``compare`` reads them (the benchmarks' results indexes, a live search
+where an index is missing or stale), latest run per cell. Every (cell, batch size) is a
+candidate; the ones that cannot be deployed are set aside with the reason, the rest ranked
+by the metric.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.tracking import schema as S
+
+#: metric -> True when higher is better
+METRICS = {S.M_THROUGHPUT: True, S.M_LATENCY_P50: False, S.M_LATENCY_P99: False}
+
+
+@dataclass
+class Candidate:
+    run_id: str
+    experiment_id: str
+    device: str
+    model: str  # the model's label (name and init params)
+    compiler: str
+    flags: str
+    batch_size: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    status: str = ""
+    reason: str = ""  # why it cannot be deployed (empty: it can)
+
+    def value(self, metric: str) -> float:
+        return self.metrics.get(metric, math.nan)
+
+    @property
+    def label(self) -> str:
+        """``resnet18 openvino[PERFORMANCE_HINT=LATENCY] bs8``: the flags set away from the
+        compiler's defaults only (all of them are in the run's params)."""
+        flags = _non_default(self.compiler, self.flags)
+        return f"{self.model} {self.compiler}{f'[{flags}]' if flags else ''} bs{self.batch_size}"
+
+
+def _non_default(compiler: str, flags: str) -> str:
+    from mlflow_ngraph.compilers.registry import get_compiler
+
+    try:
+        defaults = get_compiler(compiler).resolve_flags({})
+    except NgraphError:
+        return flags
+    items = [item.partition("=") for item in flags.split(",") if item]
+    return ",".join(
+        f"{k}={v}"
+        for k, _, v in items
+        if str(defaults.get(k)) != v and v not in ("None", "", "default")
+    )
+
+
+@dataclass
+class Selection:
+    metric: str
+    ranked: list[Candidate]  # deployable, best first
+    excluded: list[Candidate]  # with their reasons
+
+
+def model_label(text: str) -> str:
+    """``conv_block:width=64,depth=3`` -> ``conv_block:depth=3,width=64`` (params sorted, as
+    runs record them); a bare name stays as it is."""
+    name, _, params = text.partition(":")
+    if not params:
+        return name
+    return f"{name}:{','.join(sorted(p.strip() for p in params.split(',') if p.strip()))}"
+
+
+def candidates(
+    client,
+    tracking_uri: str,
+    experiment: str,
+    device: str,
+    model: str,
+    compiler: str | None = None,
+    batch_size: int | None = None,
+    run_id: str | None = None,
+    live: bool = False,
+) -> list[Candidate]:
+    """Every (cell, batch size) of ``experiment`` matching the filters.
+
+    Raises:
+        NgraphError: no such experiment, or nothing matching (naming the filter).
+    """
+    import pandas as pd
+
+    from mlflow_ngraph.report.query import RunQuery, fetch_cells
+    from mlflow_ngraph.report.tables import prepare
+
+    query = RunQuery(
+        experiments=(experiment,),
+        devices=(device,),
+        models=(model.partition(":")[0],),
+        compilers=(compiler,) if compiler else (),
+    )
+    frame, _ = prepare(fetch_cells(client, query, tracking_uri, None, live=live))
+    if ":" in model:
+        frame = frame[frame["model_label"] == model_label(model)]
+        if frame.empty:
+            raise NgraphError(f"no cell of model {model_label(model)!r} on device {device!r}")
+    if run_id:
+        frame = frame[frame["run_id"] == run_id]
+        if frame.empty:
+            raise NgraphError(f"run {run_id} is not a cell of {model!r} on device {device!r}")
+    if batch_size is not None:
+        sizes = sorted({int(b) for b in frame["batch_size"].dropna()})
+        frame = frame[frame["batch_size"] == batch_size]
+        if frame.empty:
+            raise NgraphError(
+                f"no cell measured at batch size {batch_size} (measured: "
+                f"{', '.join(map(str, sizes)) or 'none'})"
+            )
+    keep = [*METRICS, S.M_THROUGHPUT, S.M_CV, S.M_VALID, S.M_LATENCY_P99, S.M_LATENCY_P50]
+    out = []
+    for row in frame.to_dict("records"):
+        if row.get("batch_size") is None or pd.isna(row.get("batch_size")):
+            continue
+        metrics = {k: float(row[k]) for k in set(keep) if k in row and not pd.isna(row[k])}
+        out.append(
+            Candidate(
+                run_id=row["run_id"],
+                experiment_id=str(row.get("experiment_id", "")),
+                device=str(row["device"]),
+                model=str(row["model_label"]),
+                compiler=str(row["compiler"]),
+                flags=str(row.get("flags") or ""),
+                batch_size=int(row["batch_size"]),
+                metrics=metrics,
+                status=str(row.get("status") or ""),
+                reason=str(row.get("error") or ""),
+            )
+        )
+    return out
+
+
+def rank(
+    found: list[Candidate], metric: str = S.M_THROUGHPUT, max_latency_ms: float | None = None
+) -> Selection:
+    """Set aside what cannot be deployed (with the reason) and rank the rest by ``metric``.
+
+    Raises:
+        NgraphError: an unknown metric.
+    """
+    if metric not in METRICS:
+        raise NgraphError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)}")
+    ranked, excluded = [], []
+    for c in found:
+        error, c.reason = c.reason, ""
+        if c.compiler == "identity":
+            c.reason = "identity is PyTorch eager: no compiled engine to deploy"
+        elif math.isnan(c.value(S.M_THROUGHPUT)):
+            c.reason = "FAILED" + (f": {error[:120]}" if error else "")
+        elif c.value(S.M_VALID) != 1.0:
+            c.reason = "INVALID: its outputs did not match the reference"
+        elif math.isnan(c.value(metric)):
+            c.reason = f"no {metric} logged"
+        elif max_latency_ms is not None:
+            latency = c.value(S.M_LATENCY_P99)
+            which = "p99"
+            if math.isnan(latency):
+                latency, which = c.value(S.M_LATENCY_P50), "p50"
+            if math.isnan(latency) or latency > max_latency_ms:
+                c.reason = f"{which} latency {latency:.2f} ms over the cap of {max_latency_ms:g} ms"
+        (excluded if c.reason else ranked).append(c)
+    ranked.sort(key=lambda c: c.value(metric), reverse=METRICS[metric])
+    return Selection(metric, ranked, excluded)
+
+
+def describe(selection: Selection, top: int = 5) -> str:
+    """The top candidates and the reasons the others were set aside, as printed."""
+    from mlflow_ngraph.summary import format_table
+
+    metric = selection.metric
+    lines = [f"candidates by {metric} (best first):"]
+    rows = [
+        [
+            i + 1,
+            c.label,
+            f"{c.value(metric):.4g}",
+            f"{c.value(S.M_CV):.3f}" if not math.isnan(c.value(S.M_CV)) else "-",
+            c.status or "OK",
+        ]
+        for i, c in enumerate(selection.ranked[:top])
+    ]
+    lines.append(format_table(["#", "cell", metric, "cv", "status"], rows) if rows else "  none")
+    if selection.excluded:
+        lines.append(f"set aside ({len(selection.excluded)}):")
+        for c in selection.excluded[:12]:
+            lines.append(f"  {c.label}: {c.reason}")
+        if len(selection.excluded) > 12:
+            lines.append(f"  ... and {len(selection.excluded) - 12} more")
+    return "\n".join(lines)
+
+
+def best(selection: Selection, what: str) -> list[Candidate]:
+    """The deployable candidates, best first.
+
+    Raises:
+        NgraphError: none is left, saying what set each kind aside.
+    """
+    if selection.ranked:
+        return selection.ranked
+    reasons = sorted({c.reason.split(":")[0] for c in selection.excluded})
+    raise NgraphError(
+        f"no deployable engine for {what}: every cell was set aside ({'; '.join(reasons)})"
+    )
