@@ -185,6 +185,11 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
 )
 @click.option("--retry-failed", is_flag=True, help="Measure cells that failed before again.")
 @click.option("--no-engine-artifacts", is_flag=True, help="Do not log engines as artifacts.")
+@click.option(
+    "--log-models",
+    is_flag=True,
+    help="Also log every valid engine as an MLflow logged model of its cell run.",
+)
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
 def benchmark(
@@ -204,6 +209,7 @@ def benchmark(
     home,
     retry_failed,
     no_engine_artifacts,
+    log_models,
     verbose,
     quiet,
 ) -> None:
@@ -227,6 +233,7 @@ def benchmark(
         experiment=experiment,
         tracking_uri=tracking_uri,
         log_engines=False if no_engine_artifacts else None,
+        log_models=True if log_models else None,
     )
     _run(data, home, retry_failed, experiment_explicit=experiment is not None)
 

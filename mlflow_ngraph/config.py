@@ -62,6 +62,7 @@ _TOP_KEYS = {
     "tolerance",
     "tracking_uri",
     "log_engines",
+    "log_models",
 }
 
 
@@ -120,10 +121,13 @@ class Spec:
     tolerance: float = DEFAULT_TOLERANCE
     tracking_uri: str | None = None
     log_engines: bool = True
+    #: every valid engine also as an MLflow logged model of its cell run (``--log-models``)
+    log_models: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("tracking_uri")  # where results go is not part of what is measured
+        data.pop("log_models")  # nor how they are logged
         return data
 
     @property
@@ -268,6 +272,7 @@ def build_spec(data: dict[str, Any]) -> Spec:
         tolerance=tolerance,
         tracking_uri=data.get("tracking_uri"),
         log_engines=bool(data.get("log_engines", True)),
+        log_models=bool(data.get("log_models", False)),
     )
 
 

@@ -526,8 +526,34 @@ class Runner:
         )
         if record.get("engine_dir") and self.spec.log_engines:
             ml.log_engine(self.client, run_id, Path(record["engine_dir"]), b)
+            if self.spec.log_models and record["status"] == S.STATUS_OK:
+                self._log_model(cell, run_id, b, record)
         self.journal.logged(cell.key, b)
         self._emit(_row(cell, b, record))
+
+    def _log_model(self, cell: Cell, run_id: str, b: int, record: dict) -> None:
+        """The engine as an MLflow logged model of its cell run (``--log-models``), so
+        ``mlflow.search_logged_models`` ranks engines by their metrics."""
+        from mlflow_ngraph.deploy.register import log_engine_model
+        from mlflow_ngraph.deploy.select import Candidate
+
+        manifest = json.loads((Path(record["engine_dir"]) / "manifest.json").read_text())
+        if not manifest.get("files"):
+            return  # runs in-process only (eager, torch.compile JIT): nothing to deploy
+        candidate = Candidate(
+            run_id=run_id,
+            experiment_id=self.experiment_id,
+            device=self.profile.name,
+            model=cell.model.label,
+            compiler=cell.compiler.name,
+            flags="",
+            batch_size=b,
+            metrics={k: float(v) for k, v in record["metrics"].items() if v is not None},
+        )
+        try:
+            log_engine_model(Path(record["engine_dir"]), candidate, self.tracking_uri)
+        except NgraphError as exc:  # the result stands; only its model is missing
+            log.warning("%s bs%d: not logged as a model: %s", cell.name, b, exc)
 
     def _flush_unlogged(self, cells: list[Cell]) -> None:
         """Send measured-but-unlogged journal records to MLflow (e.g. the server was down)."""

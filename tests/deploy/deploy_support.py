@@ -33,5 +33,3 @@ def benchmark(uri: str, home: Path, *extra: str, compilers=COMPILERS, experiment
     result = cli(*args, *extra, "--tracking-uri", uri, env=env, cwd=Path(home).parent)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
-
-

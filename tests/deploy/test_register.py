@@ -161,3 +161,32 @@ def test_register_on_a_postgresql_backed_server(tmp_path):
         _stop(server)
         admin.cursor().execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
         admin.close()
+
+
+def test_log_models_while_benchmarking(tmp_path):
+    """``--log-models``: every valid engine is a logged model of its cell run, and MLflow's
+    own search ranks them by throughput."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    benchmark(
+        uri,
+        tmp_path / "home",
+        "--log-models",
+        compilers=["identity", "torchscript", "onnxruntime"],
+        experiment="logged",
+    )
+    client = mlflow.tracking.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("logged")
+    models = client.search_logged_models(
+        experiment_ids=[experiment.experiment_id],
+        order_by=[{"field_name": "metrics.throughput", "ascending": False}],
+    )
+    assert len(models) == 4  # two compilers with engines x two batch sizes; identity has none
+    compilers = {m.params["compiler"] for m in models}
+    assert compilers == {"torchscript", "onnxruntime"}
+    throughputs = [next(x.value for x in m.metrics if x.key == "throughput") for m in models]
+    assert throughputs == sorted(throughputs, reverse=True)
+    best = models[0]
+    run = client.get_run(best.source_run_id)
+    assert run.data.tags["ngraph.role"] == "cell"
+    batch = int(best.params["batch_size"])
+    assert run.data.metrics[f"throughput.bs{batch}"] == throughputs[0]
