@@ -195,6 +195,11 @@ class Compiler(ABC):
                 return False, reason
         return True, "available"
 
+    def writes_engine(self, flags: dict[str, Any]) -> bool:
+        """Whether its engines under ``flags`` are files that can be deployed (``pull``):
+        False for engines that exist only in the process that built them."""
+        return True
+
     def resolve_flags(self, given: dict[str, Any]) -> dict[str, Any]:
         """Validate ``given`` against :attr:`flags` and fill in defaults."""
         unknown = sorted(set(given) - set(self.flags))

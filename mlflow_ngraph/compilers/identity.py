@@ -10,6 +10,10 @@ from mlflow_ngraph.compilers.base import CompileContext, Compiler, Engine
 
 class IdentityCompiler(Compiler):
     name = "identity"
+
+    def writes_engine(self, flags):
+        return False  # the eager module itself: nothing compiled to deploy
+
     packages = ("torch",)
     distribution = "torch"
     devices = ("cpu", "cuda")

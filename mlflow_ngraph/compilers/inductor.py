@@ -137,6 +137,9 @@ class InductorCompiler(Compiler):
         engine.cache_hits, engine.cache_misses = now_hits - hits, now_misses - misses
         return engine
 
+    def writes_engine(self, flags: dict[str, Any]) -> bool:
+        return bool(flags.get("package"))  # a JIT-compiled module lives in its process only
+
     def load(
         self, model: Any, flags: dict[str, Any], ctx: CompileContext, directory: Path
     ) -> InductorEngine | None:

@@ -42,6 +42,18 @@ class Candidate:
         return f"{self.model} {self.compiler}{f'[{flags}]' if flags else ''} bs{self.batch_size}"
 
 
+def _writes_engine(compiler: str, flags: str) -> bool:
+    from mlflow_ngraph.compilers.registry import get_compiler
+
+    try:
+        spec = get_compiler(compiler)
+        given = dict(item.partition("=")[::2] for item in flags.split(",") if item)
+        given = {k: v for k, v in given.items() if k in spec.flags and v not in ("None", "default")}
+        return spec.writes_engine(spec.resolve_flags(given))
+    except NgraphError:
+        return True  # a compiler this installation does not know: let the pull decide
+
+
 def _non_default(compiler: str, flags: str) -> str:
     from mlflow_ngraph.compilers.registry import get_compiler
 
@@ -153,8 +165,12 @@ def rank(
     ranked, excluded = [], []
     for c in found:
         error, c.reason = c.reason, ""
-        if c.compiler == "identity":
-            c.reason = "identity is PyTorch eager: no compiled engine to deploy"
+        if not _writes_engine(c.compiler, c.flags):
+            c.reason = (
+                "identity is PyTorch eager: no compiled engine to deploy"
+                if c.compiler == "identity"
+                else f"{c.compiler} with these flags compiles in-process only: no engine files"
+            )
         elif math.isnan(c.value(S.M_THROUGHPUT)):
             c.reason = "FAILED" + (f": {error[:120]}" if error else "")
         elif c.value(S.M_VALID) != 1.0:

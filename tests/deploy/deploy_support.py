@@ -9,7 +9,14 @@ from pathlib import Path
 from tests._support import PYTHON
 
 MODEL = "conv_block:width=8,depth=1,image_size=32"
-COMPILERS = ["identity", "torchscript", "onnxruntime", "openvino", "tvm:trials=0"]
+COMPILERS = [
+    "identity",
+    "torchscript",
+    "inductor:package=true",
+    "onnxruntime",
+    "openvino",
+    "tvm:trials=0",
+]
 EXPERIMENT = "deploy"
 
 

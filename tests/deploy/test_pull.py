@@ -14,7 +14,7 @@ from mlflow_ngraph import load_engine
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.models.registry import load_model
 
-ENGINE_COMPILERS = ["torchscript", "onnxruntime", "openvino", "tvm"]
+ENGINE_COMPILERS = ["torchscript", "inductor", "onnxruntime", "openvino", "tvm"]
 
 
 def pull(uri, out, *extra):
