@@ -39,7 +39,8 @@ class Candidate:
         """``resnet18 openvino[PERFORMANCE_HINT=LATENCY] bs8``: the flags set away from the
         compiler's defaults only (all of them are in the run's params)."""
         flags = _non_default(self.compiler, self.flags)
-        return f"{self.model} {self.compiler}{f'[{flags}]' if flags else ''} bs{self.batch_size}"
+        batch = f"bs{self.batch_size}" if self.batch_size else "(no batch size measured)"
+        return f"{self.model} {self.compiler}{f'[{flags}]' if flags else ''} {batch}"
 
 
 def _writes_engine(compiler: str, flags: str) -> bool:
@@ -132,8 +133,10 @@ def candidates(
     keep = [*METRICS, S.M_THROUGHPUT, S.M_CV, S.M_VALID, S.M_LATENCY_P99, S.M_LATENCY_P50]
     out = []
     for row in frame.to_dict("records"):
-        if row.get("batch_size") is None or pd.isna(row.get("batch_size")):
-            continue
+        # a cell that failed before measuring any batch size has no per-batch row: it is
+        # listed (batch size 0) so that the reason it was set aside is shown
+        batch = row.get("batch_size")
+        batch = 0 if batch is None or pd.isna(batch) else int(batch)
         metrics = {k: float(row[k]) for k in set(keep) if k in row and not pd.isna(row[k])}
         out.append(
             Candidate(
@@ -143,7 +146,7 @@ def candidates(
                 model=str(row["model_label"]),
                 compiler=str(row["compiler"]),
                 flags=str(row.get("flags") or ""),
-                batch_size=int(row["batch_size"]),
+                batch_size=batch,
                 metrics=metrics,
                 status=str(row.get("status") or ""),
                 reason=str(row.get("error") or ""),

@@ -1,0 +1,85 @@
+"""The selection rules of pull/register, on hand-made cell runs: the metric and its
+direction, the latency cap, and INVALID, FAILED and baseline cells set aside with reasons."""
+
+from __future__ import annotations
+
+import math
+
+import mlflow
+import pytest
+
+from mlflow_ngraph.deploy.select import candidates, rank
+from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.tracking import schema as S
+
+CELLS = {
+    # compiler: (status, {batch: (throughput, p50, p99, valid)})
+    "identity": ("OK", {1: (100.0, 10.0, 12.0, 1.0)}),
+    "onnxruntime": ("OK", {1: (300.0, 3.3, 9.0, 1.0), 8: (900.0, 8.0, 30.0, 1.0)}),
+    "openvino": ("INVALID", {1: (500.0, 2.0, 2.5, 0.0)}),
+    "torchscript": ("OK", {1: (250.0, 2.5, 3.0, 1.0)}),
+    "tvm": ("FAILED", {}),
+}
+
+
+@pytest.fixture
+def hand_made(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.tracking.MlflowClient(uri)
+    experiment_id = client.create_experiment("hand")
+    for compiler, (status, batches) in CELLS.items():
+        tags = {S.T_ROLE: "cell", S.T_STATUS: status, S.T_DEVICE: "xeon"}
+        if status == "FAILED":
+            tags[S.T_ERROR] = "tvm segfaulted"
+        run = client.create_run(experiment_id, tags=tags)
+        run_id = run.info.run_id
+        for key, value in {
+            S.P_DEVICE: "xeon", S.P_MODEL: "resnet18", S.P_COMPILER: compiler,
+            S.P_FAMILY: "resnet", S.P_SCENARIO: "throughput",
+        }.items():  # fmt: skip
+            client.log_param(run_id, key, value)
+        for b, (throughput, p50, p99, valid) in batches.items():
+            values = {
+                S.M_THROUGHPUT: throughput, S.M_LATENCY_P50: p50, S.M_LATENCY_P99: p99,
+                S.M_VALID: valid, S.M_CV: 0.05,
+            }  # fmt: skip
+            for name, value in values.items():
+                client.log_metric(run_id, S.flat_key(name, b), value, step=b)
+        client.set_terminated(run_id)
+    return client, uri
+
+
+def _pick(client, uri, **kwargs):
+    found = candidates(client, uri, "hand", "xeon", "resnet18", live=True)
+    return rank(found, **kwargs)
+
+
+def test_best_throughput_skips_invalid_failed_and_baseline(hand_made):
+    client, uri = hand_made
+    selection = _pick(client, uri)
+    best = selection.ranked[0]
+    assert (best.compiler, best.batch_size) == ("onnxruntime", 8)
+    reasons = {c.compiler: c.reason for c in selection.excluded}
+    assert reasons["openvino"].startswith("INVALID")  # the fastest, but wrong outputs
+    assert reasons["tvm"].startswith("FAILED") and "segfaulted" in reasons["tvm"]
+    assert "no compiled engine" in reasons["identity"]
+
+
+def test_latency_metric_is_lowest_first_and_the_cap_applies_to_p99(hand_made):
+    client, uri = hand_made
+    by_latency = _pick(client, uri, metric=S.M_LATENCY_P50)
+    assert [c.compiler for c in by_latency.ranked][:2] == ["torchscript", "onnxruntime"]
+    capped = _pick(client, uri, max_latency_ms=10.0)
+    assert [(c.compiler, c.batch_size) for c in capped.ranked] == [
+        ("onnxruntime", 1),
+        ("torchscript", 1),
+    ]
+    over = next(c for c in capped.excluded if c.batch_size == 8)
+    assert "p99 latency 30.00 ms over the cap of 10 ms" in over.reason
+    assert all(not math.isnan(c.value(S.M_THROUGHPUT)) for c in capped.ranked)
+
+
+def test_unknown_metric_is_an_error(hand_made):
+    client, uri = hand_made
+    with pytest.raises(NgraphError, match="unknown metric"):
+        _pick(client, uri, metric="accuracy")
