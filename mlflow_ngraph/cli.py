@@ -264,6 +264,12 @@ def _run(
     )
     rows = runner.run()
     click.echo(format_summary(rows, spec, experiment=runner.experiment_name))
+    experiment_id = getattr(runner, "experiment_id", None)
+    if experiment_id and not uri.startswith(("http://", "https://")):
+        click.echo(
+            f"runs: mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1 --port 5000, "
+            f"then http://127.0.0.1:5000/#/experiments/{experiment_id}/runs"
+        )
 
 
 #: the paper's block grid (Section V-C/V-E): conv widths are channels, MHA widths embedding
