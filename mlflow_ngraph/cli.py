@@ -268,7 +268,7 @@ def _run(
     if experiment_id and not uri.startswith(("http://", "https://")):
         click.echo(
             f"runs: mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1 --port 5000, "
-            f"then http://127.0.0.1:5000/#/experiments/{experiment_id}/runs"
+            f"then http://127.0.0.1:5000/#/experiments/{experiment_id}?workflowType=machine_learning"
         )
 
 
