@@ -7,19 +7,42 @@ from the journal (a tracking server that was down loses nothing) and the rest is
 An ``indexed`` record closes an invocation whose results index was written: a re-run that
 finds it last, with every cell done, has nothing to tell MLflow and never opens the store.
 The cluster sweep reads the same journal to resume a task on another attempt.
+
+A journal never stands in for a store it was not written against: it records the
+experiment's id and creation time, and when it is opened again the store is probed (the
+sqlite file directly, a tracking server over one REST call). A store or experiment that was
+deleted and created again archives the journal and starts afresh; a cell run deleted from
+the store makes its cell pending again. Every record carries a checksum; a damaged line
+(torn by a kill, garbled by a disk) is skipped with a warning, and a record glued to a torn
+one is recovered, so damage never hides work that was not done.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 JOURNAL_VERSION = 1
+
+#: record kinds and the fields each must carry (with their types) to be applied
+_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "store": {"experiment_id": str, "experiment_created": int},
+    "run": {"cell": str, "run_id": str},
+    "measured": {"cell": str, "batch_size": int, "metrics": dict, "status": str},
+    "logged": {"cell": str, "batch_size": int},
+    "failed": {"cell": str, "batch_size": int, "reason": str},
+    "reset": {"cell": str},
+    "indexed": {"spec_hash": str, "parent_id": str},
+}
 
 
 def store_identity(tracking_uri: str) -> str:
@@ -52,29 +75,57 @@ class Journal:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.cells: dict[str, CellState] = {}
         self.last: dict[str, Any] | None = None  # the latest record
+        self.store: dict[str, Any] | None = None  # the latest ``store`` record
+        #: (line number, why) of every line that could not be applied
+        self.skipped: list[tuple[int, str]] = []
+        self._torn_tail = False  # the file does not end with a newline
+        self._target: tuple[str, str] | None = None  # (tracking URI, experiment name)
         self._replay()
 
     @classmethod
     def for_target(cls, home: Path, tracking_uri: str, experiment: str, device: str) -> Journal:
+        """The journal of ``device``'s results in ``experiment`` of the store ``tracking_uri``
+        names, checked against that store: a journal of a store or experiment that no longer
+        exists is archived and a fresh one started; cells whose run was deleted are pending."""
         store = store_identity(tracking_uri)
         digest = hashlib.sha256(f"{store}|{experiment}|{device}".encode()).hexdigest()
-        return cls(Path(home) / "journals" / f"{device}-{digest[:16]}.jsonl")
+        journal = cls(Path(home) / "journals" / f"{device}-{digest[:16]}.jsonl")
+        journal._target = (tracking_uri, experiment)
+        journal.check_store()
+        return journal
 
+    # --- reading --------------------------------------------------------------------------
     def _replay(self) -> None:
         if not self.path.exists():
             return
-        with open(self.path) as handle:
-            for line in handle:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line torn by a kill mid-write: the cell is measured again
-                self._apply(record)
+        data = self.path.read_bytes()
+        self._torn_tail = bool(data) and not data.endswith(b"\n")
+        for number, raw in enumerate(data.split(b"\n"), start=1):
+            if not raw.strip():
+                continue
+            for record, problem in _parse_line(raw):
+                if problem:
+                    self.skipped.append((number, problem))
+                else:
+                    self._apply(record)
+        if self.skipped:
+            lines = ", ".join(str(n) for n, _ in self.skipped[:10])
+            log.warning(
+                "journal %s: skipped %d damaged record(s) (line %s: %s); the cells they "
+                "describe are measured or sent again",
+                self.path,
+                len(self.skipped),
+                lines,
+                self.skipped[0][1],
+            )
 
     def _apply(self, record: dict[str, Any]) -> None:
         self.last = record
         kind = record["kind"]
         if kind == "indexed":
+            return
+        if kind == "store":
+            self.store = record
             return
         cell = self.cells.setdefault(record["cell"], CellState())
         if kind == "run":
@@ -85,20 +136,99 @@ class Journal:
             cell.logged.add(record["batch_size"])
         elif kind == "failed":
             cell.failed[record["batch_size"]] = record["reason"]
+        elif kind == "reset":  # its run is gone from the store: the cell starts over
+            self.cells[record["cell"]] = CellState()
 
     def _append(self, record: dict[str, Any]) -> None:
         record = {"v": JOURNAL_VERSION, "time": time.time(), **record}
+        record["crc"] = _checksum(record)
         line = json.dumps(record, default=float) + "\n"
+        if self._torn_tail:  # never glue a record to a line torn by a kill
+            line = "\n" + line
+            self._torn_tail = False
         with open(self.path, "a") as handle:
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
-        self._apply(record)
+        self._apply(json.loads(line))
 
+    # --- the store it belongs to ----------------------------------------------------------
+    def check_store(self) -> str | None:
+        """Compare the store with what this journal recorded; returns what was done (also
+        logged), or None. An unreachable store decides nothing: the journal is kept."""
+        if self._target is None:
+            return None
+        uri, experiment = self._target
+        try:
+            found = probe_experiment(uri, experiment)
+        except StoreUnreachable as exc:
+            log.debug("journal %s not checked: %s", self.path, exc)
+            return None
+        if self.store is not None:
+            recorded = (self.store["experiment_id"], self.store["experiment_created"])
+            if found is None or (found[0], found[1]) != recorded:
+                what = "no longer exists" if found is None else "was deleted and created again"
+                return self._archive(f"experiment {experiment!r} of that store {what}")
+        elif found is None and self.cells:
+            return self._archive(f"experiment {experiment!r} is not in that store")
+        if found is not None and self.store is None and self.cells:
+            # a journal from before stores were recorded: trust it no further than its runs
+            self._record_store(found)
+        if found is not None:
+            return self._reset_missing_runs(uri, found[0])
+        return None
+
+    def _record_store(self, found: tuple[str, int, str]) -> None:
+        self._append({"kind": "store", "experiment_id": found[0], "experiment_created": found[1]})
+
+    def _archive(self, why: str) -> str:
+        stale = self.path.with_name(f"{self.path.stem}.stale-{int(time.time())}.jsonl")
+        os.replace(self.path, stale)
+        self.cells, self.last, self.store, self._torn_tail = {}, None, None, False
+        message = (
+            f"the journal of this store does not match it ({why}): starting afresh; "
+            f"the old journal is kept as {stale}"
+        )
+        log.warning(message)
+        return message
+
+    def _reset_missing_runs(self, uri: str, experiment_id: str) -> str | None:
+        known = {key: c.run_id for key, c in self.cells.items() if c.run_id}
+        if not known:
+            return None
+        try:
+            alive = probe_runs(uri, experiment_id, list(known.values()))
+        except StoreUnreachable as exc:
+            log.debug("journal runs not checked: %s", exc)
+            return None
+        gone = [key for key, run_id in known.items() if run_id not in alive]
+        for key in gone:
+            self._append({"kind": "reset", "cell": key})
+        if not gone:
+            return None
+        message = (
+            f"{len(gone)} cell run(s) of the journal were deleted from the store: "
+            "measuring them again"
+        )
+        log.warning(message)
+        return message
+
+    def _ensure_store_recorded(self) -> None:
+        if self.store is not None or self._target is None:
+            return
+        try:
+            found = probe_experiment(*self._target)
+        except StoreUnreachable:
+            return
+        if found is not None:
+            self._record_store(found)
+
+    # --- writing --------------------------------------------------------------------------
     def cell(self, key: str) -> CellState:
         return self.cells.get(key, CellState())
 
     def set_run(self, key: str, run_id: str) -> None:
+        self._ensure_store_recorded()  # the experiment exists once a cell has a run
         if self.cell(key).run_id != run_id:
             self._append({"kind": "run", "cell": key, "run_id": run_id})
 
@@ -127,3 +257,171 @@ class Journal:
         if batch_size in cell.logged:
             return True
         return batch_size in cell.failed and not retry_failed
+
+
+# --- records ------------------------------------------------------------------------------
+def _checksum(record: dict[str, Any]) -> str:
+    payload = {k: v for k, v in record.items() if k != "crc"}
+    text = json.dumps(payload, sort_keys=True, default=float)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _parse_line(raw: bytes) -> list[tuple[dict[str, Any], str]]:
+    """The records of one line, each with ``""`` or why it cannot be applied. A line holding
+    a torn record followed by a whole one (written after a kill) yields both."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return [({}, "not UTF-8 text")]
+    starts = [i for i in range(len(text)) if text.startswith('{"v"', i)] or [0]
+    if starts[0] != 0:
+        starts.insert(0, 0)
+    out = []
+    for begin, end in zip(starts, [*starts[1:], len(text)], strict=True):
+        segment = text[begin:end].strip()
+        try:
+            record = json.loads(segment)
+        except json.JSONDecodeError:
+            out.append(({}, "torn or garbled JSON"))
+            continue
+        out.append((record, _problem(record)))
+    return out
+
+
+def _problem(record: Any) -> str:
+    """Why ``record`` cannot be trusted, or ``""``."""
+    if not isinstance(record, dict):
+        return "not a record"
+    fields = _FIELDS.get(record.get("kind"))  # type: ignore[arg-type]
+    if fields is None:
+        return f"unknown kind {record.get('kind')!r}"
+    for name, kind in fields.items():
+        value = record.get(name)
+        if isinstance(value, float) and kind is int and value.is_integer():
+            record[name] = value = int(value)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"{record['kind']} record without a valid {name!r}"
+    if "crc" in record and record["crc"] != _checksum(record):
+        return "checksum mismatch"
+    return ""
+
+
+# --- probing the store without MLflow's client (a resume that has nothing to do stays fast)
+class StoreUnreachable(Exception):
+    """The store could not be asked (server down, database locked or half-made)."""
+
+
+def _sqlite_path(tracking_uri: str) -> Path | None:
+    prefix = "sqlite:///"
+    return Path(tracking_uri[len(prefix) :]) if tracking_uri.startswith(prefix) else None
+
+
+def _query_sqlite(path: Path, sql: str, args: tuple) -> list[tuple]:
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
+            return db.execute(sql, args).fetchall()
+    except sqlite3.Error as exc:
+        raise StoreUnreachable(f"sqlite store {path}: {exc}") from None
+
+
+def _rest(tracking_uri: str, method: str, endpoint: str, **kwargs) -> Any:
+    import requests
+
+    auth = None
+    user, password = (
+        os.environ.get("MLFLOW_TRACKING_USERNAME"),
+        os.environ.get("MLFLOW_TRACKING_PASSWORD"),
+    )
+    headers = {}
+    if user and password:
+        auth = (user, password)
+    elif os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        headers["Authorization"] = f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}"
+    url = tracking_uri.rstrip("/") + "/api/2.0/mlflow/" + endpoint
+    try:
+        response = requests.request(method, url, auth=auth, headers=headers, timeout=10, **kwargs)
+    except requests.RequestException as exc:
+        raise StoreUnreachable(type(exc).__name__) from None
+    if response.status_code == 404 and "RESOURCE_DOES_NOT_EXIST" in response.text:
+        return None
+    if response.status_code != 200:
+        raise StoreUnreachable(f"HTTP {response.status_code}")
+    return response.json()
+
+
+def probe_experiment(tracking_uri: str, name: str) -> tuple[str, int, str] | None:
+    """``(id, creation time in ms, lifecycle stage)`` of experiment ``name`` in the store,
+    or None when the store has no such experiment (or, for sqlite, no database file yet).
+
+    Raises:
+        StoreUnreachable: the store could not be asked.
+    """
+    path = _sqlite_path(tracking_uri)
+    if path is not None:
+        if not path.exists():
+            return None
+        rows = _query_sqlite(
+            path,
+            "SELECT experiment_id, creation_time, lifecycle_stage FROM experiments WHERE name=?",
+            (name,),
+        )
+        return (str(rows[0][0]), int(rows[0][1] or 0), str(rows[0][2])) if rows else None
+    if tracking_uri.startswith(("http://", "https://")):
+        query = {"experiment_name": name}
+        data = _rest(tracking_uri, "GET", "experiments/get-by-name", params=query)
+        if data is None:
+            return None
+        exp = data["experiment"]
+        return str(exp["experiment_id"]), int(exp.get("creation_time") or 0), exp["lifecycle_stage"]
+    try:
+        from mlflow.tracking import MlflowClient
+
+        exp = MlflowClient(tracking_uri).get_experiment_by_name(name)
+    except Exception as exc:
+        raise StoreUnreachable(type(exc).__name__) from None
+    if exp is None:
+        return None
+    return exp.experiment_id, int(exp.creation_time or 0), exp.lifecycle_stage
+
+
+def probe_runs(tracking_uri: str, experiment_id: str, run_ids: list[str]) -> set[str]:
+    """Which of ``run_ids`` are active runs of the experiment in the store.
+
+    Raises:
+        StoreUnreachable: the store could not be asked.
+    """
+    alive: set[str] = set()
+    path = _sqlite_path(tracking_uri)
+    for start in range(0, len(run_ids), 100):
+        chunk = run_ids[start : start + 100]
+        if path is not None:
+            marks = ",".join("?" * len(chunk))
+            rows = _query_sqlite(
+                path,
+                f"SELECT run_uuid FROM runs WHERE lifecycle_stage='active' AND "
+                f"experiment_id=? AND run_uuid IN ({marks})",
+                (experiment_id, *chunk),
+            )
+            alive.update(r[0] for r in rows)
+            continue
+        ids = ",".join(f"'{r}'" for r in chunk)
+        if tracking_uri.startswith(("http://", "https://")):
+            body = {
+                "experiment_ids": [experiment_id],
+                "filter": f"attributes.run_id IN ({ids})",
+                "max_results": 1000,
+                "run_view_type": "ACTIVE_ONLY",
+            }
+            data = _rest(tracking_uri, "POST", "runs/search", json=body) or {}
+            alive.update(r["info"]["run_id"] for r in data.get("runs", []))
+            continue
+        try:
+            from mlflow.tracking import MlflowClient
+
+            runs = MlflowClient(tracking_uri).search_runs(
+                [experiment_id], f"attributes.run_id IN ({ids})", max_results=1000
+            )
+        except Exception as exc:
+            raise StoreUnreachable(type(exc).__name__) from None
+        alive.update(r.info.run_id for r in runs)
+    return alive
