@@ -103,6 +103,10 @@ LAZY_COMMANDS = {
         "mlflow_ngraph.report.commands:compare",
         "Compare benchmark results across devices, compilers and experiments.",
     ),
+    "sync": (
+        "mlflow_ngraph.cluster.commands:sync_command",
+        "Send results measured while the tracking store was unreachable, exactly once.",
+    ),
 }
 
 

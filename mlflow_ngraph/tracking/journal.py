@@ -179,7 +179,18 @@ class Journal:
         return None
 
     def _record_store(self, found: tuple[str, int, str]) -> None:
-        self._append({"kind": "store", "experiment_id": found[0], "experiment_created": found[1]})
+        from mlflow_ngraph.tracking.mlflow_log import redact_uri
+
+        uri, experiment = self._target or ("", "")
+        self._append(
+            {
+                "kind": "store",
+                "experiment_id": found[0],
+                "experiment_created": found[1],
+                "experiment": experiment,
+                "store": redact_uri(store_identity(uri)),
+            }
+        )
 
     def _archive(self, why: str) -> str:
         stale = self.path.with_name(f"{self.path.stem}.stale-{int(time.time())}.jsonl")
