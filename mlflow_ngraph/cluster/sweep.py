@@ -159,7 +159,6 @@ def run_sweep(
             if name not in present:
                 state.state, state.reason = "missing", f"not in the cluster after {wait_s:g} s"
         task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[DeviceFailed])(run_device)
-        )
         pending = {}
         for device in sweep.devices:
             if device.name not in present:
