@@ -78,4 +78,6 @@ def sweep_command(spec_file, local, address, wait_s, tracking_uri, home) -> None
         capture_output=True, text=True,
     )  # fmt: skip
     click.echo(redact_uri(shown.stdout.rstrip()))
+    if shown.returncode:
+        click.echo(redact_uri(f"compare failed: {shown.stderr.strip()[-2000:]}"), err=True)
     check_outcome(outcome)

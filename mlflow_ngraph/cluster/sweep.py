@@ -78,6 +78,7 @@ def run_device(device: dict[str, Any], env: dict[str, str], node_homes: str | No
 
     node = ray.get_runtime_context().get_node_id()
     full_env = {**os.environ, **env}
+    full_env.pop("MLFLOW_RUN_ID", None)  # a sweep under `mlflow run`: each device has its own
     if node_homes:  # a local cluster: every node keeps its own journal and caches
         full_env["MLFLOW_NGRAPH_HOME"] = str(Path(node_homes) / node[:12])
     with tempfile.TemporaryDirectory() as tmp:
@@ -197,7 +198,7 @@ def _await_devices(sweep: SweepSpec, wait_s: float, echo) -> set[str]:
 def _watch(pending: dict, outcome: SweepOutcome, uri: str, sweep: SweepSpec, echo, refresh_s):
     import ray
 
-    last = 0.0
+    last, shown = 0.0, None
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=refresh_s)
         for ref in ready:
@@ -212,9 +213,11 @@ def _watch(pending: dict, outcome: SweepOutcome, uri: str, sweep: SweepSpec, ech
             state.output = result["output"]
             state.state = "done" if result["returncode"] == 0 else "failed"
             state.reason = result["reason"]
-        if time.time() - last >= refresh_s or not pending:
-            echo(live_view(outcome, progress(uri, sweep)))
-            last = time.time()
+        cells = progress(uri, sweep)
+        changed = (cells, [s.state for s in outcome.states.values()]) != shown
+        if changed or time.time() - last >= 15 * refresh_s or not pending:
+            echo(live_view(outcome, cells))  # on a change, and every half minute or so
+            last, shown = time.time(), (cells, [s.state for s in outcome.states.values()])
 
 
 def progress(tracking_uri: str, sweep: SweepSpec) -> dict[str, dict[str, int]]:
@@ -269,7 +272,7 @@ def live_view(outcome: SweepOutcome, cells: dict[str, dict[str, Any]]) -> str:
                 f"{done}/{total}",
                 c.get("running", 0),
                 c.get("failed", 0),
-                c.get("current", "") or "-",
+                (c.get("current", "") or "-")[:48],
                 f"{elapsed:.0f}s",
                 f"~{left:.0f}s" if left is not None else "-",
                 s.reason[:60],
