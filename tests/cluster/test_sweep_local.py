@@ -87,7 +87,8 @@ def test_the_sweep_measures_every_device_and_compares_them(sweep):
 def test_every_socket_the_sweep_opened_is_on_loopback(sweep):
     _, _, _, _, sockets, _ = sweep
     assert sockets, "no listening socket was seen: the check saw nothing"
-    others = [s for s in sockets if not s.startswith(("127.0.0.1:", "[::1]:"))]
+    loopback = ("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")
+    others = [s for s in sockets if not s.startswith(loopback)]
     assert not others, others
 
 
