@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from mlflow_ngraph.cluster import ENV_DEVICE_NAME, ENV_SWEEP_ID
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.tracking import schema as S
 
@@ -240,13 +241,20 @@ def find_or_create_run(client, experiment_id: str, tags: dict[str, str], run_nam
     return winner
 
 
+def device_name(profile_name: str) -> str:
+    """The device a benchmark runs on: the sweep's name for it, else the profile's name."""
+    return os.environ.get(ENV_DEVICE_NAME) or profile_name
+
+
 def parent_run(client, experiment_id: str, spec, profile, environment: dict, tags: dict) -> str:
     """The benchmark's parent run: the ``mlflow run`` run when inside one, else the run of
     an earlier invocation of the same spec on this device, else a new one."""
-    role_tags = {S.T_ROLE: "benchmark", S.T_SPEC_HASH: spec.spec_hash, S.T_DEVICE: profile.name}
+    device = device_name(profile.name)
+    role_tags = {S.T_ROLE: "benchmark", S.T_SPEC_HASH: spec.spec_hash, S.T_DEVICE: device}
+    sweep = os.environ.get(ENV_SWEEP_ID)
     try:
         run_id = os.environ.get("MLFLOW_RUN_ID") or find_or_create_run(
-            client, experiment_id, role_tags, f"{profile.name}-{spec.spec_hash[:8]}"
+            client, experiment_id, role_tags, f"{device}-{spec.spec_hash[:8]}"
         )
         client.update_run(run_id, status="RUNNING")
     except Exception as exc:
@@ -254,7 +262,8 @@ def parent_run(client, experiment_id: str, spec, profile, environment: dict, tag
             raise store_error(exc, client.tracking_uri) from None
         raise
     params = {
-        "device": profile.name,
+        "device": device,
+        "device_profile": profile.name,
         "device_kind": profile.kind,
         "spec_hash": spec.spec_hash,
         "scenario": spec.measure.scenario,
@@ -264,6 +273,8 @@ def parent_run(client, experiment_id: str, spec, profile, environment: dict, tag
     }
     log_params_once(client, run_id, params)
     all_tags = {**role_tags, **tags, **{f"env.{k}": str(v)[:5000] for k, v in environment.items()}}
+    if sweep:
+        all_tags[S.T_SWEEP] = sweep
     log_batch(client, run_id, tags=all_tags)
     _log_json(client, run_id, "spec.json", spec.to_dict())
     _log_json(client, run_id, "environment.json", environment)
