@@ -115,6 +115,14 @@ LAZY_COMMANDS = {
         "mlflow_ngraph.deploy.commands:register",
         "Log the fastest verified engine as an MLflow model and alias it per device.",
     ),
+    "sync": (
+        "mlflow_ngraph.cluster.commands:sync_command",
+        "Send results measured while the tracking store was unreachable, exactly once.",
+    ),
+    "sweep": (
+        "mlflow_ngraph.cluster.commands:sweep_command",
+        "Benchmark every device of a sweep spec on a Ray cluster; compare them at the end.",
+    ),
 }
 
 

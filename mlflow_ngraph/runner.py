@@ -38,7 +38,7 @@ from mlflow_ngraph.tracking import index
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.engines import EngineCache, cache_key, engine_bytes, write_manifest
-from mlflow_ngraph.tracking.journal import Journal, store_file_id, store_mtime
+from mlflow_ngraph.tracking.journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,6 @@ class Runner:
         self.experiment_id, self.experiment_name = ml.run_experiment(
             self.client, self.spec.experiment, self.experiment_explicit
         )
-        self._check_journal()
         self.timings = Timings(self.home)
         todo = [
             (cell.model.label, cell.compiler.name, cell.flags, b)
@@ -215,31 +214,9 @@ class Runner:
                 ) from None
             raise
         self._write_index()
+        self.journal.indexed(self.spec.spec_hash, self.parent_id)
         ml.finish(self.client, self.parent_id, status, announce=True)
-        # last: a re-run may answer from the journal only if the store is as it was now
-        self.journal.indexed(self.spec.spec_hash, self.parent_id, store_mtime(self.tracking_uri))
         return self.rows
-
-    def _check_journal(self) -> None:
-        """A journal must describe this store: set it aside when the store or experiment
-        was made again since it was written, and forget cells whose run was deleted, so
-        nothing stale stands in for results."""
-        experiment = self.client.get_experiment(self.experiment_id)
-        if self.journal.bind_store(
-            self.experiment_id, experiment.creation_time, store_file_id(self.tracking_uri)
-        ):
-            log.warning(
-                "the resume journal describes another store or experiment than %s / %r "
-                "(deleted or made again since): starting afresh, every cell is measured",
-                ml.redact(self.tracking_uri),
-                self.experiment_name,
-            )
-            return
-        for cell in self.plan.cells:
-            run_id = self.journal.cell(cell.key).run_id
-            if run_id and not ml.run_is_active(self.client, run_id):
-                log.warning("%s: its run %s was deleted; measuring it again", cell.name, run_id)
-                self.journal.reset(cell.key)
 
     def _finished_before(self) -> bool:
         """A re-run of an invocation that finished and indexed every cell, with nothing
@@ -249,8 +226,6 @@ class Runner:
         if os.environ.get("MLFLOW_RUN_ID"):  # `mlflow run` made a run for this invocation
             return False
         if not self.journal.up_to_date(self.spec.spec_hash):
-            return False
-        if not self.journal.same_store(self.tracking_uri):  # deleted, recreated or remote
             return False
         if any(self._pending(cell) for cell in self.plan.cells):
             return False

@@ -7,6 +7,14 @@ from the journal (a tracking server that was down loses nothing) and the rest is
 An ``indexed`` record closes an invocation whose results index was written: a re-run that
 finds it last, with every cell done, has nothing to tell MLflow and never opens the store.
 The cluster sweep reads the same journal to resume a task on another attempt.
+
+A journal never stands in for a store it was not written against: it records the
+experiment's id and creation time, and when it is opened again the store is probed (the
+sqlite file directly, a tracking server over one REST call). A store or experiment that was
+deleted and created again archives the journal and starts afresh; a cell run deleted from
+the store makes its cell pending again. Every record carries a checksum; a damaged line
+(torn by a kill, garbled by a disk) is skipped with a warning, and a record glued to a torn
+one is recovered, so damage never hides work that was not done.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,54 +33,16 @@ log = logging.getLogger(__name__)
 
 JOURNAL_VERSION = 1
 
-#: the fields each kind of record needs, with their types; a record without them is damaged
+#: record kinds and the fields each must carry (with their types) to be applied
 _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "store": {"experiment_id": str, "experiment_created": int},
     "run": {"cell": str, "run_id": str},
-    "measured": {"cell": str, "batch_size": int, "status": str, "metrics": dict},
+    "measured": {"cell": str, "batch_size": int, "metrics": dict, "status": str},
     "logged": {"cell": str, "batch_size": int},
     "failed": {"cell": str, "batch_size": int, "reason": str},
-    "indexed": {"spec_hash": str},
-    "store": {"experiment_id": str},
     "reset": {"cell": str},
+    "indexed": {"spec_hash": str, "parent_id": str},
 }
-
-
-def _valid(record: Any) -> bool:
-    if not isinstance(record, dict) or record.get("kind") not in _FIELDS:
-        return False
-    fields = _FIELDS[record["kind"]]
-    return all(
-        isinstance(record.get(name), kind) and not isinstance(record.get(name), bool)
-        for name, kind in fields.items()
-    )
-
-
-def store_mtime(tracking_uri: str) -> int | None:
-    """When a local sqlite store last changed (ns; its write-ahead log included), or None."""
-    prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix):
-        return None
-    path = Path(store_identity(tracking_uri)[len(prefix) :])
-    times = []
-    for candidate in (path, path.with_name(path.name + "-wal")):
-        try:
-            times.append(candidate.stat().st_mtime_ns)
-        except OSError:
-            continue
-    return max(times) if times else None
-
-
-def store_file_id(tracking_uri: str) -> str | None:
-    """``device:inode`` of a local sqlite store's file (None for other stores, or no file):
-    a store deleted and made again at the same path is another file."""
-    prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix):
-        return None
-    try:
-        stat = Path(store_identity(tracking_uri)[len(prefix) :]).stat()
-    except OSError:
-        return None
-    return f"{stat.st_dev}:{stat.st_ino}"
 
 
 def store_identity(tracking_uri: str) -> str:
@@ -104,41 +75,48 @@ class Journal:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.cells: dict[str, CellState] = {}
         self.last: dict[str, Any] | None = None  # the latest record
+        self.store: dict[str, Any] | None = None  # the latest ``store`` record
+        #: (line number, why) of every line that could not be applied
+        self.skipped: list[tuple[int, str]] = []
+        self._torn_tail = False  # the file does not end with a newline
+        self._target: tuple[str, str] | None = None  # (tracking URI, experiment name)
         self._replay()
 
     @classmethod
     def for_target(cls, home: Path, tracking_uri: str, experiment: str, device: str) -> Journal:
+        """The journal of ``device``'s results in ``experiment`` of the store ``tracking_uri``
+        names, checked against that store: a journal of a store or experiment that no longer
+        exists is archived and a fresh one started; cells whose run was deleted are pending."""
         store = store_identity(tracking_uri)
         digest = hashlib.sha256(f"{store}|{experiment}|{device}".encode()).hexdigest()
-        return cls(Path(home) / "journals" / f"{device}-{digest[:16]}.jsonl")
+        journal = cls(Path(home) / "journals" / f"{device}-{digest[:16]}.jsonl")
+        journal._target = (tracking_uri, experiment)
+        journal.check_store()
+        return journal
 
+    # --- reading --------------------------------------------------------------------------
     def _replay(self) -> None:
-        """Read every record back, checking each: a damaged one (a line torn by a kill
-        mid-write, garbage a disk left, a record missing its fields) is skipped and counted,
-        never allowed to take its neighbours with it; the work it described is done again."""
-        self.store: dict[str, Any] | None = None
-        self._torn_tail = False
         if not self.path.exists():
             return
         data = self.path.read_bytes()
-        skipped = 0
-        for raw in data.split(b"\n"):
+        self._torn_tail = bool(data) and not data.endswith(b"\n")
+        for number, raw in enumerate(data.split(b"\n"), start=1):
             if not raw.strip():
                 continue
-            try:
-                record = json.loads(raw)
-            except (ValueError, UnicodeDecodeError):
-                record = None
-            if not _valid(record):
-                skipped += 1
-                continue
-            self._apply(record)
-        self._torn_tail = bool(data) and not data.endswith(b"\n")
-        if skipped:
+            for record, problem in _parse_line(raw):
+                if problem:
+                    self.skipped.append((number, problem))
+                else:
+                    self._apply(record)
+        if self.skipped:
+            lines = ", ".join(str(n) for n, _ in self.skipped[:10])
             log.warning(
-                "journal %s: skipped %d damaged record(s); the work they recorded is done again",
+                "journal %s: skipped %d damaged record(s) (line %s: %s); the cells they "
+                "describe are measured or sent again",
                 self.path,
-                skipped,
+                len(self.skipped),
+                lines,
+                self.skipped[0][1],
             )
 
     def _apply(self, record: dict[str, Any]) -> None:
@@ -149,9 +127,6 @@ class Journal:
         if kind == "store":
             self.store = record
             return
-        if kind == "reset":
-            self.cells.pop(record["cell"], None)
-            return
         cell = self.cells.setdefault(record["cell"], CellState())
         if kind == "run":
             cell.run_id = record["run_id"]
@@ -161,49 +136,110 @@ class Journal:
             cell.logged.add(record["batch_size"])
         elif kind == "failed":
             cell.failed[record["batch_size"]] = record["reason"]
+        elif kind == "reset":  # its run is gone from the store: the cell starts over
+            self.cells[record["cell"]] = CellState()
 
     def _append(self, record: dict[str, Any]) -> None:
         record = {"v": JOURNAL_VERSION, "time": time.time(), **record}
+        record["crc"] = _checksum(record)
         line = json.dumps(record, default=float) + "\n"
-        if self._torn_tail:  # end the torn line first, or this record would be lost with it
+        if self._torn_tail:  # never glue a record to a line torn by a kill
             line = "\n" + line
             self._torn_tail = False
         with open(self.path, "a") as handle:
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
-        self._apply(record)
+        self._apply(json.loads(line))
 
-    def bind_store(self, experiment_id: str, created: int | None, file_id: str | None) -> bool:
-        """Tie the journal to the experiment (id and creation time) and the store file it
-        records results for. When those are not the ones it recorded (the store was deleted
-        or made again at the same URI, the experiment deleted and created again), what it
-        holds describes another store: it is set aside (``*.stale-<time>``) and a fresh one
-        started, so the cells are measured and logged into this store. Returns whether it
-        was set aside."""
-        current = {"experiment_id": str(experiment_id), "created": created, "file": file_id}
-        known = self.store
-        if known is not None and all(
-            known.get(k) == v for k, v in current.items() if v is not None
-        ):
-            return False
-        # a journal with results but no store recorded predates this check: it cannot be
-        # tied to this store either, so it is set aside too
-        stale = known is not None or bool(self.cells)
-        if stale:
-            self.path.rename(self.path.with_name(f"{self.path.name}.stale-{int(time.time())}"))
-            self.cells, self.last, self.store, self._torn_tail = {}, None, None, False
-        self._append({"kind": "store", **current})
-        return stale
+    # --- the store it belongs to ----------------------------------------------------------
+    def check_store(self) -> str | None:
+        """Compare the store with what this journal recorded; returns what was done (also
+        logged), or None. An unreachable store decides nothing: the journal is kept."""
+        if self._target is None:
+            return None
+        uri, experiment = self._target
+        try:
+            found = probe_experiment(uri, experiment)
+        except StoreUnreachable as exc:
+            log.debug("journal %s not checked: %s", self.path, exc)
+            return None
+        if self.store is not None:
+            recorded = (self.store["experiment_id"], self.store["experiment_created"])
+            if found is None or (found[0], found[1]) != recorded:
+                what = "no longer exists" if found is None else "was deleted and created again"
+                return self._archive(f"experiment {experiment!r} of that store {what}")
+        elif found is None and self.cells:
+            return self._archive(f"experiment {experiment!r} is not in that store")
+        if found is not None and self.store is None and self.cells:
+            # a journal from before stores were recorded: trust it no further than its runs
+            self._record_store(found)
+        if found is not None:
+            return self._reset_missing_runs(uri, found[0])
+        return None
 
-    def reset(self, key: str) -> None:
-        """Forget a cell (its MLflow run was deleted): it is measured and logged again."""
-        self._append({"kind": "reset", "cell": key})
+    def _record_store(self, found: tuple[str, int, str]) -> None:
+        from mlflow_ngraph.tracking.mlflow_log import redact_uri
 
+        uri, experiment = self._target or ("", "")
+        self._append(
+            {
+                "kind": "store",
+                "experiment_id": found[0],
+                "experiment_created": found[1],
+                "experiment": experiment,
+                "store": redact_uri(store_identity(uri)),
+            }
+        )
+
+    def _archive(self, why: str) -> str:
+        stale = self.path.with_name(f"{self.path.stem}.stale-{int(time.time())}.jsonl")
+        os.replace(self.path, stale)
+        self.cells, self.last, self.store, self._torn_tail = {}, None, None, False
+        message = (
+            f"the journal of this store does not match it ({why}): starting afresh; "
+            f"the old journal is kept as {stale}"
+        )
+        log.warning(message)
+        return message
+
+    def _reset_missing_runs(self, uri: str, experiment_id: str) -> str | None:
+        known = {key: c.run_id for key, c in self.cells.items() if c.run_id}
+        if not known:
+            return None
+        try:
+            alive = probe_runs(uri, experiment_id, list(known.values()))
+        except StoreUnreachable as exc:
+            log.debug("journal runs not checked: %s", exc)
+            return None
+        gone = [key for key, run_id in known.items() if run_id not in alive]
+        for key in gone:
+            self._append({"kind": "reset", "cell": key})
+        if not gone:
+            return None
+        message = (
+            f"{len(gone)} cell run(s) of the journal were deleted from the store: "
+            "measuring them again"
+        )
+        log.warning(message)
+        return message
+
+    def _ensure_store_recorded(self) -> None:
+        if self.store is not None or self._target is None:
+            return
+        try:
+            found = probe_experiment(*self._target)
+        except StoreUnreachable:
+            return
+        if found is not None:
+            self._record_store(found)
+
+    # --- writing --------------------------------------------------------------------------
     def cell(self, key: str) -> CellState:
         return self.cells.get(key, CellState())
 
     def set_run(self, key: str, run_id: str) -> None:
+        self._ensure_store_recorded()  # the experiment exists once a cell has a run
         if self.cell(key).run_id != run_id:
             self._append({"kind": "run", "cell": key, "run_id": run_id})
 
@@ -216,23 +252,9 @@ class Journal:
     def failed(self, key: str, batch_size: int, reason: str) -> None:
         self._append({"kind": "failed", "cell": key, "batch_size": batch_size, "reason": reason})
 
-    def indexed(self, spec_hash: str, parent_id: str, mtime: int | None = None) -> None:
-        """The parent's results index holds every cell of ``spec_hash`` as logged (and a
-        local store's file was last changed at ``mtime``)."""
-        record = {"kind": "indexed", "spec_hash": spec_hash, "parent_id": parent_id}
-        self._append({**record, "store_mtime": mtime})
-
-    def same_store(self, tracking_uri: str) -> bool:
-        """Whether ``tracking_uri`` is a local sqlite store whose file is the one this
-        journal recorded and unchanged since its last results index (checked without
-        opening it: a run deleted or an experiment renamed since changed the file). Other
-        stores cannot be checked without asking them, so they answer False."""
-        file_id = store_file_id(tracking_uri)
-        return (
-            file_id is not None
-            and (self.store or {}).get("file") == file_id
-            and (self.last or {}).get("store_mtime") == store_mtime(tracking_uri)
-        )
+    def indexed(self, spec_hash: str, parent_id: str) -> None:
+        """The parent's results index holds every cell of ``spec_hash`` as logged."""
+        self._append({"kind": "indexed", "spec_hash": spec_hash, "parent_id": parent_id})
 
     def up_to_date(self, spec_hash: str) -> bool:
         """Whether nothing was recorded since ``spec_hash``'s index was written: no cell
@@ -246,3 +268,171 @@ class Journal:
         if batch_size in cell.logged:
             return True
         return batch_size in cell.failed and not retry_failed
+
+
+# --- records ------------------------------------------------------------------------------
+def _checksum(record: dict[str, Any]) -> str:
+    payload = {k: v for k, v in record.items() if k != "crc"}
+    text = json.dumps(payload, sort_keys=True, default=float)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _parse_line(raw: bytes) -> list[tuple[dict[str, Any], str]]:
+    """The records of one line, each with ``""`` or why it cannot be applied. A line holding
+    a torn record followed by a whole one (written after a kill) yields both."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return [({}, "not UTF-8 text")]
+    starts = [i for i in range(len(text)) if text.startswith('{"v"', i)] or [0]
+    if starts[0] != 0:
+        starts.insert(0, 0)
+    out = []
+    for begin, end in zip(starts, [*starts[1:], len(text)], strict=True):
+        segment = text[begin:end].strip()
+        try:
+            record = json.loads(segment)
+        except json.JSONDecodeError:
+            out.append(({}, "torn or garbled JSON"))
+            continue
+        out.append((record, _problem(record)))
+    return out
+
+
+def _problem(record: Any) -> str:
+    """Why ``record`` cannot be trusted, or ``""``."""
+    if not isinstance(record, dict):
+        return "not a record"
+    fields = _FIELDS.get(record.get("kind"))  # type: ignore[arg-type]
+    if fields is None:
+        return f"unknown kind {record.get('kind')!r}"
+    for name, kind in fields.items():
+        value = record.get(name)
+        if isinstance(value, float) and kind is int and value.is_integer():
+            record[name] = value = int(value)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"{record['kind']} record without a valid {name!r}"
+    if "crc" in record and record["crc"] != _checksum(record):
+        return "checksum mismatch"
+    return ""
+
+
+# --- probing the store without MLflow's client (a resume that has nothing to do stays fast)
+class StoreUnreachable(Exception):
+    """The store could not be asked (server down, database locked or half-made)."""
+
+
+def _sqlite_path(tracking_uri: str) -> Path | None:
+    prefix = "sqlite:///"
+    return Path(tracking_uri[len(prefix) :]) if tracking_uri.startswith(prefix) else None
+
+
+def _query_sqlite(path: Path, sql: str, args: tuple) -> list[tuple]:
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
+            return db.execute(sql, args).fetchall()
+    except sqlite3.Error as exc:
+        raise StoreUnreachable(f"sqlite store {path}: {exc}") from None
+
+
+def _rest(tracking_uri: str, method: str, endpoint: str, **kwargs) -> Any:
+    import requests
+
+    auth = None
+    user, password = (
+        os.environ.get("MLFLOW_TRACKING_USERNAME"),
+        os.environ.get("MLFLOW_TRACKING_PASSWORD"),
+    )
+    headers = {}
+    if user and password:
+        auth = (user, password)
+    elif os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        headers["Authorization"] = f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}"
+    url = tracking_uri.rstrip("/") + "/api/2.0/mlflow/" + endpoint
+    try:
+        response = requests.request(method, url, auth=auth, headers=headers, timeout=10, **kwargs)
+    except requests.RequestException as exc:
+        raise StoreUnreachable(type(exc).__name__) from None
+    if response.status_code == 404 and "RESOURCE_DOES_NOT_EXIST" in response.text:
+        return None
+    if response.status_code != 200:
+        raise StoreUnreachable(f"HTTP {response.status_code}")
+    return response.json()
+
+
+def probe_experiment(tracking_uri: str, name: str) -> tuple[str, int, str] | None:
+    """``(id, creation time in ms, lifecycle stage)`` of experiment ``name`` in the store,
+    or None when the store has no such experiment (or, for sqlite, no database file yet).
+
+    Raises:
+        StoreUnreachable: the store could not be asked.
+    """
+    path = _sqlite_path(tracking_uri)
+    if path is not None:
+        if not path.exists():
+            return None
+        rows = _query_sqlite(
+            path,
+            "SELECT experiment_id, creation_time, lifecycle_stage FROM experiments WHERE name=?",
+            (name,),
+        )
+        return (str(rows[0][0]), int(rows[0][1] or 0), str(rows[0][2])) if rows else None
+    if tracking_uri.startswith(("http://", "https://")):
+        query = {"experiment_name": name}
+        data = _rest(tracking_uri, "GET", "experiments/get-by-name", params=query)
+        if data is None:
+            return None
+        exp = data["experiment"]
+        return str(exp["experiment_id"]), int(exp.get("creation_time") or 0), exp["lifecycle_stage"]
+    try:
+        from mlflow.tracking import MlflowClient
+
+        exp = MlflowClient(tracking_uri).get_experiment_by_name(name)
+    except Exception as exc:
+        raise StoreUnreachable(type(exc).__name__) from None
+    if exp is None:
+        return None
+    return exp.experiment_id, int(exp.creation_time or 0), exp.lifecycle_stage
+
+
+def probe_runs(tracking_uri: str, experiment_id: str, run_ids: list[str]) -> set[str]:
+    """Which of ``run_ids`` are active runs of the experiment in the store.
+
+    Raises:
+        StoreUnreachable: the store could not be asked.
+    """
+    alive: set[str] = set()
+    path = _sqlite_path(tracking_uri)
+    for start in range(0, len(run_ids), 100):
+        chunk = run_ids[start : start + 100]
+        if path is not None:
+            marks = ",".join("?" * len(chunk))
+            rows = _query_sqlite(
+                path,
+                f"SELECT run_uuid FROM runs WHERE lifecycle_stage='active' AND "
+                f"experiment_id=? AND run_uuid IN ({marks})",
+                (experiment_id, *chunk),
+            )
+            alive.update(r[0] for r in rows)
+            continue
+        ids = ",".join(f"'{r}'" for r in chunk)
+        if tracking_uri.startswith(("http://", "https://")):
+            body = {
+                "experiment_ids": [experiment_id],
+                "filter": f"attributes.run_id IN ({ids})",
+                "max_results": 1000,
+                "run_view_type": "ACTIVE_ONLY",
+            }
+            data = _rest(tracking_uri, "POST", "runs/search", json=body) or {}
+            alive.update(r["info"]["run_id"] for r in data.get("runs", []))
+            continue
+        try:
+            from mlflow.tracking import MlflowClient
+
+            runs = MlflowClient(tracking_uri).search_runs(
+                [experiment_id], f"attributes.run_id IN ({ids})", max_results=1000
+            )
+        except Exception as exc:
+            raise StoreUnreachable(type(exc).__name__) from None
+        alive.update(r.info.run_id for r in runs)
+    return alive

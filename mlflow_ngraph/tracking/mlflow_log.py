@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import sqlite3
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
+from mlflow_ngraph.cluster import ENV_DEVICE_NAME, ENV_SWEEP_ID
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.tracking import schema as S
 
@@ -28,18 +32,8 @@ MAX_PARAM_CHARS = 6000
 
 
 def redact(uri: str) -> str:
-    """``http://alice:secret@host:5000`` -> ``http://alice:***@host:5000``: the tracking URI
-    as it may be printed (a password in a URI must never reach a terminal or a log)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return uri
-    if parts.password is None:
-        return uri
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+    """``redact_uri`` (the tracking URI as it may be printed)."""
+    return redact_uri(uri)
 
 
 def resolve_tracking_uri(given: str | None) -> str:
@@ -51,26 +45,125 @@ def resolve_tracking_uri(given: str | None) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
 
 
+_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@:\s]*):[^/@\s]*@")
+
+
+def redact_uri(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@host`` in it replaced by
+    ``***`` (everything the tool prints or records goes through this)."""
+    return _CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:***@", str(text))
+
+
+#: MLflow's HTTP client retries 7 times with a backoff of 2 (minutes of silence against a
+#: server that is down); the tool bounds it unless the user set these variables
+HTTP_LIMITS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
+
+
+def bound_http_retries() -> None:
+    for name, value in HTTP_LIMITS.items():
+        os.environ.setdefault(name, value)
+
+
 def connect(tracking_uri: str):
     """An ``MlflowClient`` for ``tracking_uri``, after checking the store answers.
 
+    A local sqlite store that does not exist yet is created whole or not at all; one left
+    half-made (a kill while MLflow created its tables) is named with the fix.
+
     Raises:
-        NgraphError: the server is unreachable or the store cannot be opened.
+        NgraphError: the server is unreachable, refuses the login, or the store cannot be
+            opened.
     """
     from mlflow.tracking import MlflowClient
 
+    bound_http_retries()
+    shown = redact_uri(tracking_uri)
     if tracking_uri.startswith(("http://", "https://")):
         _check_http(tracking_uri)
+    path = _local_sqlite(tracking_uri)
+    if path is not None:
+        _create_sqlite_store(path)
+        _check_sqlite_store(path, shown)
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
         client.search_experiments(max_results=1)
     except Exception as exc:  # MLflow raises many types for a bad store
-        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise NgraphError(
-            f"tracking store {redact(tracking_uri)!r} cannot be opened: {reason} "
-            "(check --tracking-uri / MLFLOW_TRACKING_URI)"
-        ) from None
+        raise store_error(exc, tracking_uri) from None
     return client
+
+
+def store_error(exc: BaseException, tracking_uri: str) -> NgraphError:
+    """One line for an error of the store: a refused login or permission names the fix."""
+    text = redact_uri(str(exc))
+    shown = redact_uri(tracking_uri)
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "(none)"
+    if "401" in text or "UNAUTHENTICATED" in text or "not authenticated" in text.lower():
+        return NgraphError(
+            f"tracking server {shown} refused the login of user {user!r}: wrong username or "
+            "password (set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)"
+        )
+    if "403" in text or "PERMISSION_DENIED" in text or "permission" in text.lower():
+        return NgraphError(
+            f"user {user!r} lacks the permission on {shown} to write this experiment's runs "
+            "(it needs EDIT or MANAGE; ask the server's admin, or use another --experiment)"
+        )
+    reason = text.strip().splitlines()[0][:200] if text.strip() else type(exc).__name__
+    return NgraphError(
+        f"tracking store {shown!r} cannot be opened: {reason} "
+        "(check --tracking-uri / MLFLOW_TRACKING_URI)"
+    )
+
+
+def _local_sqlite(tracking_uri: str) -> Path | None:
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix) or tracking_uri.endswith(":memory:"):
+        return None
+    return Path(tracking_uri[len(prefix) :].split("?")[0])
+
+
+def _create_sqlite_store(path: Path) -> None:
+    """Create the store in a temporary file beside ``path`` and link it into place: a kill
+    while MLflow creates its tables leaves a stray temporary file, never a half-made store,
+    and concurrent creators keep exactly one."""
+    if path.exists():
+        return
+    from mlflow.tracking import MlflowClient
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.creating")
+    try:
+        MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments(max_results=1)
+        try:
+            os.link(tmp, path)  # fails if another process created it meanwhile
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _check_sqlite_store(path: Path, shown: str) -> None:
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10) as db:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            version = (
+                db.execute("SELECT version_num FROM alembic_version").fetchall()
+                if "alembic_version" in tables
+                else []
+            )
+    except sqlite3.DatabaseError as exc:
+        raise NgraphError(
+            f"tracking store {shown} is not an sqlite database ({exc}); move it away or "
+            "point --tracking-uri at another file"
+        ) from None
+    if not {"experiments", "runs"} <= tables or not version:
+        raise NgraphError(
+            f"tracking store {shown} is a half-made MLflow database (its creation was "
+            f"interrupted); it holds no results: delete it (rm {path}) and run again"
+        )
 
 
 def _check_http(uri: str) -> None:
@@ -80,8 +173,8 @@ def _check_http(uri: str) -> None:
         requests.get(uri.rstrip("/") + "/health", timeout=5)
     except requests.RequestException as exc:
         raise NgraphError(
-            f"tracking server {redact(uri)} is unreachable ({type(exc).__name__}); start it or "
-            "point --tracking-uri / MLFLOW_TRACKING_URI at a running server"
+            f"tracking server {redact_uri(uri)} is unreachable ({type(exc).__name__}); start "
+            "it or point --tracking-uri / MLFLOW_TRACKING_URI at a running server"
         ) from None
 
 
@@ -100,16 +193,23 @@ EXPERIMENT_KIND = "custom_model_development"
 
 
 def ensure_experiment(client, name: str) -> str:
-    experiment = client.get_experiment_by_name(name)
-    if experiment is None:
-        experiment_id = client.create_experiment(
-            name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
-        )
-        return experiment_id
-    if experiment.lifecycle_stage == "deleted":
-        client.restore_experiment(experiment.experiment_id)
-    _mark_runs_view(client, experiment)
-    return experiment.experiment_id
+    """The id of experiment ``name``, created if missing; safe when many clients create it
+    at once (the store's unique name decides, the losers read the winner's id)."""
+    for attempt in range(20):
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            if experiment.lifecycle_stage == "deleted":
+                client.restore_experiment(experiment.experiment_id)
+            _mark_runs_view(client, experiment)
+            return experiment.experiment_id
+        try:
+            return client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        except Exception as exc:  # taken meanwhile (or sqlite busy): read it again
+            if not is_store_error(exc):
+                raise
+            log.debug("creating experiment %s: %s; reading it again", name, exc)
+            time.sleep(0.05 * (attempt + 1))
+    raise NgraphError(f"experiment {name!r} could neither be found nor created")
 
 
 def _mark_runs_view(client, experiment) -> None:
@@ -140,31 +240,61 @@ def run_experiment(client, name: str, explicit: bool = False) -> tuple[str, str]
     return experiment.experiment_id, experiment.name
 
 
-def _find_run(client, experiment_id: str, tags: dict[str, str]) -> str | None:
+def _find_runs(client, experiment_id: str, tags: dict[str, str]) -> list:
     clauses = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-    runs = client.search_runs(
-        [experiment_id],
-        filter_string=clauses,
-        max_results=1,
-        order_by=["attributes.start_time ASC"],
-    )
+    runs = client.search_runs([experiment_id], filter_string=clauses, max_results=100)
+    return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))
+
+
+def _find_run(client, experiment_id: str, tags: dict[str, str]) -> str | None:
+    runs = _find_runs(client, experiment_id, tags)
     return runs[0].info.run_id if runs else None
+
+
+#: how long a client that created a run waits before checking no other client created the
+#: same one (longer than a create request takes to land in the store)
+SETTLE_S = 0.3
+
+
+def find_or_create_run(client, experiment_id: str, tags: dict[str, str], run_name: str) -> str:
+    """The run tagged ``tags``: the earliest one if any, else a new one. Safe when several
+    clients ask at once: each creator waits :data:`SETTLE_S`, every client then agrees on the
+    earliest run by (start time, id), and the others delete the run they made."""
+    found = _find_run(client, experiment_id, tags)
+    if found:
+        return found
+    mine = client.create_run(experiment_id, tags=tags, run_name=run_name).info.run_id
+    time.sleep(SETTLE_S)
+    winner = _find_run(client, experiment_id, tags) or mine
+    if winner != mine:
+        log.debug("run %s of %s was created twice: keeping %s", mine, tags, winner)
+        client.delete_run(mine)
+    return winner
+
+
+def device_name(profile_name: str) -> str:
+    """The device a benchmark runs on: the sweep's name for it, else the profile's name."""
+    return os.environ.get(ENV_DEVICE_NAME) or profile_name
 
 
 def parent_run(client, experiment_id: str, spec, profile, environment: dict, tags: dict) -> str:
     """The benchmark's parent run: the ``mlflow run`` run when inside one, else the run of
     an earlier invocation of the same spec on this device, else a new one."""
-    role_tags = {S.T_ROLE: "benchmark", S.T_SPEC_HASH: spec.spec_hash, S.T_DEVICE: profile.name}
-    run_id = os.environ.get("MLFLOW_RUN_ID") or _find_run(client, experiment_id, role_tags)
-    if run_id is None:
-        run = client.create_run(
-            experiment_id, tags=role_tags, run_name=f"{profile.name}-{spec.spec_hash[:8]}"
+    device = device_name(profile.name)
+    role_tags = {S.T_ROLE: "benchmark", S.T_SPEC_HASH: spec.spec_hash, S.T_DEVICE: device}
+    sweep = os.environ.get(ENV_SWEEP_ID)
+    try:
+        run_id = os.environ.get("MLFLOW_RUN_ID") or find_or_create_run(
+            client, experiment_id, role_tags, f"{device}-{spec.spec_hash[:8]}"
         )
-        run_id = run.info.run_id
-    else:
         client.update_run(run_id, status="RUNNING")
+    except Exception as exc:
+        if is_store_error(exc):  # a read-only user, a refused login: one line
+            raise store_error(exc, client.tracking_uri) from None
+        raise
     params = {
-        "device": profile.name,
+        "device": device,
+        "device_profile": profile.name,
         "device_kind": profile.kind,
         "spec_hash": spec.spec_hash,
         "scenario": spec.measure.scenario,
@@ -174,6 +304,8 @@ def parent_run(client, experiment_id: str, spec, profile, environment: dict, tag
     }
     log_params_once(client, run_id, params)
     all_tags = {**role_tags, **tags, **{f"env.{k}": str(v)[:5000] for k, v in environment.items()}}
+    if sweep:
+        all_tags[S.T_SWEEP] = sweep
     log_batch(client, run_id, tags=all_tags)
     _log_json(client, run_id, "spec.json", spec.to_dict())
     _log_json(client, run_id, "environment.json", environment)
@@ -197,8 +329,10 @@ def cell_run(
     if run_id:
         client.update_run(run_id, status="RUNNING")
         return run_id
-    tags = {S.T_PARENT: parent_id, S.T_CELL_KEY: cell_key, S.T_ROLE: "cell"}
-    return client.create_run(experiment_id, tags=tags, run_name=name).info.run_id
+    run_id = find_or_create_run(client, experiment_id, {S.T_CELL_KEY: cell_key}, name)
+    client.set_tag(run_id, S.T_PARENT, parent_id)
+    client.set_tag(run_id, S.T_ROLE, "cell")
+    return run_id
 
 
 def run_is_active(client, run_id: str) -> bool:
@@ -278,7 +412,15 @@ _QUIET = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 
 
 def finish(client, run_id: str, status: str = "FINISHED", announce: bool = False) -> None:
-    """Terminate a run; with ``announce``, MLflow prints its link (on a tracking server)."""
+    """Terminate a run; with ``announce``, MLflow prints its link (on a tracking server),
+    or, when the tracking URI holds a password, the tool prints it without the password."""
+    uri = getattr(client, "tracking_uri", "") or ""
+    if announce and redact_uri(uri) != uri:
+        finish(client, run_id, status)
+        run = client.get_run(run_id)
+        experiment_url = f"{redact_uri(uri).rstrip('/')}/#/experiments/{run.info.experiment_id}"
+        print(f"🏃 View run {run.info.run_name} at: {experiment_url}/runs/{run_id}")
+        return
     if announce or os.environ.get(_QUIET):
         client.set_terminated(run_id, status=status)
         return

@@ -1,0 +1,117 @@
+"""A ``--local`` sweep: two devices on a Ray cluster of this machine, results in one store,
+every socket it opens on 127.0.0.1, everything released at the end."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from tests._support import PYTHON
+
+SPEC = {
+    "experiment": "sweep-test",
+    "devices": [{"name": "xeon-a", "profile": "xeon"}, {"name": "cpu-b", "profile": "cpu"}],
+    "models": [{"name": "conv_block", "params": {"width": 8, "depth": 1, "image_size": 32}}],
+    "compilers": ["identity"],
+    "batch_sizes": [1],
+    "warmup": 1,
+    "repetitions": 3,
+    "min_duration": 0.05,
+}
+
+
+def _descendants(pid: int) -> set[int]:
+    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout
+    children: dict[int, list[int]] = {}
+    for line in out.splitlines():
+        child, parent = map(int, line.split())
+        children.setdefault(parent, []).append(child)
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found | {pid}
+
+
+def _listening(pids: set[int]) -> list[str]:
+    """``address:port`` of every listening TCP socket of ``pids``."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    sockets = []
+    for line in out.splitlines():
+        owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        if owners & pids:
+            sockets.append(line.split()[3])
+    return sockets
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sweep")
+    (tmp / "sweep.yaml").write_text(yaml.safe_dump(SPEC))
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_NGRAPH_HOME": str(tmp / "home"), "MLFLOW_TRACKING_URI": uri}
+    command = [PYTHON, "-m", "mlflow_ngraph", "sweep", str(tmp / "sweep.yaml"), "--local"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    sockets: set[str] = set()
+    pids: set[int] = set()
+    while proc.poll() is None:
+        pids |= _descendants(proc.pid)
+        sockets.update(_listening(pids))
+        time.sleep(1)
+    out, err = proc.communicate()
+    return proc.returncode, out, err, uri, sockets, pids
+
+
+def test_the_sweep_measures_every_device_and_compares_them(sweep):
+    from mlflow.tracking import MlflowClient
+
+    code, out, err, uri, _, _ = sweep
+    assert code == 0, err[-3000:]
+    assert "xeon-a" in out and "cpu-b" in out and "comparison across devices" in out
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("sweep-test")
+    cells = client.search_runs([exp.experiment_id], "tags.`ngraph.role` = 'cell'")
+    devices = sorted(r.data.params["device"] for r in cells)
+    assert devices == ["cpu", "xeon"]  # one cell per device (the profiles until names land)
+    assert all("throughput.bs1" in r.data.metrics for r in cells)
+
+
+def test_every_socket_the_sweep_opened_is_on_loopback(sweep):
+    _, _, _, _, sockets, _ = sweep
+    assert sockets, "no listening socket was seen: the check saw nothing"
+    loopback = ("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")
+    others = [s for s in sockets if not s.startswith(loopback)]
+    assert not others, others
+
+
+def test_everything_started_on_ray_is_released(sweep):
+    *_, pids = sweep
+    time.sleep(2)
+    alive = [p for p in pids if os.path.exists(f"/proc/{p}")]
+    assert not alive, alive
+
+
+@pytest.mark.xfail(reason="needs runner wiring: the device name in the cell key and params")
+def test_two_devices_of_one_profile_stay_apart(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    spec = {**SPEC, "experiment": "same-profile",
+            "devices": [{"name": "cpu-a", "profile": "cpu"},
+                        {"name": "cpu-b", "profile": "cpu"}]}  # fmt: skip
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_NGRAPH_HOME": str(tmp_path / "home"), "MLFLOW_TRACKING_URI": uri}
+    command = [PYTHON, "-m", "mlflow_ngraph", "sweep", str(tmp_path / "sweep.yaml"), "--local"]
+    assert subprocess.run(command, env=env, capture_output=True).returncode == 0
+    exp = MlflowClient(uri).get_experiment_by_name("same-profile")
+    cells = MlflowClient(uri).search_runs([exp.experiment_id], "tags.`ngraph.role` = 'cell'")
+    assert sorted(r.data.params["device"] for r in cells) == ["cpu-a", "cpu-b"]
+    assert {r.data.tags.get("ngraph.sweep") for r in cells} != {None}

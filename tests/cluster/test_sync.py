@@ -1,0 +1,48 @@
+"""``mlflow-ngraph sync`` sends journaled-but-unlogged results exactly once."""
+
+from __future__ import annotations
+
+from mlflow_ngraph.tracking import mlflow_log as ml
+from mlflow_ngraph.tracking.journal import Journal
+
+RESULT = {"metrics": {"throughput": 12.5, "latency_p50_ms": 3.0}, "status": "OK"}
+
+
+def _measured_offline(tmp_path, home):
+    """A cell whose batches 1 and 2 were measured while the store could not be written."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = ml.connect(uri)
+    exp = ml.ensure_experiment(client, "e")
+    run_id = client.create_run(exp).info.run_id
+    journal = Journal.for_target(home, uri, "e", "cpu")
+    journal.set_run("cell", run_id)
+    journal.measured("cell", 1, RESULT)
+    journal.measured("cell", 2, RESULT)
+    return uri, client, run_id
+
+
+def test_sync_sends_each_result_once(tmp_path, home, run_cli):
+    uri, client, run_id = _measured_offline(tmp_path, home)
+    code, out, err = run_cli("sync", "--tracking-uri", uri, "--home", str(home))
+    assert code == 0, err
+    assert "2 result(s) sent" in out
+    assert client.get_run(run_id).data.metrics["throughput.bs2"] == 12.5
+    code, out, _ = run_cli("sync", "--tracking-uri", uri, "--home", str(home))
+    assert "0 result(s) sent" in out
+    assert len(client.get_metric_history(run_id, "throughput.bs1")) == 1
+    assert Journal.for_target(home, uri, "e", "cpu").done("cell", 1)
+
+
+def test_sync_after_a_kill_between_send_and_mark_sends_nothing_twice(tmp_path, home, run_cli):
+    uri, client, run_id = _measured_offline(tmp_path, home)
+    ml.log_batch(client, run_id, metrics=ml.batch_metrics(RESULT["metrics"], 1))  # sent, unmarked
+    code, out, _ = run_cli("sync", "--tracking-uri", uri, "--home", str(home))
+    assert "1 result(s) sent, 1 already in the store" in out
+    assert len(client.get_metric_history(run_id, "throughput.bs1")) == 1
+
+
+def test_sync_ignores_journals_of_other_stores(tmp_path, home, run_cli):
+    _measured_offline(tmp_path, home)
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    code, out, _ = run_cli("sync", "--tracking-uri", other, "--home", str(home))
+    assert code == 0 and "0 result(s) sent" in out and "from 0 journal(s)" in out

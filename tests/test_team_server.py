@@ -1,0 +1,151 @@
+"""The team set-up: ``mlflow server --app-name basic-auth`` on PostgreSQL with proxied
+artifacts, an admin with a password of its own, users with per-experiment permissions."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests._support import PYTHON, TINY
+
+PG = "postgresql://postgres@127.0.0.1:5432"
+ADMIN_PASSWORD = "admin-" + uuid.uuid4().hex[:10]
+DEV_PASSWORD = "Dev-S3cret-" + uuid.uuid4().hex[:10]
+
+
+def _pg(sql: str) -> None:
+    psycopg2 = pytest.importorskip("psycopg2")
+    conn = psycopg2.connect(f"{PG}/postgres")
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(sql)
+    conn.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    # MLflow's basic-auth app needs the `mlflow[auth]` extra (Flask-WTF)
+    pytest.importorskip("flask_wtf", reason="mlflow[auth] (Flask-WTF) is not installed")
+    tmp = tmp_path_factory.mktemp("team")
+    db = f"ngraph_team_{uuid.uuid4().hex[:8]}"
+    _pg(f"CREATE DATABASE {db}")
+    ini = tmp / "auth.ini"
+    ini.write_text(
+        "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
+        f"database_uri = sqlite:///{tmp / 'auth.db'}\nadmin_username = admin\n"
+        f"admin_password = {ADMIN_PASSWORD}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    mlflow_cli = str(Path(sys.executable).with_name("mlflow"))
+    log = open(tmp / "server.log", "w")
+    proc = subprocess.Popen(
+        [mlflow_cli, "server", "--app-name", "basic-auth", "--backend-store-uri",
+         f"{PG.replace('postgresql:', 'postgresql+psycopg2:')}/{db}",
+         "--artifacts-destination", str(tmp / "artifacts"), "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1"],
+        env={**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(ini)}, stdout=log, stderr=log,
+    )  # fmt: skip
+    import requests
+
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if requests.get(url + "/health", timeout=2).ok:
+                break
+        except requests.RequestException:
+            time.sleep(1)
+    else:
+        proc.kill()
+        pytest.fail(
+            "the tracking server did not start: " + (tmp / "server.log").read_text()[-2000:]
+        )
+    os.environ.update(MLFLOW_TRACKING_USERNAME="admin", MLFLOW_TRACKING_PASSWORD=ADMIN_PASSWORD)
+    try:
+        from mlflow.server import get_app_client
+        from mlflow.tracking import MlflowClient
+
+        auth = get_app_client("basic-auth", tracking_uri=url)
+        auth.create_user("dev", DEV_PASSWORD)
+        auth.create_user("reader", DEV_PASSWORD + "r")
+        exp = MlflowClient(url).create_experiment("team")
+        auth.create_experiment_permission(exp, "dev", "EDIT")
+        auth.create_experiment_permission(exp, "reader", "READ")
+    finally:
+        for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            os.environ.pop(name)
+    yield url, tmp
+    proc.terminate()
+    proc.wait(30)
+    log.close()
+    _pg(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+def _benchmark(url: str, home: Path, user: str, password: str):
+    env = {**os.environ, "MLFLOW_TRACKING_URI": url, "MLFLOW_TRACKING_USERNAME": user,
+           "MLFLOW_TRACKING_PASSWORD": password, "MLFLOW_NGRAPH_HOME": str(home)}  # fmt: skip
+    command = [PYTHON, "-m", "mlflow_ngraph", "benchmark", *TINY, "--compiler", "identity",
+               "--experiment", "team", "-v"]  # fmt: skip
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _errors(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("error:")]
+
+
+def test_a_wrong_password_is_one_line(server, tmp_path):
+    url, _ = server
+    done = _benchmark(url, tmp_path, "dev", "wrong")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    (line,) = _errors(done.stderr)
+    assert "refused the login of user 'dev'" in line and "MLFLOW_TRACKING_PASSWORD" in line
+
+
+def test_a_read_only_user_is_one_line_naming_the_permission(server, tmp_path):
+    url, _ = server
+    done = _benchmark(url, tmp_path, "reader", DEV_PASSWORD + "r")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    (line,) = _errors(done.stderr)
+    assert "'reader' lacks the permission" in line and "EDIT" in line
+    assert not (tmp_path / "journals").exists() or not any(
+        '"measured"' in p.read_text() for p in (tmp_path / "journals").glob("*.jsonl")
+    )
+
+
+def test_the_password_is_nowhere(server, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    url, _ = server
+    done = _benchmark(url, tmp_path, "dev", DEV_PASSWORD)
+    assert done.returncode == 0, done.stderr[-3000:]
+    os.environ.update(MLFLOW_TRACKING_USERNAME="dev", MLFLOW_TRACKING_PASSWORD=DEV_PASSWORD)
+    try:
+        client = MlflowClient(url)
+        exp = client.get_experiment_by_name("team")
+        runs = client.search_runs([exp.experiment_id])
+        assert len(runs) >= 2
+        texts = [done.stdout, done.stderr]
+        for run in runs:
+            texts += [repr(run.data.params), repr(run.data.tags)]
+            local = client.download_artifacts(run.info.run_id, "", str(tmp_path / run.info.run_id))
+            texts += [p.read_text(errors="replace") for p in Path(local).rglob("*") if p.is_file()]
+    finally:
+        for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            os.environ.pop(name)
+    texts += [p.read_text() for p in (tmp_path / "journals").glob("*.jsonl")]
+    assert any("spec_hash" in t for t in texts)  # the artifacts were read
+    assert not [t[:200] for t in texts if DEV_PASSWORD in t]
