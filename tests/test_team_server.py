@@ -58,7 +58,8 @@ def server(tmp_path_factory):
          f"{PG.replace('postgresql:', 'postgresql+psycopg2:')}/{db}",
          "--artifacts-destination", str(tmp / "artifacts"), "--host", "127.0.0.1",
          "--port", str(port), "--workers", "1"],
-        env={**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(ini)}, stdout=log, stderr=log,
+        env={**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(ini),
+             "MLFLOW_FLASK_SERVER_SECRET_KEY": uuid.uuid4().hex}, stdout=log, stderr=log,
     )  # fmt: skip
     import requests
 
@@ -83,8 +84,8 @@ def server(tmp_path_factory):
         auth.create_user("dev", DEV_PASSWORD)
         auth.create_user("reader", DEV_PASSWORD + "r")
         exp = MlflowClient(url).create_experiment("team")
-        auth.create_experiment_permission(exp, "dev", "EDIT")
-        auth.create_experiment_permission(exp, "reader", "READ")
+        auth.grant_user_permission("dev", "experiment", exp, "EDIT")
+        auth.grant_user_permission("reader", "experiment", exp, "READ")
     finally:
         for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
             os.environ.pop(name)

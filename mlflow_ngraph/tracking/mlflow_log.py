@@ -214,8 +214,12 @@ def ensure_experiment(client, name: str) -> str:
 
 def _mark_runs_view(client, experiment) -> None:
     """Open an experiment that has no kind yet on the runs table in MLflow's UI."""
-    if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):
+    if EXPERIMENT_KIND_TAG in (experiment.tags or {}):
+        return
+    try:  # cosmetic: a user who may not edit the experiment is told so by the first write
         client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    except Exception as exc:
+        log.debug("could not tag experiment %s: %s", experiment.experiment_id, exc)
 
 
 def run_experiment(client, name: str, explicit: bool = False) -> tuple[str, str]:
