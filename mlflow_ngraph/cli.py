@@ -173,6 +173,20 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
 )
 @click.option("--retry-failed", is_flag=True, help="Measure cells that failed before again.")
 @click.option("--no-engine-artifacts", is_flag=True, help="Do not log engines as artifacts.")
+@click.option(
+    "--isolation",
+    type=click.Choice(["process", "none"]),
+    default="process",
+    show_default=True,
+    help="Measure each cell in a fresh worker process, or all in this one.",
+)
+@click.option(
+    "--cell-timeout",
+    type=float,
+    default=1800.0,
+    show_default=True,
+    help="Seconds a cell's worker may run before it is killed and the cell FAILED.",
+)
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
 def benchmark(
@@ -192,6 +206,8 @@ def benchmark(
     home,
     retry_failed,
     no_engine_artifacts,
+    isolation,
+    cell_timeout,
     verbose,
     quiet,
 ) -> None:
@@ -216,10 +232,16 @@ def benchmark(
         tracking_uri=tracking_uri,
         log_engines=False if no_engine_artifacts else None,
     )
-    _run(data, home, retry_failed)
+    _run(data, home, retry_failed, isolation, cell_timeout)
 
 
-def _run(data: dict[str, Any], home: Path | None, retry_failed: bool) -> None:
+def _run(
+    data: dict[str, Any],
+    home: Path | None,
+    retry_failed: bool,
+    isolation: str = "process",
+    cell_timeout: float = 1800.0,
+) -> None:
     """Validate the merged settings, run every cell and print the summary."""
     from mlflow_ngraph.config import build_spec
     from mlflow_ngraph.runner import Runner, plan
@@ -227,6 +249,10 @@ def _run(data: dict[str, Any], home: Path | None, retry_failed: bool) -> None:
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
 
     spec = build_spec(data)
+    if not cell_timeout > 0 or cell_timeout == float("inf"):
+        raise NgraphError(
+            f"cell-timeout must be a finite number of seconds > 0, got {cell_timeout}"
+        )
     home = home or default_home()
     work = plan(spec, home)
     uri = resolve_tracking_uri(spec.tracking_uri)
@@ -238,7 +264,15 @@ def _run(data: dict[str, Any], home: Path | None, retry_failed: bool) -> None:
         spec.device,
         uri,
     )
-    rows = Runner(work, uri, home, retry_failed=retry_failed).run()
+    runner = Runner(
+        work,
+        uri,
+        home,
+        retry_failed=retry_failed,
+        isolation=isolation,
+        cell_timeout_s=cell_timeout,
+    )
+    rows = runner.run()
     click.echo(format_summary(rows, spec))
 
 

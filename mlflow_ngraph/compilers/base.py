@@ -134,6 +134,11 @@ class Engine(ABC):
         """Settings the runtime chose itself (threads, requests), recorded as params."""
         return {}
 
+    def compile_metrics(self) -> dict[str, float]:
+        """Numbers about how the engine was built (TVM: tuning seconds, trials, whether it
+        was tuned), logged with each batch size's metrics."""
+        return {}
+
     def close(self) -> None:
         """Release runtime resources."""
 

@@ -74,6 +74,7 @@ M_HOST_STEAL = "host_steal_percent"  # hypervisor steal time, % of all cores
 M_HOST_LOAD = "host_load_avg"  # 1-minute load average at the end of the window
 M_CPU_FREQ = "cpu_freq_mhz"  # mean current CPU frequency over the window, where exposed
 M_CPU_THROTTLE = "cpu_throttle_events"  # thermal throttle events during the window
+M_VALIDITY_WARNINGS = "validity_warnings"  # tracer / precision-fallback warnings of a cell
 M_GPU_UTIL = "gpu_util_percent"
 M_GPU_MEM = "gpu_mem_mb"
 # relative metrics (need T_c(1) and the identity baseline of the same device and model)
