@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import os
 import sys
 import warnings
@@ -243,19 +244,21 @@ def _run(
     cell_timeout: float = 1800.0,
 ) -> None:
     """Validate the merged settings, run every cell and print the summary."""
-    from mlflow_ngraph.config import build_spec
+    from mlflow_ngraph.config import build_spec, check_home, check_tracking_uri
     from mlflow_ngraph.runner import Runner, plan
     from mlflow_ngraph.summary import format_summary
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
 
     spec = build_spec(data)
-    if not cell_timeout > 0 or cell_timeout == float("inf"):
+    if not (math.isfinite(cell_timeout) and cell_timeout > 0):
         raise NgraphError(
             f"cell-timeout must be a finite number of seconds > 0, got {cell_timeout}"
         )
     home = home or default_home()
+    check_home(home)
     work = plan(spec, home)
     uri = resolve_tracking_uri(spec.tracking_uri)
+    check_tracking_uri(uri)
     log.info(
         "benchmarking %d model(s) x %d compiler(s) x batch sizes %s on %s -> %s",
         len(spec.models),
