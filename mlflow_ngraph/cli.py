@@ -188,6 +188,27 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
     show_default=True,
     help="Seconds a cell's worker may run before it is killed and the cell FAILED.",
 )
+@click.option(
+    "--cv-threshold",
+    type=float,
+    default=0.10,
+    show_default=True,
+    help="A batch size whose repetition times vary more (CV) is UNSTABLE.",
+)
+@click.option(
+    "--max-other-cpu",
+    type=float,
+    default=25.0,
+    show_default=True,
+    help="Percent of the CPU other processes may use during a measurement before it is UNSTABLE.",
+)
+@click.option(
+    "--stable-retries",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Measure an UNSTABLE batch size again up to K times; the steadiest attempt is kept.",
+)
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
 def benchmark(
@@ -209,6 +230,9 @@ def benchmark(
     no_engine_artifacts,
     isolation,
     cell_timeout,
+    cv_threshold,
+    max_other_cpu,
+    stable_retries,
     verbose,
     quiet,
 ) -> None:
@@ -233,7 +257,14 @@ def benchmark(
         tracking_uri=tracking_uri,
         log_engines=False if no_engine_artifacts else None,
     )
-    _run(data, home, retry_failed, isolation, cell_timeout)
+    _run(
+        data,
+        home,
+        retry_failed,
+        isolation,
+        cell_timeout,
+        stability=(cv_threshold, max_other_cpu, stable_retries),
+    )
 
 
 def _run(
@@ -242,8 +273,12 @@ def _run(
     retry_failed: bool,
     isolation: str = "process",
     cell_timeout: float = 1800.0,
+    stability: tuple[float, float, int] = (0.10, 25.0, 0),
 ) -> None:
-    """Validate the merged settings, run every cell and print the summary."""
+    """Validate the merged settings, run every cell and print the summary.
+
+    ``stability`` is (CV threshold, percent of the CPU other processes may use, retries of
+    an UNSTABLE batch size)."""
     from mlflow_ngraph.config import build_spec, check_home, check_tracking_uri
     from mlflow_ngraph.runner import Runner, plan
     from mlflow_ngraph.summary import format_summary
@@ -254,6 +289,13 @@ def _run(
         raise NgraphError(
             f"cell-timeout must be a finite number of seconds > 0, got {cell_timeout}"
         )
+    cv_threshold, max_other_cpu, stable_retries = stability
+    if not (math.isfinite(cv_threshold) and cv_threshold > 0):
+        raise NgraphError(f"cv-threshold must be a finite number > 0, got {cv_threshold}")
+    if not (math.isfinite(max_other_cpu) and 0 <= max_other_cpu <= 100):
+        raise NgraphError(f"max-other-cpu must be a percent in 0..100, got {max_other_cpu}")
+    if stable_retries < 0:
+        raise NgraphError(f"stable-retries must be >= 0, got {stable_retries}")
     home = home or default_home()
     check_home(home)
     work = plan(spec, home)
@@ -274,6 +316,9 @@ def _run(
         retry_failed=retry_failed,
         isolation=isolation,
         cell_timeout_s=cell_timeout,
+        cv_threshold=cv_threshold,
+        max_other_cpu=max_other_cpu,
+        stable_retries=stable_retries,
     )
     rows = runner.run()
     click.echo(format_summary(rows, spec))

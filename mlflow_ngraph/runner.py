@@ -27,6 +27,7 @@ from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.measure.stability import CV_THRESHOLD, OTHER_CPU_THRESHOLD
 from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.supply import host_fingerprint
 from mlflow_ngraph.tracking import index
@@ -79,6 +80,8 @@ class Row:
     skipped: bool = False
     #: the cell's resolved compiler flags: two settings of one compiler are two rows
     flags: dict[str, Any] = field(default_factory=dict)
+    #: whether the measurement is STABLE (None: not judged, e.g. FAILED or an old record)
+    stable: bool | None = None
 
 
 @dataclass
@@ -155,6 +158,9 @@ class Runner:
         on_row: Callable[[Row], None] | None = None,
         isolation: str = "process",
         cell_timeout_s: float = DEFAULT_CELL_TIMEOUT_S,
+        cv_threshold: float = CV_THRESHOLD,
+        max_other_cpu: float = OTHER_CPU_THRESHOLD,
+        stable_retries: int = 0,
     ) -> None:
         if isolation not in ISOLATION_MODES:
             raise NgraphError(f"isolation {isolation!r} is not one of: process, none")
@@ -167,6 +173,9 @@ class Runner:
         self.on_row = on_row or (lambda row: None)
         self.isolation = isolation
         self.cell_timeout_s = cell_timeout_s
+        self.cv_threshold = cv_threshold
+        self.max_other_cpu = max_other_cpu
+        self.stable_retries = stable_retries
         self.rows: list[Row] = []
 
     def run(self) -> list[Row]:
@@ -307,6 +316,9 @@ class Runner:
             home=str(self.home),
             measure=self.spec.measure,
             tolerance=self.spec.tolerance,
+            cv_threshold=self.cv_threshold,
+            max_other_cpu=self.max_other_cpu,
+            stable_retries=self.stable_retries,
         )
         if self.isolation == "none":
             measure_cell(task, on_event)
@@ -379,6 +391,9 @@ class Runner:
         return tags
 
     def _log_record(self, cell: Cell, run_id: str, b: int, record: dict) -> None:
+        stability = record.get("stability") or {}
+        if stability.get("stable") is False:
+            log.warning("%s bs%d UNSTABLE: %s", cell.name, b, stability.get("reason", ""))
         self.recorder.record(run_id, b, record)
         self.journal.logged(cell.key, b)
         self._emit(_row(cell, b, record))
@@ -437,7 +452,9 @@ class Runner:
             status, error = S.STATUS_INVALID, "output check failed at some batch size"
         else:
             status, error = S.STATUS_OK, ""
-        self.recorder.finish(run_id, status, error, bool(statuses))
+        judged = [r["stability"]["stable"] for r in state.measured.values() if r.get("stability")]
+        stable = all(judged) if judged else None
+        self.recorder.finish(run_id, status, error, bool(statuses), stable)
 
     def _rows_from_journal(self, cell: Cell, only: int | None = None) -> None:
         state = self.journal.cell(cell.key)
@@ -489,4 +506,5 @@ def _row(cell: Cell, b: int, record: dict) -> Row:
         max_rel_error=m.get(S.M_MAX_REL_ERROR),
         note=record.get("note") or ("untuned" if m.get("tuned") == 0.0 else ""),
         flags=dict(cell.flags),
+        stable=(record.get("stability") or {}).get("stable"),
     )

@@ -39,6 +39,14 @@ class CellRecorder:
         tags = {f"{S.T_STATUS}.bs{b}": record["status"], S.T_LAST_PARENT: self.parent_id}
         if record.get("note"):
             tags[f"ngraph.note.bs{b}"] = record["note"]
+        stability = record.get("stability")
+        if stability:
+            tags[f"{S.T_STABILITY}.bs{b}"] = (
+                S.STABILITY_STABLE if stability["stable"] else S.STABILITY_UNSTABLE
+            )
+            if stability.get("reason"):
+                tags[f"{S.T_STABILITY_REASON}.bs{b}"] = stability["reason"][:5000]
+            tags[f"{S.T_ATTEMPTS}.bs{b}"] = str(stability.get("attempts", 1))
         ml.log_batch(self.client, run_id, metrics=ml.batch_metrics(record["metrics"], b), tags=tags)
         ml.log_params_once(
             self.client, run_id, {f"runtime.{k}": v for k, v in record.get("runtime", {}).items()}
@@ -72,8 +80,17 @@ class CellRecorder:
         if path.is_file() and path.stat().st_size:
             self.client.log_artifact(run_id, str(path), artifact_path=artifact_path)
 
-    def finish(self, run_id: str, status: str, error: str, any_measured: bool) -> None:
+    def finish(
+        self,
+        run_id: str,
+        status: str,
+        error: str,
+        any_measured: bool,
+        stable: bool | None = None,
+    ) -> None:
         tags = {S.T_STATUS: status}
+        if stable is not None:
+            tags[S.T_STABILITY] = S.STABILITY_STABLE if stable else S.STABILITY_UNSTABLE
         if error:
             tags[S.T_ERROR] = error[:5000]
         ml.log_batch(self.client, run_id, tags=tags)
