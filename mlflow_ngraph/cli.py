@@ -10,6 +10,7 @@ import importlib
 import logging
 import math
 import os
+import signal
 import sys
 import warnings
 from importlib import resources
@@ -264,6 +265,7 @@ def benchmark(
         isolation,
         cell_timeout,
         stability=(cv_threshold, max_other_cpu, stable_retries),
+        quiet=quiet,
     )
 
 
@@ -274,6 +276,7 @@ def _run(
     isolation: str = "process",
     cell_timeout: float = 1800.0,
     stability: tuple[float, float, int] = (0.10, 25.0, 0),
+    quiet: bool = False,
 ) -> None:
     """Validate the merged settings, run every cell and print the summary.
 
@@ -283,6 +286,7 @@ def _run(
     from mlflow_ngraph.runner import Runner, plan
     from mlflow_ngraph.summary import format_summary
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
+    from mlflow_ngraph.view import make_view
 
     spec = build_spec(data)
     if not (math.isfinite(cell_timeout) and cell_timeout > 0):
@@ -319,9 +323,19 @@ def _run(
         cv_threshold=cv_threshold,
         max_other_cpu=max_other_cpu,
         stable_retries=stable_retries,
+        view=make_view(len(work.cells), quiet),
     )
-    rows = runner.run()
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        rows = runner.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     click.echo(format_summary(rows, spec))
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGTERM ends a run as Ctrl-C does: the journal holds every measured result."""
+    raise KeyboardInterrupt
 
 
 #: the paper's block grid (Section V-C/V-E): conv widths are channels, MHA widths embedding
@@ -500,14 +514,12 @@ def main(argv: list[str] | None = None) -> None:
     except NgraphError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except click.exceptions.Abort:  # click's form of Ctrl-C (and of SIGTERM, see _interrupt)
+        click.echo("interrupted: run the same command to resume", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        click.echo(
-            "interrupted: finished cells are saved; run the same command to resume", err=True
-        )
+        click.echo("interrupted: run the same command to resume", err=True)
         sys.exit(130)

@@ -35,6 +35,7 @@ from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.journal import Journal
 from mlflow_ngraph.tracking.recorder import CellRecorder
+from mlflow_ngraph.view import PlainView, estimate_seconds
 from mlflow_ngraph.worker import CHECK_SEED, CellTask, compare_outputs, one_line
 
 __all__ = ["CHECK_SEED", "Cell", "Plan", "Row", "Runner", "compare_outputs", "plan"]
@@ -161,6 +162,7 @@ class Runner:
         cv_threshold: float = CV_THRESHOLD,
         max_other_cpu: float = OTHER_CPU_THRESHOLD,
         stable_retries: int = 0,
+        view: PlainView | None = None,
     ) -> None:
         if isolation not in ISOLATION_MODES:
             raise NgraphError(f"isolation {isolation!r} is not one of: process, none")
@@ -176,6 +178,8 @@ class Runner:
         self.cv_threshold = cv_threshold
         self.max_other_cpu = max_other_cpu
         self.stable_retries = stable_retries
+        self.view = view
+        self._current_run: str | None = None
         self.rows: list[Row] = []
 
     def run(self) -> list[Row]:
@@ -195,14 +199,23 @@ class Runner:
         self.recorder = CellRecorder(
             self.client, self.experiment_id, self.parent_id, self.spec.log_engines
         )
+        if self.view:
+            pending = sum(len(self._pending(c)) for c in self.plan.cells)
+            cells = sum(1 for c in self.plan.cells if self._pending(c))
+            self.view.start(
+                estimate_seconds(cells, pending / max(cells, 1), self.spec.measure.min_duration_s)
+            )
         try:
             for model_spec in self.spec.models:
                 self._run_model(model_spec, [c for c in self.plan.cells if c.model is model_spec])
         except BaseException as exc:
-            try:  # best effort: the store itself may be what failed
-                ml.finish(self.client, self.parent_id, "KILLED")
-            except Exception as finish_exc:
-                log.debug("could not mark the parent run KILLED: %s", finish_exc)
+            for run_id in (self._current_run, self.parent_id):
+                if run_id is None:
+                    continue
+                try:  # best effort: the store itself may be what failed
+                    ml.finish(self.client, run_id, "KILLED")
+                except Exception as finish_exc:
+                    log.debug("could not mark run %s KILLED: %s", run_id, finish_exc)
             if ml.is_store_error(exc):  # the journal holds every measured result
                 raise NgraphError(
                     f"tracking store {self.tracking_uri} failed ({one_line(exc)}); every "
@@ -210,6 +223,9 @@ class Runner:
                     "the store is back to send them and finish the rest"
                 ) from None
             raise
+        finally:
+            if self.view:
+                self.view.stop()
         self._write_index()
         self.journal.indexed(self.spec.spec_hash, self.parent_id)
         ml.finish(self.client, self.parent_id, "FINISHED", announce=True)
@@ -250,10 +266,12 @@ class Runner:
         if not any(self._pending(c) for c in cells):
             log.info("%s: every cell already measured; skipping", model_spec.label)
             for cell in cells:
+                self._view("cell_started", cell.name)
                 self._rows_from_journal(cell)
                 run_id = self.journal.cell(cell.key).run_id
                 if run_id:  # a baseline measured since may now exist
                     self._log_relative(cell, run_id)
+                self._view("cell_done", cell.name)
             return
         for cell in cells:
             self._run_cell(cell)
@@ -261,8 +279,10 @@ class Runner:
     # --- one cell -------------------------------------------------------------------------
     def _run_cell(self, cell: Cell) -> None:
         pending = self._pending(cell)
+        self._view("cell_started", cell.name)
         state = self.journal.cell(cell.key)
         run_id = self.recorder.open(cell.key, cell.name, state.run_id)
+        self._current_run = run_id
         self.journal.set_run(cell.key, run_id)
         self.recorder.tags(run_id, self._cell_tags())
         for b in self.spec.batch_sizes:
@@ -280,6 +300,12 @@ class Runner:
             self.recorder.log_file(run_id, log_file, "logs")
         self._log_relative(cell, run_id)
         self._finish_cell(cell, run_id)
+        self._current_run = None
+        self._view("cell_done", cell.name)
+
+    def _view(self, method: str, *args: Any) -> None:
+        if self.view is not None:
+            getattr(self.view, method)(*args)
 
     def _dispatch(self, cell: Cell, run_id: str, pending: list[int], log_file: Path):
         """Measure ``pending`` batch sizes of ``cell``; results are journaled and logged as
@@ -291,6 +317,8 @@ class Runner:
         def on_event(kind: str, payload: Any) -> None:
             if kind == "log":
                 log.log(*payload)
+            elif kind == "phase":
+                self._view("phase", *payload)
             elif kind == "model":
                 outcome.info = payload
                 self.recorder.params(run_id, self._cell_params(cell, payload))
@@ -479,6 +507,7 @@ class Runner:
 
     def _emit(self, row: Row) -> None:
         self.rows.append(row)
+        self._view("row", row)
         self.on_row(row)
 
 
