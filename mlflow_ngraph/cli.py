@@ -162,7 +162,19 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
 @click.option("--repetitions", type=int, help="Minimum measured repetitions (default 100).")
 @click.option("--min-duration", type=float, help="Minimum measured seconds per cell (default 1).")
 @click.option("--max-duration", type=float, help="Cap on measured seconds per cell.")
-@click.option("--tolerance", type=float, help="Output-check tolerance vs identity (default 1e-3).")
+@click.option(
+    "--tolerance",
+    type=float,
+    help="Output check: error bound as a fraction of each output's largest reference "
+    "magnitude, and 1 - minimum cosine similarity (default 1e-3).",
+)
+@click.option(
+    "--atol",
+    type=float,
+    help="Output check: absolute tolerance, |out - ref| <= atol + rtol * |ref| elementwise "
+    "(default: tolerance x the output's largest reference magnitude).",
+)
+@click.option("--rtol", type=float, help="Output check: relative tolerance (default 0).")
 @click.option("--experiment", help="MLflow experiment name.")
 @click.option(
     "--tracking-uri",
@@ -224,6 +236,8 @@ def benchmark(
     min_duration,
     max_duration,
     tolerance,
+    atol,
+    rtol,
     experiment,
     tracking_uri,
     home,
@@ -254,6 +268,8 @@ def benchmark(
         min_duration=min_duration,
         max_duration=max_duration,
         tolerance=tolerance,
+        atol=atol,
+        rtol=rtol,
         experiment=experiment,
         tracking_uri=tracking_uri,
         log_engines=False if no_engine_artifacts else None,

@@ -64,6 +64,8 @@ _TOP_KEYS = {
     "min_duration",
     "max_duration",
     "tolerance",
+    "atol",
+    "rtol",
     "tracking_uri",
     "log_engines",
 }
@@ -135,10 +137,17 @@ class Spec:
     tolerance: float = DEFAULT_TOLERANCE
     tracking_uri: str | None = None
     log_engines: bool = True
+    #: output check, elementwise |out - ref| <= atol + rtol * |ref| (Polygraphy's); atol
+    #: None is ``tolerance`` times the output's largest reference magnitude
+    atol: float | None = None
+    rtol: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("tracking_uri")  # where results go is not part of what is measured
+        for key, default in (("atol", None), ("rtol", 0.0)):
+            if data[key] == default:  # a spec that does not set them keeps its hash
+                data.pop(key)
         return data
 
     @property
@@ -273,6 +282,11 @@ def build_spec(data: dict[str, Any]) -> Spec:
     tolerance = _number(data, "tolerance", float, DEFAULT_TOLERANCE)
     if not (math.isfinite(tolerance) and tolerance > 0):
         raise NgraphError(f"tolerance must be a finite number > 0, got {tolerance}")
+    atol = _number(data, "atol", float, None)
+    rtol = _number(data, "rtol", float, 0.0)
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise NgraphError(f"{name} must be a finite number >= 0, got {value}")
     experiment = str(data.get("experiment") or "mlflow-ngraph")
     if len(experiment) > MAX_EXPERIMENT_NAME:
         raise NgraphError(
@@ -291,6 +305,8 @@ def build_spec(data: dict[str, Any]) -> Spec:
         tolerance=tolerance,
         tracking_uri=data.get("tracking_uri"),
         log_engines=bool(data.get("log_engines", True)),
+        atol=atol,
+        rtol=rtol,
     )
 
 

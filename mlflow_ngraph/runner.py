@@ -137,6 +137,8 @@ def _cell_key(
         "measure": spec.measure.__dict__,
         "tolerance": spec.tolerance,
     }
+    if spec.atol is not None or spec.rtol:  # unset, they keep the keys of earlier runs
+        parts.update(atol=spec.atol, rtol=spec.rtol)
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -344,6 +346,8 @@ class Runner:
             home=str(self.home),
             measure=self.spec.measure,
             tolerance=self.spec.tolerance,
+            atol=self.spec.atol,
+            rtol=self.spec.rtol,
             cv_threshold=self.cv_threshold,
             max_other_cpu=self.max_other_cpu,
             stable_retries=self.stable_retries,
@@ -388,6 +392,8 @@ class Runner:
             "min_duration_s": m.min_duration_s,
             "max_duration_s": m.max_duration_s,
             "tolerance": self.spec.tolerance,
+            "atol": "default" if self.spec.atol is None else self.spec.atol,
+            "rtol": self.spec.rtol,
             "compiler_version": cell.compiler.version(),
             "device_kind": self.profile.kind,
         }

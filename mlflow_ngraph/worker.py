@@ -61,6 +61,8 @@ class CellTask:
     measure: MeasureSettings
     tolerance: float
     log_file: str | None = None  # process isolation: the worker's stdout/stderr go here
+    atol: float | None = None  # None: tolerance x the output's largest reference magnitude
+    rtol: float = 0.0
     cv_threshold: float = CV_THRESHOLD
     max_other_cpu: float = OTHER_CPU_THRESHOLD  # percent of all cores
     stable_retries: int = 0
@@ -108,7 +110,7 @@ def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit):
     from mlflow_ngraph.measure.harness import measure
 
     emit("phase", (b, "reference"))
-    x_ref, y_ref = reference_outputs(model, supply, b)
+    x_ref, y_ref, reference = reference_outputs(model, supply, b)
     emit("phase", (b, "engine"))
     if engine is None:
         got = supply.get(compiler, task.flags, model, b, task.name)
@@ -122,7 +124,7 @@ def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit):
         compile_s, cache_hit = 0.0, False
         engine_dir = supply.save(compiler, task.flags, model, engine, b, 0.0)
     emit("phase", (b, "check"))
-    check = compare_outputs(engine.outputs(x_ref), y_ref, task.tolerance)
+    check = compare_outputs(engine.outputs(x_ref), y_ref, task.tolerance, task.atol, task.rtol)
     engine.prepare(model.random_input(b))
     t0 = time.perf_counter()
     engine.infer()
@@ -142,6 +144,7 @@ def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit):
         "status": S.STATUS_OK if check.valid else S.STATUS_INVALID,
         "note": check.reason,
         "stop_reason": result.stop_reason,
+        "reference": reference,
         "runtime": {k: str(v) for k, v in engine.runtime_settings().items()},
         "engine_dir": str(engine_dir) if engine_dir else None,
         "stability": {
@@ -222,7 +225,7 @@ def _is_number(value: Any) -> bool:
 
 # --- the model and its reference outputs, kept while consecutive cells share them ---------
 _MODEL: dict[str, Any] = {}
-_REFERENCES: dict[tuple[str, int], tuple[np.ndarray, Any]] = {}
+_REFERENCES: dict[tuple[str, int], tuple[np.ndarray, Any, str]] = {}
 
 
 def _load_model(name: str, params: dict[str, Any]):
@@ -240,16 +243,17 @@ def _load_model(name: str, params: dict[str, Any]):
 
 
 def reference_outputs(model, supply, b: int):
-    """The reference engine's outputs on a fresh random input of batch size ``b``."""
+    """(input, the reference engine's outputs, what the reference is) on a fresh random
+    input of batch size ``b``."""
     from mlflow_ngraph.compilers.registry import reference_compiler
 
     key = (model.content_hash, b)
     if key not in _REFERENCES:
-        compiler, flags, _label = reference_compiler(model)
+        compiler, flags, label = reference_compiler(model)
         engine = compiler.compile(model, flags, supply.context(b))
         try:
             x = model.random_input(b, seed=CHECK_SEED + b)
-            _REFERENCES[key] = (x, engine.outputs(x))
+            _REFERENCES[key] = (x, engine.outputs(x), label)
         finally:
             engine.close()
     return _REFERENCES[key]
@@ -270,54 +274,96 @@ def model_info(model) -> dict[str, Any]:
 # --- the output check ---------------------------------------------------------------------
 @dataclass
 class OutputCheck:
+    """The check of every output; the errors are the worst over outputs."""
+
     max_abs_error: float
     max_rel_error: float
     cosine: float
     valid: bool
     reason: str = ""
+    #: per output: (max abs error, max rel error, cosine), when there are several
+    per_output: list[tuple[float, float, float]] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
-        return {
+        out = {
             S.M_MAX_ABS_ERROR: self.max_abs_error,
             S.M_MAX_REL_ERROR: self.max_rel_error,
             S.M_COSINE: self.cosine,
             S.M_VALID: float(self.valid),
+            S.M_OUTPUTS_CHECKED: float(max(1, len(self.per_output))),
         }
+        if len(self.per_output) > 1:
+            for i, (abs_err, rel_err, cos) in enumerate(self.per_output):
+                out[S.output_key(S.M_MAX_ABS_ERROR, i)] = abs_err
+                out[S.output_key(S.M_MAX_REL_ERROR, i)] = rel_err
+                out[S.output_key(S.M_COSINE, i)] = cos
+        return out
 
 
-def compare_outputs(output: np.ndarray, reference: np.ndarray, tolerance: float) -> OutputCheck:
-    """Compare an engine's output with the reference's.
+def _as_list(outputs) -> list[np.ndarray]:
+    if isinstance(outputs, (tuple, list)):
+        return [np.asarray(o) for o in outputs]
+    return [np.asarray(outputs)]
 
-    ``max_rel_error`` is the largest absolute difference divided by the reference's largest
-    magnitude (element-wise relative error explodes on outputs near zero). Valid when it is at
-    most ``tolerance`` and the cosine similarity is at least ``1 - tolerance``.
+
+def compare_outputs(
+    outputs, references, tolerance: float, atol: float | None = None, rtol: float = 0.0
+) -> OutputCheck:
+    """Check every output of an engine against the reference's, as Polygraphy does:
+    elementwise ``|out - ref| <= atol + rtol * |ref|``, and a cosine similarity of at least
+    ``1 - tolerance``.
+
+    ``atol`` defaults to ``tolerance`` times the output's largest reference magnitude (with
+    ``rtol`` 0 that is the check of ``--tolerance`` alone). ``max_rel_error`` is the largest
+    absolute difference over the reference's largest magnitude (element-wise relative error
+    explodes on outputs near zero). Outputs may be one array or a tuple/list of them.
     """
-    if output.size != reference.size:
+    outs, refs = _as_list(outputs), _as_list(references)
+    if len(outs) != len(refs):
         return OutputCheck(
             float("inf"),
             float("inf"),
             0.0,
             False,
-            f"output shape {output.shape} != reference {reference.shape}",
+            f"{len(outs)} output(s) where the reference has {len(refs)}",
         )
-    out = output.astype(np.float64).ravel()
-    ref = reference.astype(np.float64).ravel()
-    if not np.all(np.isfinite(out)):
-        return OutputCheck(float("inf"), float("inf"), 0.0, False, "output has NaN or Inf")
-    max_abs = float(np.max(np.abs(out - ref))) if out.size else 0.0
-    max_rel = max_abs / max(float(np.max(np.abs(ref))), 1e-12)
-    norms = float(np.linalg.norm(out) * np.linalg.norm(ref))
-    cosine = float(np.dot(out, ref) / norms) if norms > 0 else float(max_abs == 0)
-    valid = max_rel <= tolerance and cosine >= 1 - tolerance
-    reason = (
-        ""
-        if valid
-        else (
-            f"output differs from the reference: max rel error {max_rel:.2e}, cosine "
-            f"{cosine:.6f} (tolerance {tolerance:g})"
-        )
+    per_output, failures = [], []
+    for i, (output, reference) in enumerate(zip(outs, refs)):
+        name = f"output {i}" if len(outs) > 1 else "output"
+        if output.size != reference.size:
+            per_output.append((float("inf"), float("inf"), 0.0))
+            failures.append(f"{name} shape {output.shape} != reference {reference.shape}")
+            continue
+        out = output.astype(np.float64).ravel()
+        ref = reference.astype(np.float64).ravel()
+        if not np.all(np.isfinite(out)):
+            per_output.append((float("inf"), float("inf"), 0.0))
+            failures.append(f"{name} has NaN or Inf")
+            continue
+        diff = np.abs(out - ref)
+        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+        max_abs = float(np.max(diff)) if out.size else 0.0
+        max_rel = max_abs / max(scale, 1e-12)
+        norms = float(np.linalg.norm(out) * np.linalg.norm(ref))
+        cosine = float(np.dot(out, ref) / norms) if norms > 0 else float(max_abs == 0)
+        per_output.append((max_abs, max_rel, cosine))
+        bound = (tolerance * scale if atol is None else atol) + rtol * np.abs(ref)
+        within = bool(np.all(diff <= bound)) if out.size else True
+        if not within or cosine < 1 - tolerance:
+            failures.append(
+                f"{name} differs from the reference: max abs error {max_abs:.2e}, max rel "
+                f"error {max_rel:.2e}, cosine {cosine:.6f}"
+            )
+    settings = f"tolerance {tolerance:g}" + (f", atol {atol:g}" if atol is not None else "")
+    settings += f", rtol {rtol:g}" if rtol else ""
+    return OutputCheck(
+        max(p[0] for p in per_output),
+        max(p[1] for p in per_output),
+        min(p[2] for p in per_output),
+        not failures,
+        "; ".join(failures) + f" ({settings})" if failures else "",
+        per_output if len(per_output) > 1 else [],
     )
-    return OutputCheck(max_abs, max_rel, cosine, valid, reason)
 
 
 def one_line(exc: BaseException) -> str:

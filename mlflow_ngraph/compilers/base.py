@@ -121,7 +121,8 @@ class Engine(ABC):
 
     @abstractmethod
     def outputs(self, inputs: np.ndarray) -> np.ndarray:
-        """Run once on ``inputs`` and return the first output as a float32 array."""
+        """Run once on ``inputs`` and return its output as a float32 array, or every output
+        as a tuple of them when the model has several."""
 
     def synchronize(self) -> None:
         """Wait for queued device work (a no-op on the CPU)."""

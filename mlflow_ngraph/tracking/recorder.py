@@ -39,6 +39,8 @@ class CellRecorder:
         tags = {f"{S.T_STATUS}.bs{b}": record["status"], S.T_LAST_PARENT: self.parent_id}
         if record.get("note"):
             tags[f"ngraph.note.bs{b}"] = record["note"]
+        if record.get("reference"):
+            tags[S.T_REFERENCE] = record["reference"]
         stability = record.get("stability")
         if stability:
             tags[f"{S.T_STABILITY}.bs{b}"] = (
@@ -48,8 +50,16 @@ class CellRecorder:
                 tags[f"{S.T_STABILITY_REASON}.bs{b}"] = stability["reason"][:5000]
             tags[f"{S.T_ATTEMPTS}.bs{b}"] = str(stability.get("attempts", 1))
         ml.log_batch(self.client, run_id, metrics=ml.batch_metrics(record["metrics"], b), tags=tags)
+        runtime = record.get("runtime", {})
+        # what the runtime chose, per batch size (``runtime.bs<b>.<key>``); ``runtime.<key>``
+        # keeps the first batch size's value (params are written once)
         ml.log_params_once(
-            self.client, run_id, {f"runtime.{k}": v for k, v in record.get("runtime", {}).items()}
+            self.client,
+            run_id,
+            {
+                **{f"runtime.{k}": v for k, v in runtime.items()},
+                **{S.runtime_key(k, b): v for k, v in runtime.items()},
+            },
         )
         if record.get("engine_dir") and self.log_engines and Path(record["engine_dir"]).is_dir():
             ml.log_engine(self.client, run_id, Path(record["engine_dir"]), b)

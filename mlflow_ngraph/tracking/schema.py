@@ -67,6 +67,7 @@ M_MAX_ABS_ERROR = "max_abs_error"
 M_MAX_REL_ERROR = "max_rel_error"
 M_COSINE = "cosine_similarity"
 M_VALID = "valid"  # 1 when the output check passed
+M_OUTPUTS_CHECKED = "outputs_checked"  # outputs of the model compared with the reference
 M_THROUGHPUT_CI_LOW = "throughput_ci_low"  # 95% interval of the throughput
 M_THROUGHPUT_CI_HIGH = "throughput_ci_high"
 # what the host did during the measured window (noise that is not the engine's)
@@ -88,6 +89,18 @@ M_BSR = "bsr"
 def flat_key(metric: str, batch_size: int) -> str:
     """``throughput``, 8 -> ``throughput.bs8``."""
     return f"{metric}.bs{batch_size}"
+
+
+def runtime_key(setting: str, batch_size: int) -> str:
+    """``threads``, 8 -> ``runtime.bs8.threads``: what the runtime chose at one batch size
+    (a param; ``runtime.threads`` holds the first batch size's value)."""
+    return f"runtime.bs{batch_size}.{setting}"
+
+
+def output_key(metric: str, index: int) -> str:
+    """``max_abs_error``, 1 -> ``max_abs_error_out1``: one output's check of a multi-output
+    model (the unsuffixed metric is the worst over outputs)."""
+    return f"{metric}_out{index}"
 
 
 def parse_flat_key(key: str) -> tuple[str, int] | None:
