@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import os
+import signal
 import sys
 import warnings
 from importlib import resources
@@ -180,7 +182,19 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
 @click.option("--repetitions", type=int, help="Minimum measured repetitions (default 100).")
 @click.option("--min-duration", type=float, help="Minimum measured seconds per cell (default 1).")
 @click.option("--max-duration", type=float, help="Cap on measured seconds per cell.")
-@click.option("--tolerance", type=float, help="Output-check tolerance vs identity (default 1e-3).")
+@click.option(
+    "--tolerance",
+    type=float,
+    help="Output check: error bound as a fraction of each output's largest reference "
+    "magnitude, and 1 - minimum cosine similarity (default 1e-3).",
+)
+@click.option(
+    "--atol",
+    type=float,
+    help="Output check: absolute tolerance, |out - ref| <= atol + rtol * |ref| elementwise "
+    "(default: tolerance x the output's largest reference magnitude).",
+)
+@click.option("--rtol", type=float, help="Output check: relative tolerance (default 0).")
 @click.option("--experiment", help="MLflow experiment name.")
 @click.option(
     "--tracking-uri",
@@ -198,6 +212,41 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
     is_flag=True,
     help="Also log every valid engine as an MLflow logged model of its cell run.",
 )
+@click.option(
+    "--isolation",
+    type=click.Choice(["process", "none"]),
+    default="process",
+    show_default=True,
+    help="Measure each cell in a fresh worker process, or all in this one.",
+)
+@click.option(
+    "--cell-timeout",
+    type=float,
+    default=1800.0,
+    show_default=True,
+    help="Seconds a cell's worker may run before it is killed and the cell FAILED.",
+)
+@click.option(
+    "--cv-threshold",
+    type=float,
+    default=0.10,
+    show_default=True,
+    help="A batch size whose repetition times vary more (CV) is UNSTABLE.",
+)
+@click.option(
+    "--max-other-cpu",
+    type=float,
+    default=25.0,
+    show_default=True,
+    help="Percent of the CPU other processes may use during a measurement before it is UNSTABLE.",
+)
+@click.option(
+    "--stable-retries",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Measure an UNSTABLE batch size again up to K times; the steadiest attempt is kept.",
+)
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
 def benchmark(
@@ -212,12 +261,19 @@ def benchmark(
     min_duration,
     max_duration,
     tolerance,
+    atol,
+    rtol,
     experiment,
     tracking_uri,
     home,
     retry_failed,
     no_engine_artifacts,
     log_models,
+    isolation,
+    cell_timeout,
+    cv_threshold,
+    max_other_cpu,
+    stable_retries,
     verbose,
     quiet,
 ) -> None:
@@ -238,27 +294,62 @@ def benchmark(
         min_duration=min_duration,
         max_duration=max_duration,
         tolerance=tolerance,
+        atol=atol,
+        rtol=rtol,
         experiment=experiment,
         tracking_uri=tracking_uri,
         log_engines=False if no_engine_artifacts else None,
         log_models=True if log_models else None,
     )
-    _run(data, home, retry_failed, experiment_explicit=experiment is not None)
+    _run(
+        data,
+        home,
+        retry_failed,
+        isolation,
+        cell_timeout,
+        stability=(cv_threshold, max_other_cpu, stable_retries),
+        quiet=quiet,
+        experiment_explicit=experiment is not None,
+    )
 
 
 def _run(
-    data: dict[str, Any], home: Path | None, retry_failed: bool, experiment_explicit=False
+    data: dict[str, Any],
+    home: Path | None,
+    retry_failed: bool,
+    isolation: str = "process",
+    cell_timeout: float = 1800.0,
+    stability: tuple[float, float, int] = (0.10, 25.0, 0),
+    quiet: bool = False,
+    experiment_explicit: bool = False,
 ) -> None:
-    """Validate the merged settings, run every cell and print the summary."""
-    from mlflow_ngraph.config import build_spec
+    """Validate the merged settings, run every cell and print the summary.
+
+    ``stability`` is (CV threshold, percent of the CPU other processes may use, retries of
+    an UNSTABLE batch size)."""
+    from mlflow_ngraph.config import build_spec, check_home, check_tracking_uri
     from mlflow_ngraph.runner import Runner, plan
     from mlflow_ngraph.summary import format_summary
     from mlflow_ngraph.tracking.mlflow_log import redact, resolve_tracking_uri
+    from mlflow_ngraph.view import make_view
 
     spec = build_spec(data)
+    if not (math.isfinite(cell_timeout) and cell_timeout > 0):
+        raise NgraphError(
+            f"cell-timeout must be a finite number of seconds > 0, got {cell_timeout}"
+        )
+    cv_threshold, max_other_cpu, stable_retries = stability
+    if not (math.isfinite(cv_threshold) and cv_threshold > 0):
+        raise NgraphError(f"cv-threshold must be a finite number > 0, got {cv_threshold}")
+    if not (math.isfinite(max_other_cpu) and 0 <= max_other_cpu <= 100):
+        raise NgraphError(f"max-other-cpu must be a percent in 0..100, got {max_other_cpu}")
+    if stable_retries < 0:
+        raise NgraphError(f"stable-retries must be >= 0, got {stable_retries}")
     home = home or default_home()
+    check_home(home)
     work = plan(spec, home)
     uri = resolve_tracking_uri(spec.tracking_uri)
+    check_tracking_uri(uri)
     log.info(
         "benchmarking %d model(s) x %d compiler(s) x batch sizes %s on %s -> %s",
         len(spec.models),
@@ -268,16 +359,36 @@ def _run(
         redact(uri),
     )
     runner = Runner(
-        work, uri, home, retry_failed=retry_failed, experiment_explicit=experiment_explicit
+        work,
+        uri,
+        home,
+        retry_failed=retry_failed,
+        isolation=isolation,
+        cell_timeout_s=cell_timeout,
+        cv_threshold=cv_threshold,
+        max_other_cpu=max_other_cpu,
+        stable_retries=stable_retries,
+        view=make_view(len(work.cells), quiet),
+        experiment_explicit=experiment_explicit,
     )
-    rows = runner.run()
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        rows = runner.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     click.echo(format_summary(rows, spec, experiment=runner.experiment_name))
     experiment_id = getattr(runner, "experiment_id", None)
     if experiment_id and not uri.startswith(("http://", "https://")):
+        page = f"http://127.0.0.1:5000/#/experiments/{experiment_id}"
         click.echo(
             f"runs: mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1 --port 5000, "
-            f"then http://127.0.0.1:5000/#/experiments/{experiment_id}?workflowType=machine_learning"
+            f"then {page}?workflowType=machine_learning"
         )
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGTERM ends a run as Ctrl-C does: the journal holds every measured result."""
+    raise KeyboardInterrupt
 
 
 #: the paper's block grid (Section V-C/V-E): conv widths are channels, MHA widths embedding
@@ -456,14 +567,12 @@ def main(argv: list[str] | None = None) -> None:
     except NgraphError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except click.exceptions.Abort:  # click's form of Ctrl-C (and of SIGTERM, see _interrupt)
+        click.echo("interrupted: run the same command to resume", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        click.echo(
-            "interrupted: finished cells are saved; run the same command to resume", err=True
-        )
+        click.echo("interrupted: run the same command to resume", err=True)
         sys.exit(130)

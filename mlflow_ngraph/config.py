@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,8 @@ import yaml
 from mlflow_ngraph.errors import NgraphError
 
 SCENARIOS = ("throughput", "latency")
+#: MLflow refuses longer experiment names
+MAX_EXPERIMENT_NAME = 500
 
 #: warm-up repetitions before measuring: enough for lazy allocation, JIT specialisation and
 #: CPU frequency to settle on the models of the paper (pyperf uses 1 warm-up per process, but
@@ -60,6 +64,8 @@ _TOP_KEYS = {
     "min_duration",
     "max_duration",
     "tolerance",
+    "atol",
+    "rtol",
     "tracking_uri",
     "log_engines",
     "log_models",
@@ -102,10 +108,21 @@ class MeasureSettings:
             raise NgraphError(f"warmup must be >= 0, got {self.warmup}")
         if self.repetitions < 1:
             raise NgraphError(f"repetitions must be >= 1, got {self.repetitions}")
-        if self.min_duration_s < 0:
-            raise NgraphError(f"min-duration must be >= 0 seconds, got {self.min_duration_s}")
-        if self.max_duration_s is not None and self.max_duration_s <= 0:
-            raise NgraphError(f"max-duration must be > 0 seconds, got {self.max_duration_s}")
+        if not (math.isfinite(self.min_duration_s) and self.min_duration_s >= 0):
+            raise NgraphError(
+                f"min-duration must be a finite number of seconds >= 0, got {self.min_duration_s}"
+            )
+        if self.max_duration_s is not None:
+            if not (math.isfinite(self.max_duration_s) and self.max_duration_s > 0):
+                raise NgraphError(
+                    "max-duration must be a finite number of seconds > 0, got "
+                    f"{self.max_duration_s}"
+                )
+            if self.max_duration_s < self.min_duration_s:
+                raise NgraphError(
+                    f"max-duration {self.max_duration_s:g} s is below min-duration "
+                    f"{self.min_duration_s:g} s: raise --max-duration or lower --min-duration"
+                )
 
 
 @dataclass
@@ -123,11 +140,18 @@ class Spec:
     log_engines: bool = True
     #: every valid engine also as an MLflow logged model of its cell run (``--log-models``)
     log_models: bool = False
+    #: output check, elementwise |out - ref| <= atol + rtol * |ref| (Polygraphy's); atol
+    #: None is ``tolerance`` times the output's largest reference magnitude
+    atol: float | None = None
+    rtol: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("tracking_uri")  # where results go is not part of what is measured
         data.pop("log_models")  # nor how they are logged
+        for key, default in (("atol", None), ("rtol", 0.0)):
+            if data[key] == default:  # a spec that does not set them keeps its hash
+                data.pop(key)
         return data
 
     @property
@@ -260,19 +284,34 @@ def build_spec(data: dict[str, Any]) -> Spec:
     )
     measure.validate()
     tolerance = _number(data, "tolerance", float, DEFAULT_TOLERANCE)
-    if tolerance <= 0:
-        raise NgraphError(f"tolerance must be > 0, got {tolerance}")
+    if not (math.isfinite(tolerance) and tolerance > 0):
+        raise NgraphError(f"tolerance must be a finite number > 0, got {tolerance}")
+    atol = _number(data, "atol", float, None)
+    rtol = _number(data, "rtol", float, 0.0)
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise NgraphError(f"{name} must be a finite number >= 0, got {value}")
+    experiment = str(data.get("experiment") or "mlflow-ngraph")
+    if len(experiment) > MAX_EXPERIMENT_NAME:
+        raise NgraphError(
+            f"experiment name is {len(experiment)} characters long; MLflow allows at most "
+            f"{MAX_EXPERIMENT_NAME}: choose a shorter --experiment"
+        )
+    if data.get("tracking_uri"):
+        check_tracking_uri(str(data["tracking_uri"]))
     return Spec(
         models=_expand_sets(models),
         compilers=compilers,
         batch_sizes=parse_batch_sizes(data.get("batch_sizes", [1, 2, 4, 8])),
         device=device,
-        experiment=str(data.get("experiment") or "mlflow-ngraph"),
+        experiment=experiment,
         measure=measure,
         tolerance=tolerance,
         tracking_uri=data.get("tracking_uri"),
         log_engines=bool(data.get("log_engines", True)),
         log_models=bool(data.get("log_models", False)),
+        atol=atol,
+        rtol=rtol,
     )
 
 
@@ -284,3 +323,53 @@ def _expand_sets(models: list[ModelSpec]) -> list[ModelSpec]:
         names = expand_model_set(spec.name)
         out.extend(ModelSpec(n, dict(spec.params)) for n in names) if names else out.append(spec)
     return out
+
+
+#: tracking URI schemes MLflow opens itself (databases go through SQLAlchemy)
+_MLFLOW_SCHEMES = ("", "file", "http", "https", "databricks", "databricks-uc", "uc")
+
+
+def check_tracking_uri(uri: str) -> None:
+    """Refuse a URI whose scheme no MLflow tracking store handles (a typo such as
+    ``htp://``), before any run is created.
+
+    Raises:
+        NgraphError: the scheme is unknown.
+    """
+    import importlib.metadata
+
+    scheme = uri.partition("://")[0] if "://" in uri else ""
+    base = scheme.split("+")[0].lower()
+    try:
+        from mlflow.store.db.db_types import DATABASE_ENGINES
+    except ImportError:  # pragma: no cover - MLflow is a dependency
+        DATABASE_ENGINES = ["postgresql", "mysql", "sqlite", "mssql"]
+    plugins = {e.name for e in importlib.metadata.entry_points(group="mlflow.tracking_store")}
+    known = {*_MLFLOW_SCHEMES, *DATABASE_ENGINES, *plugins}
+    if base not in known:
+        raise NgraphError(
+            f"tracking URI {uri!r} has an unknown scheme {scheme!r} (known: "
+            f"{', '.join(sorted(s for s in known if s))}); fix --tracking-uri / "
+            "MLFLOW_TRACKING_URI"
+        )
+
+
+def check_home(home: Path) -> None:
+    """The cache and journal directory must be a directory this process can write.
+
+    Raises:
+        NgraphError: it is a file, or it cannot be created or written.
+    """
+    home = Path(home)
+    if home.exists() and not home.is_dir():
+        raise NgraphError(f"home {str(home)!r} is a file, not a directory: give another --home")
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        probe = home / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise NgraphError(
+            f"home {str(home)!r} cannot be written ({exc.strerror or exc}): give a writable "
+            "--home or MLFLOW_NGRAPH_HOME"
+        ) from None

@@ -1,50 +1,53 @@
-"""The per-device loop: models x compilers x batch sizes, each cell durable once measured.
+"""The per-device loop: plan the cells, resume from the journal, dispatch each cell to the
+worker step and feed its results to the recorder.
 
-For each model: build it, compute identity's reference outputs, then for each compiler and
-batch size get an engine (cache or compile), check its outputs, measure it, write the result
-to the journal and to MLflow. A compiler that fails on one model marks that cell FAILED with
-the reason and the loop goes on.
+For each model and compiler (a cell), the pending batch sizes are measured by
+:func:`mlflow_ngraph.worker.measure_cell`, by default in a fresh spawned process per cell
+(:mod:`mlflow_ngraph.isolation`; ``--isolation none`` runs it in this process). Each batch
+size's record is written to the journal the moment it arrives, then to MLflow by the
+:class:`~mlflow_ngraph.tracking.recorder.CellRecorder`. A cell that fails (a compiler error,
+a model that cannot be built, a worker that crashed or timed out) is marked FAILED with the
+reason and the loop goes on.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from mlflow_ngraph import metrics as M
-from mlflow_ngraph.compilers.base import CompileContext, Compiler, Engine
+from mlflow_ngraph.compilers.base import Compiler
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
-from mlflow_ngraph.errors import CompileFailed, NgraphError
+from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.estimate import Timings, describe, estimate, timing_key
-from mlflow_ngraph.measure.harness import measure
-from mlflow_ngraph.models.base import LoadedModel
-from mlflow_ngraph.models.registry import load_model, validate_model_spec
+from mlflow_ngraph.measure.stability import CV_THRESHOLD, OTHER_CPU_THRESHOLD
+from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.summary import cell_run_name, differing_flags
+from mlflow_ngraph.supply import host_fingerprint
 from mlflow_ngraph.tracking import index
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
-from mlflow_ngraph.tracking.engines import EngineCache, cache_key, engine_bytes, write_manifest
 from mlflow_ngraph.tracking.journal import Journal
+from mlflow_ngraph.tracking.recorder import CellRecorder
+from mlflow_ngraph.view import PlainView
+from mlflow_ngraph.worker import CHECK_SEED, CellTask, compare_outputs, one_line
+
+__all__ = ["CHECK_SEED", "Cell", "Plan", "Row", "Runner", "compare_outputs", "plan"]
 
 log = logging.getLogger(__name__)
 
-#: seed of the output-check input, distinct from the measured input (seed 0) so the check
-#: runs on a fresh random batch the engine has not seen.
-CHECK_SEED = 1234
+ISOLATION_MODES = ("process", "none")
+#: default of ``--cell-timeout``: generous enough for a TVM tuning of a large model
+DEFAULT_CELL_TIMEOUT_S = 1800.0
 
 
 @dataclass
@@ -83,6 +86,8 @@ class Row:
     skipped: bool = False
     #: the cell's resolved compiler flags: two settings of one compiler are two rows
     flags: dict[str, Any] = field(default_factory=dict)
+    #: whether the measurement is STABLE (None: not judged, e.g. FAILED or an old record)
+    stable: bool | None = None
 
 
 @dataclass
@@ -144,11 +149,20 @@ def _cell_key(
         "measure": spec.measure.__dict__,
         "tolerance": spec.tolerance,
     }
+    if spec.atol is not None or spec.rtol:  # unset, they keep the keys of earlier runs
+        parts.update(atol=spec.atol, rtol=spec.rtol)
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
 class Runner:
-    """Runs a :class:`Plan` into one tracking store, resuming from the journal."""
+    """Runs a :class:`Plan` into one tracking store, resuming from the journal.
+
+    Args:
+        isolation: ``process`` (each cell in a fresh spawned worker) or ``none`` (in this
+            process, as a baseline for the cost of isolation).
+        cell_timeout_s: a worker still running after this many seconds is killed and its
+            cell's remaining batch sizes are FAILED (process isolation only).
+    """
 
     def __init__(
         self,
@@ -157,8 +171,16 @@ class Runner:
         home: Path,
         retry_failed: bool = False,
         on_row: Callable[[Row], None] | None = None,
+        isolation: str = "process",
+        cell_timeout_s: float = DEFAULT_CELL_TIMEOUT_S,
+        cv_threshold: float = CV_THRESHOLD,
+        max_other_cpu: float = OTHER_CPU_THRESHOLD,
+        stable_retries: int = 0,
+        view: PlainView | None = None,
         experiment_explicit: bool = False,
     ) -> None:
+        if isolation not in ISOLATION_MODES:
+            raise NgraphError(f"isolation {isolation!r} is not one of: process, none")
         self.plan = plan_
         self.spec = plan_.spec
         self.profile = plan_.profile
@@ -166,7 +188,13 @@ class Runner:
         self.home = Path(home)
         self.retry_failed = retry_failed
         self.on_row = on_row or (lambda row: None)
-        self.cache = EngineCache(self.home)
+        self.isolation = isolation
+        self.cell_timeout_s = cell_timeout_s
+        self.cv_threshold = cv_threshold
+        self.max_other_cpu = max_other_cpu
+        self.stable_retries = stable_retries
+        self.view = view
+        self._current_run: str | None = None
         self.rows: list[Row] = []
         #: where the results went (under ``mlflow run``: the project run's experiment)
         self.experiment_name = plan_.spec.experiment
@@ -185,37 +213,48 @@ class Runner:
         self.experiment_id, self.experiment_name = ml.run_experiment(
             self.client, self.spec.experiment, self.experiment_explicit
         )
+        env = self.env = environment(self.profile.name, self.profile.kind, self.home)
+        self.parent_id = ml.parent_run(
+            self.client, self.experiment_id, self.spec, self.profile, env, {S.T_HOST: env["host"]}
+        )
+        self.recorder = CellRecorder(
+            self.client, self.experiment_id, self.parent_id, self.spec.log_engines
+        )
         self.timings = Timings(self.home)
         todo = [
             (cell.model.label, cell.compiler.name, cell.flags, b)
             for cell in self.plan.cells
             for b in self._pending(cell)
         ]
+        seconds, known, count = estimate(todo, self.spec.measure, self.timings)
         if todo:
-            log.info(describe(*estimate(todo, self.spec.measure, self.timings)))
-        env = self.env = environment(self.profile.name, self.profile.kind, self.home)
-        self.parent_id = ml.parent_run(
-            self.client, self.experiment_id, self.spec, self.profile, env, {S.T_HOST: env["host"]}
-        )
-        status = "FINISHED"
+            log.info(describe(seconds, known, count))
+        if self.view:
+            self.view.start(seconds)
         try:
             for model_spec in self.spec.models:
                 self._run_model(model_spec, [c for c in self.plan.cells if c.model is model_spec])
         except BaseException as exc:
-            try:  # best effort: the store itself may be what failed
-                ml.finish(self.client, self.parent_id, "KILLED")
-            except Exception as finish_exc:
-                log.debug("could not mark the parent run KILLED: %s", finish_exc)
+            for run_id in (self._current_run, self.parent_id):
+                if run_id is None:
+                    continue
+                try:  # best effort: the store itself may be what failed
+                    ml.finish(self.client, run_id, "KILLED")
+                except Exception as finish_exc:
+                    log.debug("could not mark run %s KILLED: %s", run_id, finish_exc)
             if ml.is_store_error(exc):  # the journal holds every measured result
                 raise NgraphError(
-                    f"tracking store {ml.redact(self.tracking_uri)} failed ({_one_line(exc)}); "
+                    f"tracking store {ml.redact(self.tracking_uri)} failed ({one_line(exc)}); "
                     "every measured result is kept in the journal: run the same command again once "
                     "the store is back to send them and finish the rest"
                 ) from None
             raise
+        finally:
+            if self.view:
+                self.view.stop()
         self._write_index()
         self.journal.indexed(self.spec.spec_hash, self.parent_id)
-        ml.finish(self.client, self.parent_id, status, announce=True)
+        ml.finish(self.client, self.parent_id, "FINISHED", announce=True)
         return self.rows
 
     def _finished_before(self) -> bool:
@@ -253,227 +292,151 @@ class Runner:
         if not any(self._pending(c) for c in cells):
             log.info("%s: every cell already measured; skipping", model_spec.label)
             for cell in cells:
+                self._view("cell_started", cell.name)
                 self._rows_from_journal(cell)
                 run_id = self.journal.cell(cell.key).run_id
                 if run_id:  # a baseline measured since may now exist
                     self._log_relative(cell, run_id)
+                self._view("cell_done", cell.name)
             return
-        # the runtimes of the cells about to be compiled, imported here: a package's first
-        # import in a process (openvino, ~0.2 s) is not the compile time of whichever cell
-        # happens to come first. Nothing imports them when every cell is already done.
-        _import_runtimes(c.compiler for c in cells if self._pending(c))
-        log.info("building %s", model_spec.label)
-        model = load_model(model_spec.name, model_spec.params)
-        references = self._references(model)
         for cell in cells:
-            self._run_cell(cell, model, references)
-
-    def _references(self, model: LoadedModel) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """Identity's outputs on a fresh random input per batch size (the output check)."""
-        refs = {}
-        engine = None
-        for b in self.spec.batch_sizes:
-            if engine is None or not model.is_torch:  # ONNX references are per batch size
-                engine = _reference_engine(model, self.profile.kind, self.home, b)
-            x = model.random_input(b, seed=CHECK_SEED + b)
-            refs[b] = (x, engine.outputs(x))
-            if not model.is_torch:
-                engine.close()
-        return refs
+            self._run_cell(cell)
 
     # --- one cell -------------------------------------------------------------------------
-    def _run_cell(self, cell: Cell, model: LoadedModel, references) -> None:
+    def _run_cell(self, cell: Cell) -> None:
         pending = self._pending(cell)
+        self._view("cell_started", cell.name)
         state = self.journal.cell(cell.key)
-        run_id = ml.cell_run(
-            self.client,
-            self.experiment_id,
-            self.parent_id,
-            cell.key,
-            cell.run_name or cell.name,
-            state.run_id,
-        )
+        run_id = self.recorder.open(cell.key, cell.run_name or cell.name, state.run_id)
+        self._current_run = run_id
         self.journal.set_run(cell.key, run_id)
-        ml.log_params_once(self.client, run_id, self._cell_params(cell, model))
-        ml.log_batch(self.client, run_id, tags=self._cell_tags())
-        engine = None
+        self.recorder.tags(run_id, self._cell_tags())
         for b in self.spec.batch_sizes:
             if b not in pending:
                 self._rows_from_journal(cell, only=b)
-                continue
-            if engine is None or not cell.compiler.batch_agnostic:
-                if engine is not None:
-                    engine.close()
-                engine = None
-            engine = self._measure_batch(cell, model, references, run_id, b, engine)
-        if engine is not None:
-            engine.close()
+        log_file = self.home / "logs" / cell.key / "worker.log"
+        if pending:
+            outcome = self._dispatch(cell, run_id, pending, log_file)
+            if outcome.info is None:  # the model never built: the params it can have
+                self.recorder.params(run_id, self._cell_params(cell, None))
+            for b in pending:
+                if b not in outcome.seen and outcome.death:
+                    self._failed(cell, run_id, b, outcome.death)
+        if log_file.is_file():
+            self.recorder.log_file(run_id, log_file, "logs")
         self._log_relative(cell, run_id)
         self._finish_cell(cell, run_id)
+        self._current_run = None
+        self._view("cell_done", cell.name)
 
-    def _measure_batch(self, cell, model, references, run_id, b, engine):
-        started = time.perf_counter()
-        try:
-            engine, record = self._measure(cell, model, references, b, engine)
-            self.timings.record(
-                timing_key(cell.model.label, cell.compiler.name, cell.flags, b),
-                time.perf_counter() - started,
-            )
-        except Exception as exc:  # one failing cell never stops the run
-            if isinstance(exc, NgraphError) or ml.is_store_error(exc):
-                raise
-            reason = _one_line(exc)
-            log.warning("%s bs%d FAILED: %s", cell.name, b, reason)
-            self.journal.failed(cell.key, b, reason)
-            ml.log_batch(
-                self.client,
-                run_id,
-                tags={f"{S.T_STATUS}.bs{b}": S.STATUS_FAILED, f"{S.T_ERROR}.bs{b}": reason[:5000]},
-            )
-            self._emit(
-                Row(
-                    cell.model.label,
-                    cell.compiler.name,
-                    b,
-                    S.STATUS_FAILED,
-                    note=reason,
-                    flags=dict(cell.flags),
+    def _view(self, method: str, *args: Any) -> None:
+        if self.view is not None:
+            getattr(self.view, method)(*args)
+
+    def _dispatch(self, cell: Cell, run_id: str, pending: list[int], log_file: Path):
+        """Measure ``pending`` batch sizes of ``cell``; results are journaled and logged as
+        they arrive. Returns what was seen and why the worker ended early, if it did."""
+        from mlflow_ngraph.worker import measure_cell
+
+        outcome = _Outcome()
+
+        def on_event(kind: str, payload: Any) -> None:
+            if kind == "log":
+                log.log(*payload)
+            elif kind == "phase":
+                self._view("phase", *payload)
+            elif kind == "model":
+                outcome.info = payload
+                self.recorder.params(run_id, self._cell_params(cell, payload))
+            elif kind == "record":
+                b, record = payload
+                outcome.seen.add(b)
+                now = time.perf_counter()
+                self.timings.record(
+                    timing_key(cell.model.label, cell.compiler.name, cell.flags, b),
+                    now - outcome.last,
                 )
-            )
-            return None
-        self.journal.measured(cell.key, b, record)
-        self._log_record(cell, run_id, b, record)
-        return engine
+                outcome.last = now
+                self.journal.measured(cell.key, b, record)
+                self._log_record(cell, run_id, b, record)
+            elif kind == "failed":
+                b, reason = payload
+                outcome.seen.add(b)
+                self._failed(cell, run_id, b, reason)
 
-    def _measure(self, cell: Cell, model: LoadedModel, references, b: int, engine: Engine | None):
-        compile_s, cache_hit = 0.0, False
-        if engine is None:
-            engine, compile_s, cache_hit, engine_dir = self._engine(cell, model, b)
-        else:  # a batch-agnostic engine (eager) serves this batch too: its own manifest
-            engine_dir = self._save_engine(
-                cell, model, engine, self._engine_key(cell, model, b), b, 0.0
-            )
-        x_ref, y_ref = references[b]
-        check = compare_outputs(engine.outputs(x_ref), y_ref, self.spec.tolerance)
-        engine.prepare(model.random_input(b))
-        t0 = time.perf_counter()
-        engine.infer()
-        first_ms = 1000 * (time.perf_counter() - t0)
-        result = measure(engine, b, self.spec.measure, gpu=self.profile.kind == "cuda")
-        record = {
-            "metrics": {
-                **_measurement_metrics(result),
-                S.M_COMPILE: compile_s,
-                S.M_CACHE_HIT: float(cache_hit),
-                S.M_FIRST_INFERENCE: first_ms,
-                **check.metrics(),
-                "parallel_requests": float(engine.parallel_requests),
-                **_engine_extras(engine),
-            },
-            "status": S.STATUS_OK if check.valid else S.STATUS_INVALID,
-            "note": check.reason,
-            "stop_reason": result.stop_reason,
-            "runtime": {k: str(v) for k, v in engine.runtime_settings().items()},
-            "engine_dir": str(engine_dir) if engine_dir else None,
-        }
-        if engine_dir is not None:
-            manifest = json.loads((Path(engine_dir) / "manifest.json").read_text())
-            record["metrics"][S.M_ENGINE_SIZE] = engine_bytes(manifest) / 2**20
-        return engine, record
-
-    def _engine(self, cell: Cell, model: LoadedModel, b: int):
-        """The engine for ``b``: from the cache when a verified copy exists, else compiled
-        (and stored). Returns (engine, seconds spent, cache hit, engine directory)."""
-        key = self._engine_key(cell, model, b)
-        ctx = CompileContext(
-            workdir=self.home / "work",
-            device=self.profile.kind,
-            batch_size=b,
-            cache_dir=self.home,
-            scenario=self.spec.measure.scenario,
+        task = CellTask(
+            name=cell.name,
+            model_name=cell.model.name,
+            model_params=dict(cell.model.params),
+            compiler=cell.compiler.name,
+            flags=dict(cell.flags),
+            batch_sizes=pending,
+            device=self.profile.name,
+            device_kind=self.profile.kind,
+            home=str(self.home),
+            measure=self.spec.measure,
+            tolerance=self.spec.tolerance,
+            atol=self.spec.atol,
+            rtol=self.spec.rtol,
+            cv_threshold=self.cv_threshold,
+            max_other_cpu=self.max_other_cpu,
+            stable_retries=self.stable_retries,
         )
-        ctx.workdir.mkdir(parents=True, exist_ok=True)
-        cached = self.cache.lookup(key)
-        if cell.compiler.uses_onnx and model.is_torch and cached is None:
-            from mlflow_ngraph.compilers._export import export_onnx
+        if self.isolation == "none":
+            measure_cell(task, on_event)
+            return outcome
+        from mlflow_ngraph.isolation import run_isolated
 
-            export_onnx(model, self.home)  # cached: the compile clock below excludes it
-        t0 = time.perf_counter()
-        if cached is not None:
-            engine = cell.compiler.load(model, cell.flags, ctx, cached)
-            if engine is not None:
-                log.info("%s bs%d: engine cache hit (%s), compilation skipped", cell.name, b, key)
-                return engine, time.perf_counter() - t0, True, cached
-        log.info("%s bs%d: compiling", cell.name, b)
-        engine = cell.compiler.compile(model, cell.flags, ctx)
-        compile_s = time.perf_counter() - t0
-        return engine, compile_s, False, self._save_engine(cell, model, engine, key, b, compile_s)
+        task.log_file = str(log_file)
+        outcome.death = run_isolated(task, on_event, self.cell_timeout_s)
+        if outcome.death:
+            log.warning("%s: %s", cell.name, outcome.death)
+        return outcome
 
-    def _engine_key(self, cell: Cell, model: LoadedModel, b: int) -> str:
-        return cache_key(
-            {
-                "model": model.content_hash,
-                "compiler": cell.compiler.name,
-                "version": cell.compiler.version(),
-                "flags": cell.flags,
-                "batch": b,
-                "device": self.profile.name,
-                "scenario": self.spec.measure.scenario,
-                "host_cpu": _host_fingerprint(),
-            }
+    def _failed(self, cell: Cell, run_id: str, b: int, reason: str) -> None:
+        self.journal.failed(cell.key, b, reason)
+        self.recorder.failed(run_id, b, reason)
+        self._emit(
+            Row(
+                cell.model.label,
+                cell.compiler.name,
+                b,
+                S.STATUS_FAILED,
+                note=reason,
+                flags=dict(cell.flags),
+            )
         )
-
-    def _save_engine(self, cell, model, engine: Engine, key: str, b: int, compile_s: float):
-        with tempfile.TemporaryDirectory(dir=self.home / "work") as tmp:
-            files = engine.save(Path(tmp))
-            info = {
-                "compiler": cell.compiler.name,
-                "compiler_version": cell.compiler.version(),
-                "flags": cell.flags,
-                "model": model.label,
-                "model_sha256": model.content_hash,
-                "family": model.family,
-                "batch_size": b,
-                "input_name": model.input_name,
-                "input_shape": list(model.input_shape(b)),
-                "dtype": model.dtype,
-                "device": self.profile.name,
-                "device_kind": self.profile.kind,
-                "format": files.format,
-                "compile_s": compile_s,
-                "cache_key": key,
-                "host_cpu": _host_fingerprint(),
-                "cpu_flags": _cpu_flags(),
-                "versions": _versions(),
-            }
-            write_manifest(Path(tmp), files.files, info)
-            if not files.files:  # nothing serializable (eager, torch.compile JIT)
-                target = self.home / "work" / f"manifest-{key}"
-                shutil.rmtree(target, ignore_errors=True)
-                shutil.copytree(tmp, target)
-                return target
-            return self.cache.store(key, Path(tmp))
 
     # --- logging --------------------------------------------------------------------------
-    def _cell_params(self, cell: Cell, model: LoadedModel) -> dict[str, Any]:
+    def _cell_params(self, cell: Cell, info: dict[str, Any] | None) -> dict[str, Any]:
+        """The cell's params; ``info`` (what the worker says of the built model) adds the
+        model's family, size and hash."""
         m = self.spec.measure
         params = {
             S.P_DEVICE: self.profile.name,
-            S.P_MODEL: model.name,
+            S.P_MODEL: info["name"] if info else cell.model.name,
             S.P_COMPILER: cell.compiler.name,
-            S.P_FAMILY: model.family,
-            S.P_PARAMETER_COUNT: model.parameter_count,
             S.P_SCENARIO: m.scenario,
             "warmup": m.warmup,
             "repetitions": m.repetitions,
             "min_duration_s": m.min_duration_s,
             "max_duration_s": m.max_duration_s,
             "tolerance": self.spec.tolerance,
+            "atol": "default" if self.spec.atol is None else self.spec.atol,
+            "rtol": self.spec.rtol,
             "compiler_version": cell.compiler.version(),
             "device_kind": self.profile.kind,
-            "model_sha256": model.content_hash,
         }
-        params.update({f"{S.P_MODEL_PARAM_PREFIX}{k}": v for k, v in model.params.items()})
+        if info:
+            params.update(
+                {
+                    S.P_FAMILY: info["family"],
+                    S.P_PARAMETER_COUNT: info["parameter_count"],
+                    "model_sha256": info["content_hash"],
+                }
+            )
+        model_params = info["params"] if info else cell.model.params
+        params.update({f"{S.P_MODEL_PARAM_PREFIX}{k}": v for k, v in model_params.items()})
         params.update({f"{S.P_FLAG_PREFIX}{k}": v for k, v in cell.flags.items()})
         return params
 
@@ -484,7 +447,7 @@ class Runner:
             S.T_DEVICE: self.profile.name,
             S.T_DEVICE_KIND: self.profile.kind,
             S.T_HOST: self.env["host"],
-            "ngraph.device_fingerprint": _host_fingerprint(),
+            "ngraph.device_fingerprint": host_fingerprint(),
             S.T_SPEC_HASH: self.spec.spec_hash,
         }
         versions = {k: v for k, v in self.env.items() if k.startswith("version.")}
@@ -492,17 +455,17 @@ class Runner:
         return tags
 
     def _log_record(self, cell: Cell, run_id: str, b: int, record: dict) -> None:
-        tags = {f"{S.T_STATUS}.bs{b}": record["status"], S.T_LAST_PARENT: self.parent_id}
-        if record.get("note"):
-            tags[f"ngraph.note.bs{b}"] = record["note"]
-        ml.log_batch(self.client, run_id, metrics=ml.batch_metrics(record["metrics"], b), tags=tags)
-        ml.log_params_once(
-            self.client, run_id, {f"runtime.{k}": v for k, v in record.get("runtime", {}).items()}
-        )
-        if record.get("engine_dir") and self.spec.log_engines:
-            ml.log_engine(self.client, run_id, Path(record["engine_dir"]), b)
-            if self.spec.log_models and record["status"] == S.STATUS_OK:
-                self._log_model(cell, run_id, b, record)
+        stability = record.get("stability") or {}
+        if stability.get("stable") is False:
+            log.warning("%s bs%d UNSTABLE: %s", cell.name, b, stability.get("reason", ""))
+        self.recorder.record(run_id, b, record)
+        if (
+            self.spec.log_models
+            and self.spec.log_engines
+            and record.get("engine_dir")
+            and record["status"] == S.STATUS_OK
+        ):
+            self._log_model(cell, run_id, b, record)
         self.journal.logged(cell.key, b)
         self._emit(_row(cell, b, record))
 
@@ -523,7 +486,11 @@ class Runner:
             compiler=cell.compiler.name,
             flags="",
             batch_size=b,
-            metrics={k: float(v) for k, v in record["metrics"].items() if v is not None},
+            metrics={
+                k: float(v)
+                for k, v in record["metrics"].items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            },
         )
         try:
             log_engine_model(Path(record["engine_dir"]), candidate, self.tracking_uri)
@@ -547,18 +514,7 @@ class Runner:
         values: list[ml.MetricValue] = []
         for b, rel in M.relative_metrics(own, identity).items():
             values += ml.batch_metrics(rel, b)
-        logged = self.client.get_run(run_id).data.metrics
-        changed = [  # a resume re-logs nothing that the run already holds (all are flat)
-            (key, value, step)
-            for key, value, step in values
-            if logged.get(S.flat_key(key.split(".bs")[0], step)) != value
-        ]
-        note = (
-            "identity baseline of this device and model"
-            if identity
-            else "no identity baseline for this device and model: speedup and BSR not logged"
-        )
-        ml.log_batch(self.client, run_id, metrics=changed, tags={"ngraph.relative": note})
+        self.recorder.relative(run_id, values, bool(identity))
         self._set_row_speedups(cell)
 
     def _set_row_speedups(self, cell: Cell) -> None:
@@ -595,15 +551,9 @@ class Runner:
             status, error = S.STATUS_INVALID, "output check failed at some batch size"
         else:
             status, error = S.STATUS_OK, ""
-        tags = {S.T_STATUS: status}
-        if error:
-            tags[S.T_ERROR] = error[:5000]
-        ml.log_batch(self.client, run_id, tags=tags)
-        ml.finish(
-            self.client,
-            run_id,
-            "FAILED" if status == S.STATUS_FAILED and not statuses else "FINISHED",
-        )
+        judged = [r["stability"]["stable"] for r in state.measured.values() if r.get("stability")]
+        stable = all(judged) if judged else None
+        self.recorder.finish(run_id, status, error, bool(statuses), stable)
 
     def _rows_from_journal(self, cell: Cell, only: int | None = None) -> None:
         state = self.journal.cell(cell.key)
@@ -628,109 +578,19 @@ class Runner:
 
     def _emit(self, row: Row) -> None:
         self.rows.append(row)
+        self._view("row", row)
         self.on_row(row)
 
 
-# --- helpers ------------------------------------------------------------------------------
 @dataclass
-class OutputCheck:
-    max_abs_error: float
-    max_rel_error: float
-    cosine: float
-    valid: bool
-    reason: str = ""
+class _Outcome:
+    """What the runner saw of one cell's worker."""
 
-    def metrics(self) -> dict[str, float]:
-        return {
-            S.M_MAX_ABS_ERROR: self.max_abs_error,
-            S.M_MAX_REL_ERROR: self.max_rel_error,
-            S.M_COSINE: self.cosine,
-            S.M_VALID: float(self.valid),
-        }
-
-
-def compare_outputs(output: np.ndarray, reference: np.ndarray, tolerance: float) -> OutputCheck:
-    """Compare an engine's output with identity's.
-
-    ``max_rel_error`` is the largest absolute difference divided by the reference's largest
-    magnitude (element-wise relative error explodes on outputs near zero). Valid when it is at
-    most ``tolerance`` and the cosine similarity is at least ``1 - tolerance``.
-    """
-    if output.size != reference.size:
-        return OutputCheck(
-            float("inf"),
-            float("inf"),
-            0.0,
-            False,
-            f"output shape {output.shape} != reference {reference.shape}",
-        )
-    out = output.astype(np.float64).ravel()
-    ref = reference.astype(np.float64).ravel()
-    if not np.all(np.isfinite(out)):
-        return OutputCheck(float("inf"), float("inf"), 0.0, False, "output has NaN or Inf")
-    max_abs = float(np.max(np.abs(out - ref))) if out.size else 0.0
-    max_rel = max_abs / max(float(np.max(np.abs(ref))), 1e-12)
-    norms = float(np.linalg.norm(out) * np.linalg.norm(ref))
-    cosine = float(np.dot(out, ref) / norms) if norms > 0 else float(max_abs == 0)
-    valid = max_rel <= tolerance and cosine >= 1 - tolerance
-    reason = (
-        ""
-        if valid
-        else (
-            f"output differs from identity: max rel error {max_rel:.2e}, cosine {cosine:.6f} "
-            f"(tolerance {tolerance:g})"
-        )
-    )
-    return OutputCheck(max_abs, max_rel, cosine, valid, reason)
-
-
-def _reference_engine(model: LoadedModel, device_kind: str, home: Path, batch: int) -> Engine:
-    """Eager PyTorch for torch models; ONNX Runtime with every optimization off for ONNX files."""
-    ctx = CompileContext(
-        workdir=home / "work", device=device_kind, batch_size=batch, cache_dir=home
-    )
-    if model.is_torch:
-        return get_compiler("identity").compile(model, {}, ctx)
-    ort = get_compiler("onnxruntime")
-    require_available(ort, "cpu")
-    return ort.compile(model, ort.resolve_flags({"graph_optimization_level": "disable"}), ctx)
-
-
-def _measurement_metrics(result) -> dict[str, float]:
-    keys = (
-        S.M_THROUGHPUT,
-        S.M_THROUGHPUT_STD,
-        S.M_LATENCY_MEAN,
-        S.M_LATENCY_STD,
-        S.M_LATENCY_P50,
-        S.M_LATENCY_P90,
-        S.M_LATENCY_P99,
-        S.M_CV,
-        S.M_REPETITIONS,
-        S.M_DURATION,
-        S.M_CPU,
-        S.M_RSS,
-        "throughput_overall",
-        "requests_per_repetition",
-    )
-    data = result.to_dict()
-    out = {k: float(data[k]) for k in keys}
-    out.update({k: float(v) for k, v in (result.gpu or {}).items()})
-    return out
-
-
-def _engine_extras(engine: Engine) -> dict[str, float]:
-    """Compile-side numbers some engines expose (TVM's tuning time and trial count)."""
-    extras = {}
-    for attr, name in (
-        ("tuning_seconds", "tuning_s"),
-        ("trials_used", "trials"),
-        ("tuned", "tuned"),
-    ):
-        value = getattr(engine, attr, None)
-        if value is not None:
-            extras[name] = float(value)
-    return extras
+    info: dict[str, Any] | None = None  # the built model, once the worker said
+    seen: set[int] = field(default_factory=set)  # batch sizes with a record or a failure
+    death: str | None = None  # why the worker ended before finishing, if it did
+    #: when the last record (or the dispatch) came: a batch size's wall time on this host
+    last: float = field(default_factory=time.perf_counter)
 
 
 def _row(cell: Cell, b: int, record: dict) -> Row:
@@ -748,39 +608,5 @@ def _row(cell: Cell, b: int, record: dict) -> Row:
         max_rel_error=m.get(S.M_MAX_REL_ERROR),
         note=record.get("note") or ("untuned" if m.get("tuned") == 0.0 else ""),
         flags=dict(cell.flags),
+        stable=(record.get("stability") or {}).get("stable"),
     )
-
-
-def _import_runtimes(compilers) -> None:
-    """Import each compiler's Python packages; one that fails to import is left to fail
-    its own cells when they compile, as before."""
-    for compiler in compilers:
-        for package in compiler.packages:
-            try:
-                importlib.import_module(package)
-            except Exception as exc:
-                log.debug("importing %s for %s failed: %s", package, compiler.name, exc)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {first}"[:1000] if not isinstance(exc, CompileFailed) else first
-
-
-def _host_fingerprint() -> str:
-    from mlflow_ngraph.env import cpu_model
-
-    return f"{cpu_model()}|{os.cpu_count()}"
-
-
-def _cpu_flags() -> list[str]:
-    from mlflow_ngraph.env import cpu_flags
-
-    return cpu_flags()
-
-
-def _versions() -> dict[str, str]:
-    from mlflow_ngraph.env import library_versions
-
-    return library_versions()

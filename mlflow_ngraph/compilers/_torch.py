@@ -59,7 +59,7 @@ class TorchCallableEngine(Engine):
         with torch.inference_mode():
             out = self.fn(tensor)
         self.synchronize()
-        return first_output(out)
+        return all_outputs(out)
 
     def synchronize(self) -> None:
         if self.asynchronous_device:
@@ -82,3 +82,26 @@ def first_output(out: Any) -> np.ndarray:
     if hasattr(out, "detach"):
         out = out.detach().float().cpu().numpy()
     return np.asarray(out, dtype=np.float32)
+
+
+def all_outputs(out: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+    """Every tensor of a model's output (tensor, tuple, list or dict, nested) as float32, in
+    order; one array when there is one. Non-tensor outputs (a label string) are skipped."""
+    found: list[np.ndarray] = []
+
+    def walk(item: Any) -> None:
+        if isinstance(item, dict):
+            for value in item.values():
+                walk(value)
+        elif isinstance(item, (tuple, list)):
+            for value in item:
+                walk(value)
+        elif hasattr(item, "detach"):
+            found.append(np.asarray(item.detach().float().cpu().numpy(), dtype=np.float32))
+        elif isinstance(item, np.ndarray):
+            found.append(np.asarray(item, dtype=np.float32))
+
+    walk(out)
+    if not found:
+        return first_output(out)
+    return found[0] if len(found) == 1 else tuple(found)

@@ -121,7 +121,8 @@ class Engine(ABC):
 
     @abstractmethod
     def outputs(self, inputs: np.ndarray) -> np.ndarray:
-        """Run once on ``inputs`` and return the first output as a float32 array."""
+        """Run once on ``inputs`` and return its output as a float32 array, or every output
+        as a tuple of them when the model has several."""
 
     def synchronize(self) -> None:
         """Wait for queued device work (a no-op on the CPU)."""
@@ -132,6 +133,11 @@ class Engine(ABC):
 
     def runtime_settings(self) -> dict[str, Any]:
         """Settings the runtime chose itself (threads, requests), recorded as params."""
+        return {}
+
+    def compile_metrics(self) -> dict[str, float]:
+        """Numbers about how the engine was built (TVM: tuning seconds, trials, whether it
+        was tuned), logged with each batch size's metrics."""
         return {}
 
     def close(self) -> None:

@@ -115,9 +115,11 @@ class OnnxRuntimeEngine(Engine):
         self.session.run_with_iobinding(self._binding)
         self._binding.synchronize_outputs()
 
-    def outputs(self, inputs: np.ndarray) -> np.ndarray:
-        result = self.session.run(self.output_names[:1], {self.input_name: inputs})[0]
-        return np.asarray(result, dtype=np.float32)
+    def outputs(self, inputs: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Every output, in the graph's order (one array when there is one)."""
+        results = self.session.run(self.output_names, {self.input_name: inputs})
+        arrays = tuple(np.asarray(r, dtype=np.float32) for r in results)
+        return arrays[0] if len(arrays) == 1 else arrays
 
     def synchronize(self) -> None:
         if self._binding is not None:

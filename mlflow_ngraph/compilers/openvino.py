@@ -108,10 +108,13 @@ class OpenVinoEngine(Engine):
         if self.queue is not None:
             self.queue.wait_all()
 
-    def outputs(self, inputs: np.ndarray) -> np.ndarray:
+    def outputs(self, inputs: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Every output, in the model's order (one array when there is one)."""
         self._check_shape(inputs)
         result = self.compiled.create_infer_request().infer({0: inputs})
-        return np.array(result[0], dtype=np.float32, copy=True)
+        count = len(self.compiled.outputs)
+        arrays = tuple(np.array(result[i], dtype=np.float32, copy=True) for i in range(count))
+        return arrays[0] if count == 1 else arrays
 
     def save(self, directory: Path) -> EngineFiles:
         directory = Path(directory)

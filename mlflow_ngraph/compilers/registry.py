@@ -72,3 +72,14 @@ def require_available(compiler: Compiler, device_kind: str) -> None:
     ok, reason = compiler.availability(device_kind)
     if not ok:
         raise CompilerUnavailable(f"compiler {compiler.name!r} is not available: {reason}")
+
+
+def reference_compiler(model) -> tuple[Compiler, dict, str]:
+    """What a model's outputs are checked against: (compiler, flags, label). Eager PyTorch
+    for PyTorch models; ONNX Runtime with every graph optimization off for ONNX files."""
+    if model.is_torch:
+        return get_compiler("identity"), {}, "pytorch-eager"
+    ort = get_compiler("onnxruntime")
+    require_available(ort, "cpu")
+    flags = ort.resolve_flags({"graph_optimization_level": "disable"})
+    return ort, flags, "onnxruntime-no-optimizations"

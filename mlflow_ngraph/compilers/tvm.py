@@ -1063,6 +1063,13 @@ class TvmEngine(Engine):
         #: whether at least one kernel runs a tuned schedule
         self.tuned: bool = report.tuned
 
+    def compile_metrics(self) -> dict[str, float]:
+        return {
+            "tuning_s": float(self.tuning_seconds),
+            "trials": float(self.trials_used),
+            "tuned": float(self.tuned),
+        }
+
     # -- running
 
     def prepare(self, inputs: np.ndarray) -> None:

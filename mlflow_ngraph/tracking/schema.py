@@ -35,6 +35,7 @@ T_INDEX_RUNS = "ngraph.index.runs"  # on a parent: how many cell runs the index 
 
 T_STABILITY = "ngraph.stability"  # STABLE / UNSTABLE (any batch size unstable), and .bs<b>
 T_STABILITY_REASON = "ngraph.stability.reason"  # .bs<b>: why a batch size is UNSTABLE
+T_ATTEMPTS = "ngraph.attempts"  # .bs<b>: measurements made of a batch size (--stable-retries)
 T_REFERENCE = "ngraph.reference"  # what the outputs were checked against
 T_SWEEP = "ngraph.sweep"  # the sweep id of every run a sweep started
 
@@ -66,6 +67,7 @@ M_MAX_ABS_ERROR = "max_abs_error"
 M_MAX_REL_ERROR = "max_rel_error"
 M_COSINE = "cosine_similarity"
 M_VALID = "valid"  # 1 when the output check passed
+M_OUTPUTS_CHECKED = "outputs_checked"  # outputs of the model compared with the reference
 M_THROUGHPUT_CI_LOW = "throughput_ci_low"  # 95% interval of the throughput
 M_THROUGHPUT_CI_HIGH = "throughput_ci_high"
 # what the host did during the measured window (noise that is not the engine's)
@@ -74,6 +76,7 @@ M_HOST_STEAL = "host_steal_percent"  # hypervisor steal time, % of all cores
 M_HOST_LOAD = "host_load_avg"  # 1-minute load average at the end of the window
 M_CPU_FREQ = "cpu_freq_mhz"  # mean current CPU frequency over the window, where exposed
 M_CPU_THROTTLE = "cpu_throttle_events"  # thermal throttle events during the window
+M_VALIDITY_WARNINGS = "validity_warnings"  # tracer / precision-fallback warnings of a cell
 M_GPU_UTIL = "gpu_util_percent"
 M_GPU_MEM = "gpu_mem_mb"
 # relative metrics (need T_c(1) and the identity baseline of the same device and model)
@@ -114,6 +117,18 @@ FLAT_METRICS = frozenset(
 def flat_key(metric: str, batch_size: int) -> str:
     """``throughput``, 8 -> ``throughput.bs8``."""
     return f"{metric}.bs{batch_size}"
+
+
+def runtime_key(setting: str, batch_size: int) -> str:
+    """``threads``, 8 -> ``runtime.bs8.threads``: what the runtime chose at one batch size
+    (a param; ``runtime.threads`` holds the first batch size's value)."""
+    return f"runtime.bs{batch_size}.{setting}"
+
+
+def output_key(metric: str, index: int) -> str:
+    """``max_abs_error``, 1 -> ``max_abs_error_out1``: one output's check of a multi-output
+    model (the unsuffixed metric is the worst over outputs)."""
+    return f"{metric}_out{index}"
 
 
 def parse_flat_key(key: str) -> tuple[str, int] | None:

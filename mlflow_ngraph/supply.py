@@ -1,0 +1,154 @@
+"""The engine supply: an engine for (compiler, flags, model, batch size), from the local
+cache when a verified copy exists, else compiled and stored there with its manifest.
+
+It knows no compiler by name: the compiler object says whether it starts from the ONNX
+export (``uses_onnx``) and whether it can reload its engines (``load``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlflow_ngraph.compilers.base import CompileContext, Compiler, Engine
+from mlflow_ngraph.models.base import LoadedModel
+from mlflow_ngraph.tracking.engines import EngineCache, cache_key, write_manifest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Supplied:
+    """An engine and how it was obtained."""
+
+    engine: Engine
+    compile_s: float  # seconds spent getting it (a cache load on a hit)
+    cache_hit: bool
+    engine_dir: Path | None  # its directory with ``manifest.json``
+
+
+class EngineSupply:
+    """Engines of one device profile and scenario, cached under ``home``."""
+
+    def __init__(self, home: Path, device: str, device_kind: str, scenario: str) -> None:
+        self.home = Path(home)
+        self.device = device
+        self.device_kind = device_kind
+        self.scenario = scenario
+        self.cache = EngineCache(self.home)
+
+    def context(self, batch_size: int) -> CompileContext:
+        ctx = CompileContext(
+            workdir=self.home / "work",
+            device=self.device_kind,
+            batch_size=batch_size,
+            cache_dir=self.home,
+            scenario=self.scenario,
+        )
+        ctx.workdir.mkdir(parents=True, exist_ok=True)
+        return ctx
+
+    def get(
+        self, compiler: Compiler, flags: dict[str, Any], model: LoadedModel, b: int, name: str
+    ) -> Supplied:
+        """The engine for batch size ``b``: cache hit, else compiled (and stored)."""
+        key = self.key(compiler, flags, model, b)
+        ctx = self.context(b)
+        cached = self.cache.lookup(key)
+        if compiler.uses_onnx and model.is_torch and cached is None:
+            from mlflow_ngraph.compilers._export import export_onnx
+
+            export_onnx(model, self.home)  # cached: the compile clock below excludes it
+        t0 = time.perf_counter()
+        if cached is not None:
+            engine = compiler.load(model, flags, ctx, cached)
+            if engine is not None:
+                log.info("%s bs%d: engine cache hit (%s), compilation skipped", name, b, key)
+                return Supplied(engine, time.perf_counter() - t0, True, cached)
+        log.info("%s bs%d: compiling", name, b)
+        engine = compiler.compile(model, flags, ctx)
+        compile_s = time.perf_counter() - t0
+        return Supplied(
+            engine, compile_s, False, self.save(compiler, flags, model, engine, b, compile_s)
+        )
+
+    def key(self, compiler: Compiler, flags: dict[str, Any], model: LoadedModel, b: int) -> str:
+        return cache_key(
+            {
+                "model": model.content_hash,
+                "compiler": compiler.name,
+                "version": compiler.version(),
+                "flags": flags,
+                "batch": b,
+                "device": self.device,
+                "scenario": self.scenario,
+                "host_cpu": host_fingerprint(),
+            }
+        )
+
+    def save(
+        self,
+        compiler: Compiler,
+        flags: dict[str, Any],
+        model: LoadedModel,
+        engine: Engine,
+        b: int,
+        compile_s: float,
+    ) -> Path:
+        """Write ``engine`` and its manifest; serializable engines go into the cache, the
+        others (eager, JIT) leave a manifest-only directory under ``work``."""
+        key = self.key(compiler, flags, model, b)
+        (self.home / "work").mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.home / "work") as tmp:
+            files = engine.save(Path(tmp))
+            info = {
+                "compiler": compiler.name,
+                "compiler_version": compiler.version(),
+                "flags": flags,
+                "model": model.label,
+                "model_sha256": model.content_hash,
+                "family": model.family,
+                "batch_size": b,
+                "input_name": model.input_name,
+                "input_shape": list(model.input_shape(b)),
+                "dtype": model.dtype,
+                "device": self.device,
+                "device_kind": self.device_kind,
+                "format": files.format,
+                "compile_s": compile_s,
+                "cache_key": key,
+                "host_cpu": host_fingerprint(),
+                "cpu_flags": _cpu_flags(),
+                "versions": _versions(),
+            }
+            write_manifest(Path(tmp), files.files, info)
+            if not files.files:  # nothing serializable (eager, torch.compile JIT)
+                target = self.home / "work" / f"manifest-{key}"
+                shutil.rmtree(target, ignore_errors=True)
+                shutil.copytree(tmp, target)
+                return target
+            return self.cache.store(key, Path(tmp))
+
+
+def host_fingerprint() -> str:
+    from mlflow_ngraph.env import cpu_model
+
+    return f"{cpu_model()}|{os.cpu_count()}"
+
+
+def _cpu_flags() -> list[str]:
+    from mlflow_ngraph.env import cpu_flags
+
+    return cpu_flags()
+
+
+def _versions() -> dict[str, str]:
+    from mlflow_ngraph.env import library_versions
+
+    return library_versions()

@@ -1,0 +1,151 @@
+"""What a benchmark shows while it runs.
+
+:class:`PlainView` prints one line per finished cell (``[k/N] ...``) and suits logs, CI and
+``mlflow run``; :class:`LiveView` (a terminal) keeps one ``rich`` display up to date: cell
+k of N, the current model, compiler, batch size and phase, the last results, the elapsed
+time and an estimate of what is left. Both write to stderr; the summary table is stdout's.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def _result(row) -> str:
+    if row.throughput is None:
+        return f"bs{row.batch_size} {row.status}"
+    text = f"bs{row.batch_size} {row.throughput:.1f}/s"
+    low, high = getattr(row, "ci_low", None), getattr(row, "ci_high", None)
+    if low is not None and high is not None:
+        text += f" [{low:.1f}-{high:.1f}]"
+    if row.status != "OK":
+        text += f" {row.status}"
+    if row.stable is False:
+        text += " UNSTABLE"
+    return text
+
+
+class PlainView:
+    """One line per finished cell on stderr."""
+
+    def __init__(self, total_cells: int, stream=None) -> None:
+        self.total = total_cells
+        self.done = 0
+        self.began = time.monotonic()
+        self.stream = stream
+        self.rows: list[Any] = []
+        self.current: dict[str, Any] = {}
+
+    def _write(self, text: str) -> None:
+        print(text, file=self.stream or sys.stderr, flush=True)
+
+    def start(self, estimate_s: float) -> None:
+        self._write(
+            f"{self.total} cells to run; estimated time {_duration(estimate_s)} "
+            "(learned from earlier runs on this host where it can)"
+        )
+
+    def cell_started(self, name: str) -> None:
+        self.current = {"cell": name, "batch": None, "phase": "start"}
+        self.rows = []
+
+    def phase(self, batch_size: int, phase: str) -> None:
+        self.current.update(batch=batch_size, phase=phase)
+
+    def row(self, row) -> None:
+        self.rows.append(row)
+
+    def left_s(self) -> float | None:
+        if not self.done:
+            return None
+        return (time.monotonic() - self.began) / self.done * (self.total - self.done)
+
+    def cell_done(self, name: str) -> None:
+        self.done += 1
+        left = self.left_s()
+        results = ", ".join(_result(r) for r in self.rows) or "nothing to measure"
+        tail = f"; about {_duration(left)} left" if left is not None and left > 0 else ""
+        self._write(
+            f"[{self.done}/{self.total}] {name}: {results} "
+            f"({_duration(time.monotonic() - self.began)} elapsed{tail})"
+        )
+
+    def stop(self) -> None:
+        pass
+
+
+class LiveView(PlainView):
+    """A ``rich`` live display on a terminal."""
+
+    def __init__(self, total_cells: int) -> None:
+        super().__init__(total_cells)
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = Console(stderr=True)
+        self.last: list[str] = []
+        self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
+
+    def _render(self):
+        from rich.table import Table
+
+        table = Table.grid(padding=(0, 2))
+        left = self.left_s()
+        table.add_row(
+            f"[bold]cell {min(self.done + 1, self.total)}/{self.total}[/]",
+            f"{self.current.get('cell', '')}",
+            f"bs{self.current['batch']}" if self.current.get("batch") else "",
+            f"[cyan]{self.current.get('phase', '')}[/]",
+        )
+        table.add_row(
+            "elapsed",
+            _duration(time.monotonic() - self.began),
+            "left",
+            "-" if left is None else f"~{_duration(left)}",
+        )
+        for line in self.last[-4:]:
+            table.add_row("done", line, "", "")
+        return table
+
+    def start(self, estimate_s: float) -> None:
+        self.console.print(
+            f"{self.total} cells to run; estimated time {_duration(estimate_s)} "
+            "(learned from earlier runs on this host where it can)"
+        )
+        self.live.start()
+
+    def _refresh(self) -> None:
+        self.live.update(self._render())
+
+    def cell_started(self, name: str) -> None:
+        super().cell_started(name)
+        self._refresh()
+
+    def phase(self, batch_size: int, phase: str) -> None:
+        super().phase(batch_size, phase)
+        self._refresh()
+
+    def cell_done(self, name: str) -> None:
+        self.done += 1
+        results = ", ".join(_result(r) for r in self.rows) or "nothing to measure"
+        self.last.append(f"{name}: {results}")
+        self.console.print(f"[{self.done}/{self.total}] {name}: {results}")
+        self._refresh()
+
+    def stop(self) -> None:
+        self.live.stop()
+
+
+def make_view(total_cells: int, quiet: bool) -> PlainView:
+    """A live display on a terminal, else (and with ``-q``) plain lines."""
+    if not quiet and sys.stderr.isatty():
+        return LiveView(total_cells)
+    return PlainView(total_cells)

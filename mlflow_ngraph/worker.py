@@ -1,0 +1,373 @@
+"""The measurement step of one cell: build the model, compute the reference outputs, get
+each batch size's engine, check its outputs, run it once, measure it.
+
+It returns plain-dict records (one per batch size) through ``emit`` and writes nothing to
+MLflow or the journal; metric names come from :mod:`mlflow_ngraph.tracking.schema`. The
+runner calls :func:`measure_cell` in its own process (``--isolation none``) or in a spawned
+worker process (:mod:`mlflow_ngraph.isolation`).
+
+Events passed to ``emit(kind, payload)``:
+
+- ``("model", info)``: the model was built; ``info`` holds what the cell's params need.
+- ``("phase", (batch_size, phase))``: ``build``, ``reference``, ``engine``, ``check``,
+  ``measure``.
+- ``("record", (batch_size, record))``: a batch size measured (status OK or INVALID).
+- ``("failed", (batch_size, reason))``: a batch size failed; the rest go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mlflow_ngraph.config import MeasureSettings
+from mlflow_ngraph.errors import CompileFailed
+from mlflow_ngraph.measure.stability import CV_THRESHOLD, OTHER_CPU_THRESHOLD
+from mlflow_ngraph.tracking import schema as S
+
+log = logging.getLogger(__name__)
+
+#: seed of the output-check input, distinct from the measured input (seed 0) so the check
+#: runs on a fresh random batch the engine has not seen.
+CHECK_SEED = 1234
+
+#: every per-batch metric the schema names: a field of the harness's measurement whose key
+#: is one of these is logged, so a new measured quantity needs no runner change
+SCHEMA_METRICS = frozenset(v for k, v in vars(S).items() if k.startswith("M_"))
+#: fields of the measurement logged before the schema named every metric
+LEGACY_METRICS = ("throughput_overall", "requests_per_repetition")
+
+Emit = Callable[[str, Any], None]
+
+
+@dataclass
+class CellTask:
+    """Everything a worker needs to measure one cell: plain, picklable data."""
+
+    name: str
+    model_name: str
+    model_params: dict[str, Any]
+    compiler: str
+    flags: dict[str, Any]
+    batch_sizes: list[int]  # the pending ones
+    device: str
+    device_kind: str
+    home: str
+    measure: MeasureSettings
+    tolerance: float
+    log_file: str | None = None  # process isolation: the worker's stdout/stderr go here
+    atol: float | None = None  # None: tolerance x the output's largest reference magnitude
+    rtol: float = 0.0
+    cv_threshold: float = CV_THRESHOLD
+    max_other_cpu: float = OTHER_CPU_THRESHOLD  # percent of all cores
+    stable_retries: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def measure_cell(task: CellTask, emit: Emit) -> None:
+    """Measure every pending batch size of ``task``; failures become ``failed`` events."""
+    from mlflow_ngraph.compilers.registry import get_compiler
+    from mlflow_ngraph.supply import EngineSupply
+
+    pending = list(task.batch_sizes)
+    try:
+        emit("phase", (pending[0], "build"))
+        model = _load_model(task.model_name, task.model_params)
+        emit("model", model_info(model))
+        compiler = get_compiler(task.compiler)
+    except Exception as exc:  # the model or compiler cannot be had: every batch fails
+        reason = one_line(exc)
+        for b in pending:
+            emit("failed", (b, reason))
+        return
+    supply = EngineSupply(task.home, task.device, task.device_kind, task.measure.scenario)
+    engine = None
+    for b in pending:
+        if engine is not None and not compiler.batch_agnostic:
+            engine.close()
+            engine = None
+        try:
+            engine, record = _measure_batch(task, supply, compiler, model, b, engine, emit)
+        except Exception as exc:  # one failing batch size never stops the others
+            reason = one_line(exc)
+            log.warning("%s bs%d FAILED: %s", task.name, b, reason)
+            if engine is not None:
+                engine.close()
+            engine = None
+            emit("failed", (b, reason))
+            continue
+        emit("record", (b, record))
+    if engine is not None:
+        engine.close()
+
+
+def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit):
+    from mlflow_ngraph.measure.harness import measure
+
+    emit("phase", (b, "reference"))
+    x_ref, y_ref, reference = reference_outputs(model, supply, b)
+    emit("phase", (b, "engine"))
+    if engine is None:
+        got = supply.get(compiler, task.flags, model, b, task.name)
+        engine, compile_s, cache_hit, engine_dir = (
+            got.engine,
+            got.compile_s,
+            got.cache_hit,
+            got.engine_dir,
+        )
+    else:  # a batch-agnostic engine (eager) serves this batch too: its own manifest
+        compile_s, cache_hit = 0.0, False
+        engine_dir = supply.save(compiler, task.flags, model, engine, b, 0.0)
+    emit("phase", (b, "check"))
+    check = compare_outputs(engine.outputs(x_ref), y_ref, task.tolerance, task.atol, task.rtol)
+    engine.prepare(model.random_input(b))
+    t0 = time.perf_counter()
+    engine.infer()
+    first_ms = 1000 * (time.perf_counter() - t0)
+    emit("phase", (b, "measure"))
+    result, stability, attempts = _steadiest(task, engine, b, measure)
+    record = {
+        "metrics": {
+            **measurement_metrics(result),
+            S.M_COMPILE: compile_s,
+            S.M_CACHE_HIT: float(cache_hit),
+            S.M_FIRST_INFERENCE: first_ms,
+            **check.metrics(),
+            "parallel_requests": float(engine.parallel_requests),
+            **engine.compile_metrics(),
+        },
+        "status": S.STATUS_OK if check.valid else S.STATUS_INVALID,
+        "note": check.reason,
+        "stop_reason": result.stop_reason,
+        "reference": reference,
+        "runtime": {k: str(v) for k, v in engine.runtime_settings().items()},
+        "engine_dir": str(engine_dir) if engine_dir else None,
+        "stability": {
+            "stable": stability.stable,
+            "reason": stability.reason,
+            "attempts": attempts,
+        },
+    }
+    if engine_dir is not None:
+        from mlflow_ngraph.tracking.engines import engine_bytes, read_manifest
+
+        manifest = read_manifest(engine_dir) or {}
+        record["metrics"][S.M_ENGINE_SIZE] = engine_bytes(manifest) / 2**20
+    return engine, record
+
+
+#: seconds to wait before measuring an unstable batch size again (a burst of other work
+#: may pass)
+RETRY_PAUSE_S = 2.0
+
+
+def _steadiest(task: CellTask, engine, b: int, measure):
+    """Measure; while UNSTABLE and retries are left, pause and measure again. Returns the
+    attempt with the lowest CV, its stability and how many attempts were made."""
+    from mlflow_ngraph.measure.stability import assess
+
+    def judged(result):
+        data = result.to_dict()
+        return assess(
+            data.get(S.M_CV),
+            data.get(S.M_HOST_OTHER_CPU),
+            task.cv_threshold,
+            task.max_other_cpu,
+        )
+
+    gpu = task.device_kind == "cuda"
+    best = measure(engine, b, task.measure, gpu=gpu)
+    best_stability, attempts = judged(best), 1
+    while not best_stability.stable and attempts <= task.stable_retries:
+        log.info(
+            "%s bs%d UNSTABLE (%s): measuring again, attempt %d of %d",
+            task.name,
+            b,
+            best_stability.reason.split(":")[0],
+            attempts + 1,
+            task.stable_retries + 1,
+        )
+        time.sleep(RETRY_PAUSE_S)
+        result = measure(engine, b, task.measure, gpu=gpu)
+        attempts += 1
+        if result.cv < best.cv:
+            best, best_stability = result, judged(result)
+    if attempts > 1:
+        log.info(
+            "%s bs%d: kept the steadiest of %d attempts (CV %.3f, %s)",
+            task.name,
+            b,
+            attempts,
+            best.cv,
+            "STABLE" if best_stability.stable else "still UNSTABLE",
+        )
+    return best, best_stability, attempts
+
+
+def measurement_metrics(result) -> dict[str, float]:
+    """Every numeric field of the measurement that the schema names, plus GPU samples."""
+    out = {}
+    for key, value in result.to_dict().items():
+        if (key in SCHEMA_METRICS or key in LEGACY_METRICS) and _is_number(value):
+            out[key] = float(value)
+    out.update({k: float(v) for k, v in (result.gpu or {}).items()})
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+
+
+# --- the model and its reference outputs, kept while consecutive cells share them ---------
+_MODEL: dict[str, Any] = {}
+_REFERENCES: dict[tuple[str, int], tuple[np.ndarray, Any, str]] = {}
+
+
+def _load_model(name: str, params: dict[str, Any]):
+    """The model, built once for consecutive cells of the same model in one process."""
+    from mlflow_ngraph.config import ModelSpec
+    from mlflow_ngraph.models.registry import load_model
+
+    label = ModelSpec(name, params).label
+    if _MODEL.get("label") != label:
+        _MODEL.clear()
+        _REFERENCES.clear()
+        log.info("building %s", label)
+        _MODEL.update(label=label, model=load_model(name, params))
+    return _MODEL["model"]
+
+
+def reference_outputs(model, supply, b: int):
+    """(input, the reference engine's outputs, what the reference is) on a fresh random
+    input of batch size ``b``."""
+    from mlflow_ngraph.compilers.registry import reference_compiler
+
+    key = (model.content_hash, b)
+    if key not in _REFERENCES:
+        compiler, flags, label = reference_compiler(model)
+        engine = compiler.compile(model, flags, supply.context(b))
+        try:
+            x = model.random_input(b, seed=CHECK_SEED + b)
+            _REFERENCES[key] = (x, engine.outputs(x), label)
+        finally:
+            engine.close()
+    return _REFERENCES[key]
+
+
+def model_info(model) -> dict[str, Any]:
+    """What the cell's params say about its model."""
+    return {
+        "name": model.name,
+        "family": model.family,
+        "parameter_count": model.parameter_count,
+        "content_hash": model.content_hash,
+        "params": dict(model.params),
+        "is_torch": model.is_torch,
+    }
+
+
+# --- the output check ---------------------------------------------------------------------
+@dataclass
+class OutputCheck:
+    """The check of every output; the errors are the worst over outputs."""
+
+    max_abs_error: float
+    max_rel_error: float
+    cosine: float
+    valid: bool
+    reason: str = ""
+    #: per output: (max abs error, max rel error, cosine), when there are several
+    per_output: list[tuple[float, float, float]] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        out = {
+            S.M_MAX_ABS_ERROR: self.max_abs_error,
+            S.M_MAX_REL_ERROR: self.max_rel_error,
+            S.M_COSINE: self.cosine,
+            S.M_VALID: float(self.valid),
+            S.M_OUTPUTS_CHECKED: float(max(1, len(self.per_output))),
+        }
+        if len(self.per_output) > 1:
+            for i, (abs_err, rel_err, cos) in enumerate(self.per_output):
+                out[S.output_key(S.M_MAX_ABS_ERROR, i)] = abs_err
+                out[S.output_key(S.M_MAX_REL_ERROR, i)] = rel_err
+                out[S.output_key(S.M_COSINE, i)] = cos
+        return out
+
+
+def _as_list(outputs) -> list[np.ndarray]:
+    if isinstance(outputs, (tuple, list)):
+        return [np.asarray(o) for o in outputs]
+    return [np.asarray(outputs)]
+
+
+def compare_outputs(
+    outputs, references, tolerance: float, atol: float | None = None, rtol: float = 0.0
+) -> OutputCheck:
+    """Check every output of an engine against the reference's, as Polygraphy does:
+    elementwise ``|out - ref| <= atol + rtol * |ref|``, and a cosine similarity of at least
+    ``1 - tolerance``.
+
+    ``atol`` defaults to ``tolerance`` times the output's largest reference magnitude (with
+    ``rtol`` 0 that is the check of ``--tolerance`` alone). ``max_rel_error`` is the largest
+    absolute difference over the reference's largest magnitude (element-wise relative error
+    explodes on outputs near zero). Outputs may be one array or a tuple/list of them.
+    """
+    outs, refs = _as_list(outputs), _as_list(references)
+    if len(outs) != len(refs):
+        return OutputCheck(
+            float("inf"),
+            float("inf"),
+            0.0,
+            False,
+            f"{len(outs)} output(s) where the reference has {len(refs)}",
+        )
+    per_output, failures = [], []
+    for i, (output, reference) in enumerate(zip(outs, refs)):
+        name = f"output {i}" if len(outs) > 1 else "output"
+        if output.size != reference.size:
+            per_output.append((float("inf"), float("inf"), 0.0))
+            failures.append(f"{name} shape {output.shape} != reference {reference.shape}")
+            continue
+        out = output.astype(np.float64).ravel()
+        ref = reference.astype(np.float64).ravel()
+        if not np.all(np.isfinite(out)):
+            per_output.append((float("inf"), float("inf"), 0.0))
+            failures.append(f"{name} has NaN or Inf")
+            continue
+        diff = np.abs(out - ref)
+        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+        max_abs = float(np.max(diff)) if out.size else 0.0
+        max_rel = max_abs / max(scale, 1e-12)
+        norms = float(np.linalg.norm(out) * np.linalg.norm(ref))
+        cosine = float(np.dot(out, ref) / norms) if norms > 0 else float(max_abs == 0)
+        per_output.append((max_abs, max_rel, cosine))
+        bound = (tolerance * scale if atol is None else atol) + rtol * np.abs(ref)
+        within = bool(np.all(diff <= bound)) if out.size else True
+        if not within or cosine < 1 - tolerance:
+            failures.append(
+                f"{name} differs from the reference: max abs error {max_abs:.2e}, max rel "
+                f"error {max_rel:.2e}, cosine {cosine:.6f}"
+            )
+    settings = f"tolerance {tolerance:g}" + (f", atol {atol:g}" if atol is not None else "")
+    settings += f", rtol {rtol:g}" if rtol else ""
+    return OutputCheck(
+        max(p[0] for p in per_output),
+        max(p[1] for p in per_output),
+        min(p[2] for p in per_output),
+        not failures,
+        "; ".join(failures) + f" ({settings})" if failures else "",
+        per_output if len(per_output) > 1 else [],
+    )
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its type and first line (a compile failure's own text)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}"[:1000] if not isinstance(exc, CompileFailed) else first

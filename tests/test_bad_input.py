@@ -1,0 +1,73 @@
+"""Bad values as a user types them: one ``error:`` line and exit 2 before anything is
+measured or any run is created."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+BASE = ["--model", "conv_block:width=8,depth=1,image_size=32", "--compiler", "identity"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--min-duration", "inf"], "min-duration must be a finite"),
+        (["--min-duration", "nan"], "min-duration must be a finite"),
+        (["--min-duration", "-1"], "min-duration must be a finite"),
+        (["--max-duration", "nan"], "max-duration must be a finite"),
+        (["--min-duration", "2", "--max-duration", "1"], "below min-duration"),
+        (["--tolerance", "nan"], "tolerance must be a finite number > 0"),
+        (["--tolerance", "-0.1"], "tolerance must be a finite number > 0"),
+        (["--tolerance", "inf"], "tolerance must be a finite number > 0"),
+        (["--atol", "nan"], "atol must be a finite number >= 0"),
+        (["--atol", "-1"], "atol must be a finite number >= 0"),
+        (["--rtol", "inf"], "rtol must be a finite number >= 0"),
+        (["--experiment", "x" * 1000], "MLflow allows at most 500"),
+        (["--tracking-uri", "htp://127.0.0.1:5000"], "unknown scheme 'htp'"),
+        (["--cell-timeout", "0"], "cell-timeout must be"),
+        (["--cell-timeout", "-5"], "cell-timeout must be"),
+        (["--cell-timeout", "nan"], "cell-timeout must be"),
+        (["--cv-threshold", "nan"], "cv-threshold must be"),
+        (["--cv-threshold", "0"], "cv-threshold must be"),
+        (["--max-other-cpu", "150"], "max-other-cpu must be"),
+        (["--stable-retries", "-1"], "stable-retries must be"),
+        (["--batch-sizes", "0"], "batch size 0 must be a positive integer"),
+        (["--batch-sizes", "1,0,2"], "batch size 0 must be a positive integer"),
+    ],
+)
+def test_bad_value_is_one_error_line(run_cli, tmp_path, args, fragment):
+    db = tmp_path / "store.db"
+    uri = [] if "--tracking-uri" in args else ["--tracking-uri", f"sqlite:///{db}"]
+    code, out, err = run_cli("benchmark", *BASE, *uri, *args)
+    assert code == 2, (out, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: ") and fragment in lines[-1], err
+    assert "Traceback" not in err
+    assert not db.exists()  # nothing was opened, so no run can be left RUNNING
+
+
+def _home_is_a_file(tmp_path: Path) -> Path:
+    path = tmp_path / "afile"
+    path.write_text("not a directory")
+    return path
+
+
+def _home_below_a_file(tmp_path: Path) -> Path:
+    return _home_is_a_file(tmp_path) / "home"
+
+
+@pytest.mark.parametrize(
+    ("make_home", "fragment"),
+    [(_home_is_a_file, "is a file"), (_home_below_a_file, "cannot be written")],
+)
+def test_a_home_that_cannot_be_used_leaves_no_run(run_cli, tmp_path, make_home, fragment):
+    db = tmp_path / "store.db"
+    home = make_home(tmp_path)
+    code, out, err = run_cli(
+        "benchmark", *BASE, "--tracking-uri", f"sqlite:///{db}", "--home", str(home)
+    )
+    assert code == 2, err
+    assert err.strip().splitlines()[-1].startswith("error: home ") and fragment in err
+    assert not db.exists()

@@ -1,0 +1,68 @@
+"""Ctrl-C ends a run cleanly (exit 130, journal intact, runs KILLED); without a terminal the
+progress is one plain line per finished cell."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from mlflow_ngraph.tracking import schema as S
+from tests._support import PYTHON, REPO, TINY
+
+
+def _logged(home: Path) -> int:
+    return sum(p.read_text().count('"logged"') for p in (home / "journals").glob("*.jsonl"))
+
+
+def test_ctrl_c_ends_with_exit_130_and_the_same_command_resumes(tmp_path):
+    home = tmp_path / "home"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = [PYTHON, "-m", "mlflow_ngraph", "benchmark", "--compiler", "identity",
+            "--batch-sizes", "1,2", "--warmup", "1", "--repetitions", "3",
+            "--min-duration", "0.5", "--experiment", "ctrlc", "--tracking-uri", uri,
+            "--home", str(home)]  # fmt: skip
+    for depth in (1, 2, 3, 4):
+        args += ["--model", f"conv_block:width=8,depth={depth},image_size=32"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.time() + 240
+    while _logged(home) < 1 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted: run the same command to resume" in err
+    assert "Traceback" not in err
+    logged = _logged(home)
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("ctrlc")
+    runs = client.search_runs([exp.experiment_id])
+    parent = next(r for r in runs if r.data.tags.get(S.T_ROLE) == "benchmark")
+    assert parent.info.status == "KILLED"
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+
+    result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("(resumed)") >= logged
+
+
+def test_without_a_terminal_each_finished_cell_is_one_line(run_cli, tracking_uri):
+    code, out, err = run_cli(
+        "benchmark", *TINY, "--compiler", "identity", "--compiler", "torchscript",
+        "--tracking-uri", tracking_uri, "-q",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "2 cells to run; estimated time" in err and "an estimate" in err
+    lines = [line for line in err.splitlines() if re.match(r"\[\d+/\d+\] ", line)]
+    assert lines[0].startswith("[1/2] conv_block") and "identity" in lines[0]
+    assert lines[1].startswith("[2/2] ") and "torchscript" in lines[1] and "bs2 " in lines[1]
