@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph import metrics as M
+from mlflow_ngraph.cluster import ENV_SWEEP_ID
 from mlflow_ngraph.compilers.base import Compiler
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
@@ -141,7 +142,8 @@ def _cell_key(
     spec: Spec, profile: DeviceProfile, model: ModelSpec, compiler: Compiler, flags
 ) -> str:
     parts = {
-        "device": profile.name,
+        "device": ml.device_name(profile.name),
+        "fingerprint": host_fingerprint(),
         "model": model.name,
         "params": model.params,
         "compiler": compiler.name,
@@ -205,7 +207,7 @@ class Runner:
         from mlflow_ngraph.env import environment
 
         self.journal = Journal.for_target(
-            self.home, self.tracking_uri, self.spec.experiment, self.profile.name
+            self.home, self.tracking_uri, self.spec.experiment, ml.device_name(self.profile.name)
         )
         if self._finished_before():
             return self.rows
@@ -413,7 +415,8 @@ class Runner:
         model's family, size and hash."""
         m = self.spec.measure
         params = {
-            S.P_DEVICE: self.profile.name,
+            S.P_DEVICE: ml.device_name(self.profile.name),
+            "device_profile": self.profile.name,
             S.P_MODEL: info["name"] if info else cell.model.name,
             S.P_COMPILER: cell.compiler.name,
             S.P_SCENARIO: m.scenario,
@@ -444,7 +447,8 @@ class Runner:
         """Where and with what a cell was measured (the latest invocation's values)."""
         tags = {
             S.T_LAST_PARENT: self.parent_id,
-            S.T_DEVICE: self.profile.name,
+            S.T_DEVICE: ml.device_name(self.profile.name),
+            "ngraph.device_profile": self.profile.name,
             S.T_DEVICE_KIND: self.profile.kind,
             S.T_HOST: self.env["host"],
             "ngraph.device_fingerprint": host_fingerprint(),
@@ -452,6 +456,9 @@ class Runner:
         }
         versions = {k: v for k, v in self.env.items() if k.startswith("version.")}
         tags.update({f"ngraph.{k}": str(v) for k, v in versions.items()})
+        sweep = os.environ.get(ENV_SWEEP_ID)
+        if sweep:
+            tags[S.T_SWEEP] = sweep
         return tags
 
     def _log_record(self, cell: Cell, run_id: str, b: int, record: dict) -> None:

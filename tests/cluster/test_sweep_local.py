@@ -80,7 +80,7 @@ def test_the_sweep_measures_every_device_and_compares_them(sweep):
     exp = client.get_experiment_by_name("sweep-test")
     cells = client.search_runs([exp.experiment_id], "tags.`ngraph.role` = 'cell'")
     devices = sorted(r.data.params["device"] for r in cells)
-    assert devices == ["cpu", "xeon"]  # one cell per device (the profiles until names land)
+    assert devices == ["cpu-b", "xeon-a"]  # one cell per device, by its name
     assert all("throughput.bs1" in r.data.metrics for r in cells)
 
 
@@ -99,7 +99,6 @@ def test_everything_started_on_ray_is_released(sweep):
     assert not alive, alive
 
 
-@pytest.mark.xfail(reason="needs runner wiring: the device name in the cell key and params")
 def test_two_devices_of_one_profile_stay_apart(tmp_path):
     from mlflow.tracking import MlflowClient
 
