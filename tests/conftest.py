@@ -35,7 +35,7 @@ def _untracked(root: Path) -> set[str]:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return set()
-    skip = (".venv/", ".ruff_cache/", ".pytest_cache/", "mlflow_ngraph.egg-info/")
+    skip = (".venv/", ".ruff_cache/", ".pytest_cache/", "mlflow_ngraph.egg-info/", "bench/results/")
     paths = {line[3:] for line in out.splitlines() if line[:2] in ("??", "!!")}
     return {p for p in paths if not p.startswith(skip) and "__pycache__" not in p}
 

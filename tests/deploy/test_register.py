@@ -145,7 +145,7 @@ def test_register_on_a_postgresql_backed_server(tmp_path):
         uri = f"http://127.0.0.1:{port}"
         _wait(f"{uri}/health", server)
         benchmark(uri, tmp_path / "home", compilers=["identity", "onnxruntime"])
-        done = register(uri, "--name", "pg-engine")
+        done = register(uri, "--batch-size", "1", "--name", "pg-engine")
         assert done.returncode == 0, done.stderr[-3000:]
         assert "models:/pg-engine@cpu" in done.stdout
         env = {**os.environ, **SAFE, "MLFLOW_TRACKING_URI": uri}
