@@ -50,7 +50,7 @@ class PlainView:
     def start(self, estimate_s: float) -> None:
         self._write(
             f"{self.total} cells to run; estimated time {_duration(estimate_s)} "
-            "(learned from earlier runs on this host where it can)"
+            "(an estimate, learned from earlier runs on this host where it can)"
         )
 
     def cell_started(self, name: str) -> None:
@@ -118,7 +118,7 @@ class LiveView(PlainView):
     def start(self, estimate_s: float) -> None:
         self.console.print(
             f"{self.total} cells to run; estimated time {_duration(estimate_s)} "
-            "(learned from earlier runs on this host where it can)"
+            "(an estimate, learned from earlier runs on this host where it can)"
         )
         self.live.start()
 

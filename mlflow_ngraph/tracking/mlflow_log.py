@@ -276,6 +276,21 @@ def find_or_create_run(client, experiment_id: str, tags: dict[str, str], run_nam
     return winner
 
 
+def _set_tags_racing(client, run_id: str, tags: dict[str, str]) -> None:
+    """Set tags that other clients may be setting on the same run at the same moment (the
+    sqlite store inserts a new tag after looking for it, so two inserts can collide): the
+    loser tries again, when the tag exists and is updated."""
+    for attempt in range(5):
+        try:
+            for key, value in tags.items():
+                client.set_tag(run_id, key, value)
+            return
+        except Exception as exc:
+            if not is_store_error(exc) or attempt == 4:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+
+
 def device_name(profile_name: str) -> str:
     """The device a benchmark runs on: the sweep's name for it, else the profile's name."""
     return os.environ.get(ENV_DEVICE_NAME) or profile_name
@@ -334,8 +349,7 @@ def cell_run(
         client.update_run(run_id, status="RUNNING")
         return run_id
     run_id = find_or_create_run(client, experiment_id, {S.T_CELL_KEY: cell_key}, name)
-    client.set_tag(run_id, S.T_PARENT, parent_id)
-    client.set_tag(run_id, S.T_ROLE, "cell")
+    _set_tags_racing(client, run_id, {S.T_PARENT: parent_id, S.T_ROLE: "cell"})
     return run_id
 
 
