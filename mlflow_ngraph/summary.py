@@ -19,6 +19,12 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _stability(stable: bool | None) -> str:
+    """``yes``, ``UNSTABLE`` (its CV or other processes' CPU over the thresholds: a number
+    to re-measure) or ``-`` (not judged: FAILED, or a record from before the check)."""
+    return "-" if stable is None else ("yes" if stable else "UNSTABLE")
+
+
 def differing_flags(flag_sets: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, set[str]]:
     """Per compiler, the names of the flags whose values differ between its settings in one
     run (``openvino`` under two ``PERFORMANCE_HINT`` values -> ``{"openvino":
@@ -96,6 +102,7 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
         "speedup",
         "compile s",
         "status",
+        "stable",
         "note",
     ]
     table = []
@@ -113,6 +120,7 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
                 _num(r.speedup, 2),
                 _num(r.compile_s, 2),
                 r.status,
+                _stability(getattr(r, "stable", None)),
                 note[:80],
             ]
         )
