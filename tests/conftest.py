@@ -15,6 +15,16 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_in_tmp(tmp_path_factory):
+    """Module and session fixtures run before the per-test directory exists: they run in
+    a temporary directory of their own, never in the checkout."""
+    previous = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("session-cwd"))
+    yield
+    os.chdir(previous)
+
+
 @pytest.fixture(autouse=True)
 def _work_in_tmp(tmp_path: Path, monkeypatch) -> None:
     """Every test runs in its own temporary directory: a local store's default artifact
