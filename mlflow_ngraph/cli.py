@@ -406,20 +406,9 @@ SMALL_MEASURE = {"warmup": 3, "repetitions": 10, "min_duration": 0.5}
 
 
 def _int_list(text: str | None, what: str) -> list[int] | None:
-    if not text:
-        return None
-    values: list[int] = []
-    for part in text.replace(" ", ",").split(","):
-        if not part:
-            continue
-        low, dash, high = part.partition("-")
-        try:
-            values += list(range(int(low), int(high) + 1)) if dash else [int(part)]
-        except ValueError:
-            raise NgraphError(f"{what} {text!r} is not like 1,2,4 or 1-6") from None
-    if not values or min(values) < 1:
-        raise NgraphError(f"{what} {text!r} must list positive integers")
-    return values
+    from mlflow_ngraph.config import parse_int_list
+
+    return parse_int_list(text, what, ranges=True) if text else None
 
 
 def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) -> list[dict]:

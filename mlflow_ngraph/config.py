@@ -194,20 +194,36 @@ def _is_module_path(head: str) -> bool:
     return "." in head or head not in registered_models()
 
 
-def parse_batch_sizes(value: Any) -> list[int]:
-    items = value if isinstance(value, list) else str(value).split(",")
-    sizes = []
+def parse_int_list(value: Any, what: str, ranges: bool = False) -> list[int]:
+    """The one parser of integer lists: ``"1,2,4"``, ``"1 2 4"``, ``[1, 2, 4]`` and, with
+    ``ranges``, ``"1-6"``; every value a positive integer, in the order given, without
+    repeats. Anything else is one clear error naming ``what``."""
+    items = value if isinstance(value, (list, tuple)) else str(value).replace(" ", ",").split(",")
+    like = "1,2,4 or 1-6" if ranges else "1,2,4"
+    values: list[int] = []
     for item in items:
+        text = str(item).strip()
+        if not text:
+            continue
+        low, dash, high = text[1:].partition("-") if ranges else (text[1:], "", "")
+        low = text[0] + low
         try:
-            size = int(str(item).strip())
+            part = [int(low), int(high)] if dash else [int(text)]
         except ValueError:
-            raise NgraphError(f"batch size {item!r} is not an integer") from None
-        if size < 1:
-            raise NgraphError(f"batch size {size} must be a positive integer")
-        sizes.append(size)
-    if not sizes:
-        raise NgraphError("no batch sizes given")
-    return sorted(set(sizes))
+            raise NgraphError(f"{what} {text!r} is not an integer (expected e.g. {like})") from None
+        if min(part) < 1:
+            raise NgraphError(f"{what} {min(part)} must be a positive integer")
+        if part[0] > part[-1]:
+            raise NgraphError(f"{what} range {text!r} is empty (expected LOW-HIGH, e.g. 1-6)")
+        values += range(part[0], part[-1] + 1)
+    if not values:
+        raise NgraphError(f"no {what} given (expected e.g. {like})")
+    return list(dict.fromkeys(values))
+
+
+def parse_batch_sizes(value: Any) -> list[int]:
+    """Batch sizes, sorted and without repeats."""
+    return sorted(parse_int_list(value, "batch size"))
 
 
 def _entries(raw: Any, key: str, params_key: str) -> list[tuple[str, dict]]:
@@ -292,6 +308,8 @@ def build_spec(data: dict[str, Any]) -> Spec:
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise NgraphError(f"{name} must be a finite number >= 0, got {value}")
     experiment = str(data.get("experiment") or "mlflow-ngraph")
+    if not experiment.strip():
+        raise NgraphError("experiment name is blank: give --experiment a name, or leave it out")
     if len(experiment) > MAX_EXPERIMENT_NAME:
         raise NgraphError(
             f"experiment name is {len(experiment)} characters long; MLflow allows at most "
@@ -340,12 +358,10 @@ def check_tracking_uri(uri: str) -> None:
 
     scheme = uri.partition("://")[0] if "://" in uri else ""
     base = scheme.split("+")[0].lower()
-    try:
-        from mlflow.store.db.db_types import DATABASE_ENGINES
-    except ImportError:  # pragma: no cover - MLflow is a dependency
-        DATABASE_ENGINES = ["postgresql", "mysql", "sqlite", "mssql"]
+    from mlflow_ngraph.tracking.mlflow_private import database_schemes
+
     plugins = {e.name for e in importlib.metadata.entry_points(group="mlflow.tracking_store")}
-    known = {*_MLFLOW_SCHEMES, *DATABASE_ENGINES, *plugins}
+    known = {*_MLFLOW_SCHEMES, *database_schemes(), *plugins}
     if base not in known:
         raise NgraphError(
             f"tracking URI {uri!r} has an unknown scheme {scheme!r} (known: "

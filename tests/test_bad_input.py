@@ -35,6 +35,8 @@ BASE = ["--model", "conv_block:width=8,depth=1,image_size=32", "--compiler", "id
         (["--stable-retries", "-1"], "stable-retries must be"),
         (["--batch-sizes", "0"], "batch size 0 must be a positive integer"),
         (["--batch-sizes", "1,0,2"], "batch size 0 must be a positive integer"),
+        (["--batch-sizes", "1,x"], "batch size 'x' is not an integer"),
+        (["--experiment", "   "], "experiment name is blank"),
     ],
 )
 def test_bad_value_is_one_error_line(run_cli, tmp_path, args, fragment):

@@ -204,7 +204,7 @@ def test_blocks_small_grid_measures_like_the_default_experiment(run_cli, trackin
 
 def test_blocks_bad_depths(run_cli):
     code, out, err = run_cli("blocks", "--depths", "one-six")
-    assert code == 2 and "depths 'one-six' is not like 1,2,4 or 1-6" in err
+    assert code == 2 and "depths 'one-six' is not an integer (expected e.g. 1,2,4 or 1-6)" in err
 
 
 def test_compare_is_listed_with_its_own_help_without_importing_it():

@@ -105,3 +105,23 @@ def test_bad_spec_files(tmp_path: Path, content, message):
 def test_bad_settings(data, message):
     with pytest.raises(NgraphError, match=message):
         build_spec(data)
+
+
+def test_parse_int_list_is_the_one_integer_list_parser():
+    from mlflow_ngraph.config import parse_int_list
+
+    assert parse_int_list("1,2,4", "widths") == [1, 2, 4]
+    assert parse_int_list("4 1 4", "widths") == [4, 1]  # order kept, repeats dropped
+    assert parse_int_list([8, "2"], "batch size") == [8, 2]
+    assert parse_int_list("1-3,8", "depths", ranges=True) == [1, 2, 3, 8]
+    for text, fragment in (
+        ("1-3", "is not an integer"),  # no ranges here
+        ("0", "depths 0 must be a positive integer"),
+        ("-4", "depths -4 must be a positive integer"),
+        ("x", "'x' is not an integer"),
+        ("", "no depths given"),
+    ):
+        with pytest.raises(NgraphError, match=fragment):
+            parse_int_list(text, "depths")
+    with pytest.raises(NgraphError, match="range '6-1' is empty"):
+        parse_int_list("6-1", "depths", ranges=True)
