@@ -18,3 +18,13 @@ TINY = [
 ]
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parent.parent
+
+
+def assert_matches(out, ref) -> None:
+    """An engine's output equals the reference's (eager PyTorch) within float32 noise."""
+    import numpy as np
+
+    assert out.shape == ref.shape
+    assert np.abs(out - ref).max() < 1e-4
+    cosine = float(np.dot(out.ravel(), ref.ravel()) / np.linalg.norm(out) / np.linalg.norm(ref))
+    assert cosine > 0.9999

@@ -15,20 +15,11 @@ from mlflow_ngraph.compilers.registry import get_compiler
 from mlflow_ngraph.errors import CompileFailed, NgraphError
 from mlflow_ngraph.models.base import LoadedModel
 from mlflow_ngraph.models.registry import load_model
+from tests._support import assert_matches
+
+COMPILER = "inductor"
 
 BATCH = 2
-
-
-def assert_matches(out: np.ndarray, ref: np.ndarray) -> None:
-    assert out.shape == ref.shape
-    assert np.abs(out - ref).max() < 1e-4
-    cosine = float(np.dot(out.ravel(), ref.ravel()) / np.linalg.norm(out) / np.linalg.norm(ref))
-    assert cosine > 0.9999
-
-
-@pytest.fixture(scope="module")
-def compiler():
-    return get_compiler("inductor")
 
 
 def _case(name, params, tmp_path_factory):

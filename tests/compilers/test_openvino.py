@@ -10,29 +10,15 @@ from mlflow_ngraph.compilers.base import CompileContext
 from mlflow_ngraph.compilers.registry import get_compiler
 from mlflow_ngraph.errors import CompilerUnavailable, NgraphError
 from mlflow_ngraph.models.registry import load_model
+from tests._support import assert_matches
+
+COMPILER = "openvino"
 
 BATCH = 2
 MODELS = {
     "conv_block": {"width": 16, "depth": 1, "image_size": 32},
     "mha_block": {"width": 64, "depth": 1},
 }
-
-
-def assert_matches(out: np.ndarray, ref: np.ndarray) -> None:
-    assert out.shape == ref.shape
-    assert np.abs(out - ref).max() < 1e-4
-    cosine = float(np.dot(out.ravel(), ref.ravel()) / np.linalg.norm(out) / np.linalg.norm(ref))
-    assert cosine > 0.9999
-
-
-@pytest.fixture(scope="module")
-def compiler():
-    return get_compiler("openvino")
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")  # one ONNX export per model for the module
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))

@@ -11,19 +11,15 @@ from mlflow_ngraph.compilers.base import CompileContext
 from mlflow_ngraph.compilers.registry import get_compiler
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.models.registry import load_model
+from tests._support import assert_matches
+
+COMPILER = "torchscript"
 
 BATCH = 2
 MODELS = {
     "conv_block": {"width": 8, "depth": 2, "image_size": 32},
     "mha_block": {"width": 32, "depth": 1},
 }
-
-
-def assert_matches(out: np.ndarray, ref: np.ndarray) -> None:
-    assert out.shape == ref.shape
-    assert np.abs(out - ref).max() < 1e-4
-    cosine = float(np.dot(out.ravel(), ref.ravel()) / np.linalg.norm(out) / np.linalg.norm(ref))
-    assert cosine > 0.9999
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
@@ -38,11 +34,6 @@ def case(request, tmp_path_factory):
     )
     reference = get_compiler("identity").compile(model, {}, ctx).outputs(inputs)
     return model, inputs, reference, ctx
-
-
-@pytest.fixture(scope="module")
-def compiler():
-    return get_compiler("torchscript")
 
 
 def test_available_on_cpu(compiler):
