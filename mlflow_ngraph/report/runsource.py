@@ -135,7 +135,7 @@ class RestSearcher(Searcher):
         self.host_creds = host_creds
 
     def search(self, experiment_ids: list[str], filter_string: str) -> list[RunData]:
-        from mlflow.utils.rest_utils import http_request, verify_rest_response
+        from mlflow_ngraph.tracking.mlflow_private import rest_post
 
         out, token = [], None
         while True:
@@ -147,28 +147,18 @@ class RestSearcher(Searcher):
             }
             if token:
                 body["page_token"] = token
-            response = http_request(self.host_creds(), SEARCH_ENDPOINT, "POST", json=body)
-            answer = json.loads(verify_rest_response(response, SEARCH_ENDPOINT).text)
+            answer = json.loads(rest_post(self.host_creds(), SEARCH_ENDPOINT, body))
             out += [from_json(run) for run in answer.get("runs", [])]
             token = answer.get("next_page_token")
             if not token:
                 return out
 
 
-def _rest_host_creds(client: MlflowClient) -> Callable | None:
-    """The REST store's credentials provider, or ``None`` for a store that is not REST."""
-    from mlflow.store.tracking.rest_store import RestStore
-
-    try:
-        store = client._tracking_client.store  # no public accessor for the client's store
-    except AttributeError:  # pragma: no cover - a future MLflow: fall back to the client
-        return None
-    return store.get_host_creds if isinstance(store, RestStore) else None
-
-
 def searcher_for(client: MlflowClient, page: int) -> Searcher:
     """The fastest searcher for the client's store."""
-    creds = _rest_host_creds(client)
+    from mlflow_ngraph.tracking.mlflow_private import rest_host_creds
+
+    creds = rest_host_creds(client)
     if creds is None:
         return Searcher(client, page)
     return RestSearcher(client, page, creds)

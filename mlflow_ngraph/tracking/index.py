@@ -99,16 +99,11 @@ def read(client, parent_id: str, artifact_uri: str | None = None) -> list[dict[s
 
 def _download_file(client, artifact_uri: str, path: Path) -> bool:
     """Fetch the index file of the run whose artifacts live at ``artifact_uri`` into
-    ``path`` with the artifact repository's single-file download; ``False`` where that
-    (non-public) method is missing, so the caller takes the public route."""
-    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+    ``path``; ``False`` where MLflow has no single-file download, so the caller takes the
+    public route."""
+    from mlflow_ngraph.tracking.mlflow_private import download_artifact_file
 
-    repo = get_artifact_repository(artifact_uri, tracking_uri=client.tracking_uri)
-    download = getattr(repo, "_download_file", None)
-    if download is None:  # pragma: no cover - an MLflow without it
-        return False
-    download(INDEX_ARTIFACT, str(path))
-    return True
+    return download_artifact_file(client.tracking_uri, artifact_uri, INDEX_ARTIFACT, str(path))
 
 
 def is_current(status: str, tags: Mapping[str, str]) -> bool:
