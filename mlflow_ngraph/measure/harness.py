@@ -28,6 +28,12 @@ repetition by its speed, so on a loaded machine it over-reports a fast model by 
 times (a 50 us ONNX Runtime call read 5x its real rate) and favours the noisier runtime. The
 coefficient of variation is that of the repetition times (std / mean of the seconds each
 repetition took), and the throughput's standard deviation is the throughput times that CV.
+The throughput's 95% interval is bootstrapped over the repetitions
+(:func:`mlflow_ngraph.measure.stats.rate_interval`).
+
+Over the window the sampler also reads what the rest of the host did (other processes' CPU
+time, steal, load, frequency, throttling): the measurement carries it so a caller can judge
+the number (:mod:`mlflow_ngraph.measure.stability`).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from dataclasses import asdict, dataclass
 from mlflow_ngraph.compilers.base import Engine
 from mlflow_ngraph.config import MeasureSettings
 from mlflow_ngraph.measure.sampler import ResourceSampler
-from mlflow_ngraph.measure.stats import summarize
+from mlflow_ngraph.measure.stats import rate_interval, summarize
 
 #: requests per repetition per parallel slot in the throughput scenario, for engines that
 #: run several requests at once: 8 rounds per slot make a repetition long enough for its
@@ -74,6 +80,8 @@ class Measurement:
     throughput_std: float  # samples/s: throughput x cv (the spread of repetition times)
     throughput_overall: float  # the same as throughput (kept for existing records)
     cv: float  # coefficient of variation of the repetition times
+    throughput_ci_low: float | None  # 95% bootstrap interval of the throughput (samples/s)
+    throughput_ci_high: float | None
     latency_mean_ms: float
     latency_std_ms: float
     latency_p50_ms: float
@@ -82,6 +90,12 @@ class Measurement:
     cpu_percent: float
     peak_rss_mb: float
     gpu: dict
+    # what the rest of the host did over the window (None: not exposed, or too short)
+    host_other_cpu_percent: float | None = None
+    host_steal_percent: float | None = None
+    host_load_avg: float | None = None
+    cpu_freq_mhz: float | None = None
+    cpu_throttle_events: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -182,6 +196,8 @@ def _build(scenario, batch_size, per_rep, times_s, reason, usage) -> Measurement
     # std/mean of T = std/mean of t). Per-repetition rates (samples / t) would let one short
     # interval dominate: a streaming engine's repetition can end in a burst of completions.
     cv = durations.std / durations.mean if durations.mean > 0 else 0.0
+    interval = rate_interval(times_s, per_rep * batch_size)
+    host = usage.host
     return Measurement(
         scenario=scenario,
         batch_size=batch_size,
@@ -193,6 +209,8 @@ def _build(scenario, batch_size, per_rep, times_s, reason, usage) -> Measurement
         throughput_std=throughput * cv,
         throughput_overall=throughput,
         cv=cv,
+        throughput_ci_low=interval[0] if interval else None,
+        throughput_ci_high=interval[1] if interval else None,
         latency_mean_ms=latencies_ms.mean,
         latency_std_ms=latencies_ms.std,
         latency_p50_ms=latencies_ms.median,
@@ -201,4 +219,9 @@ def _build(scenario, batch_size, per_rep, times_s, reason, usage) -> Measurement
         cpu_percent=usage.cpu_percent,
         peak_rss_mb=usage.peak_rss_mb,
         gpu=usage.gpu,
+        host_other_cpu_percent=host.other_cpu_percent,
+        host_steal_percent=host.steal_percent,
+        host_load_avg=host.load_avg,
+        cpu_freq_mhz=host.cpu_freq_mhz,
+        cpu_throttle_events=host.throttle_events,
     )

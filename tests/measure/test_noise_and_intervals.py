@@ -1,0 +1,111 @@
+"""What the host did over a window, and the throughput's interval: a competing load started
+by the test is seen as other processes' CPU time and makes a cell UNSTABLE; intervals on
+hand-made repetition times have the width the statistics say."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from mlflow_ngraph.measure.sampler import HostSampler
+from mlflow_ngraph.measure.stats import rate_interval
+from mlflow_ngraph.tracking import schema as S
+from tests._hog import cpu_hog
+from tests._support import TINY
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_other_processes_cpu_is_seen(tmp_path):
+    sampler = HostSampler()
+    with cpu_hog(tmp_path, processes=2):
+        sampler.start()
+        time.sleep(1.0)
+        noise = sampler.stop()
+    # two busy loops on this machine's cores: well over a quarter of all CPU time
+    assert noise.other_cpu_percent is not None and noise.other_cpu_percent > 40
+    assert noise.load_avg is not None and noise.steal_percent is not None
+
+
+def test_own_work_is_not_counted_as_other():
+    sampler = HostSampler()
+    sampler.start()
+    _spin(1.0)  # one core busy with this process: 1/cores of the machine
+    noise = sampler.stop()
+    assert noise.other_cpu_percent is not None
+    assert noise.other_cpu_percent < 100 / 2 - 10  # it would be >= 50% if counted
+
+
+def test_a_short_window_does_not_judge_the_host():
+    sampler = HostSampler()
+    sampler.start()
+    noise = sampler.stop()  # well under HOST_MIN_WINDOW_S: ticks of 10 ms say nothing
+    assert noise.other_cpu_percent is None and noise.steal_percent is None
+
+
+def test_interval_of_hand_made_times_matches_the_normal_width():
+    rng = np.random.default_rng(7)
+    times = rng.normal(1e-3, 1e-4, size=400)  # CV 0.10, 400 repetitions of 8 samples
+    low, high = rate_interval(times, 8)
+    rate = 8 / times.mean()
+    assert low < rate < high
+    # delta method: half width ~ 1.96 x rate x CV / sqrt(n)
+    expected = 1.96 * rate * (times.std(ddof=1) / times.mean()) / math.sqrt(times.size)
+    assert (high - low) / 2 == pytest.approx(expected, rel=0.15)
+
+
+def test_interval_narrows_with_repetitions_and_needs_three():
+    rng = np.random.default_rng(3)
+    few = rng.normal(1e-3, 1e-4, size=10)
+    many = rng.normal(1e-3, 1e-4, size=1000)  # also takes the percentile route (> BCa cap)
+    width = [(h - lo) for lo, h in (rate_interval(few, 1), rate_interval(many, 1))]
+    assert width[1] < width[0] / 3
+    assert rate_interval([1e-3, 2e-3], 1) is None
+    assert rate_interval([1e-3] * 5, 1) is None  # no spread: no interval to speak of
+
+
+def test_a_slow_outlier_stretches_the_low_end():
+    times = [1e-3] * 20 + [1.1e-3] * 19 + [10e-3]  # one repetition preempted 10x
+    low, high = rate_interval(times, 1)
+    rate = len(times) / sum(times)
+    assert rate - low > high - rate  # the interval leans to the slow side
+
+
+def _cell(uri: str, experiment: str):
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return next(
+        r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get(S.T_ROLE) == "cell"
+    )
+
+
+def test_a_competing_load_makes_the_cell_unstable(run_cli, tracking_uri, tmp_path):
+    args = list(TINY)
+    args[args.index("--min-duration") + 1] = "0.8"  # long enough to read the host
+    with cpu_hog(tmp_path, processes=2):
+        code, out, err = run_cli(
+            "benchmark", *args, "--compiler", "identity", "--experiment", "hog",
+            "--tracking-uri", tracking_uri, "--cv-threshold", "1000",
+        )  # fmt: skip
+    assert code == 0, err
+    run = _cell(tracking_uri, "hog")
+    tags, metrics = run.data.tags, run.data.metrics
+    assert tags[S.T_STABILITY] == S.STABILITY_UNSTABLE
+    assert "other processes used" in tags[f"{S.T_STABILITY_REASON}.bs1"]
+    assert metrics[S.M_HOST_OTHER_CPU] > 25
+    assert "UNSTABLE" in err and "other processes used" in err
+    # the interval of every batch size was logged, flat too, around the throughput
+    for b in (1, 2):
+        assert (
+            metrics[S.flat_key(S.M_THROUGHPUT_CI_LOW, b)]
+            <= metrics[S.flat_key(S.M_THROUGHPUT, b)]
+            <= metrics[S.flat_key(S.M_THROUGHPUT_CI_HIGH, b)]
+        )
