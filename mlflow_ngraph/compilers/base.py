@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,10 +115,22 @@ class Engine(ABC):
     def infer(self) -> None:
         """Run one request on the prepared inputs and return when its result is ready."""
 
-    def run_many(self, count: int) -> None:
-        """Run ``count`` requests with the runtime's best concurrency; return when done."""
+    def run_many(self, count: int, stamps: list[float] | None = None) -> None:
+        """Run ``count`` requests with the runtime's best concurrency; return when done.
+
+        A one-slot engine on the host runs its requests one after another: given ``stamps``,
+        it appends ``time.perf_counter()`` as each request ends, so the harness reads every
+        request's own time (the differences). An engine whose requests overlap, or run on a
+        device queue, is never given ``stamps``.
+        """
+        if stamps is None:
+            for _ in range(count):
+                self.infer()
+            return
+        clock, stamp = time.perf_counter, stamps.append
         for _ in range(count):
             self.infer()
+            stamp(clock())
 
     @abstractmethod
     def outputs(self, inputs: np.ndarray) -> np.ndarray:

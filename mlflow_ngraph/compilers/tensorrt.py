@@ -20,6 +20,7 @@ import functools
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -351,10 +352,17 @@ class TensorRtEngine(Engine):
         self._launch()
         self.synchronize()
 
-    def run_many(self, count: int) -> None:
+    def run_many(self, count: int, stamps: list[float] | None = None) -> None:
+        if stamps is None:  # requests pipeline on the stream: one synchronization at the end
+            for _ in range(count):
+                self._launch()
+            self.synchronize()
+            return
+        # each request to its end (the harness never asks this of a device queue)
         for _ in range(count):
             self._launch()
-        self.synchronize()
+            self.synchronize()
+            stamps.append(time.perf_counter())
 
     def outputs(self, inputs: np.ndarray) -> np.ndarray:
         self._copy_in(inputs)

@@ -19,6 +19,14 @@ Scenarios:
   completion. Draining every repetition left slots idle at each boundary and cost a 50 us
   model 12%. Other engines run ``run_many(k)``.
 
+Latencies are per request in both scenarios: in the throughput scenario a one-slot engine on
+the host stamps each request's end inside ``run_many`` (about 0.1 us a request), and
+OpenVINO's queue gives each request's own time from the runtime's timer (read for one
+request in a few on fast models, to keep the reads under 1% of the time). Where requests
+overlap on a device queue (CUDA engines in the throughput scenario) there is no per-request
+time: latency mean and percentiles are then not reported, rather than reporting the inverse
+throughput under their names.
+
 Repetitions are timed back to back (each starts where the previous one ended), so the
 measured seconds are the whole window, harness included.
 
@@ -41,7 +49,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
 
 from mlflow_ngraph.compilers.base import Engine
 from mlflow_ngraph.config import MeasureSettings
@@ -82,11 +92,12 @@ class Measurement:
     cv: float  # coefficient of variation of the repetition times
     throughput_ci_low: float | None  # 95% bootstrap interval of the throughput (samples/s)
     throughput_ci_high: float | None
-    latency_mean_ms: float
-    latency_std_ms: float
-    latency_p50_ms: float
-    latency_p90_ms: float
-    latency_p99_ms: float
+    # per-request latencies (None where the runtime gives no per-request time)
+    latency_mean_ms: float | None
+    latency_std_ms: float | None
+    latency_p50_ms: float | None
+    latency_p90_ms: float | None
+    latency_p99_ms: float | None
     cpu_percent: float
     peak_rss_mb: float
     gpu: dict
@@ -131,18 +142,22 @@ def measure(
     Returns:
         The statistics of the measured window.
     """
-    per_rep, step = _step(engine, settings.scenario)
+    plan = _plan(engine, settings.scenario)
+    clock = time.perf_counter
+    warm_began = clock()
     for _ in range(settings.warmup):
-        step()
+        plan.step()
     engine.synchronize()
+    if settings.warmup:
+        plan.tune((clock() - warm_began) / (settings.warmup * plan.per_rep))
+    plan.collected.clear()
 
     sampler = ResourceSampler(gpu=gpu)
-    clock = time.perf_counter
     times_s: list[float] = []
     sampler.start()
     began = last = clock()
     while True:
-        step()  # returns when its requests are done, or all but the last few in flight
+        plan.step()  # returns when its requests are done, or all but the last few in flight
         now = clock()
         times_s.append(now - last)
         last = now
@@ -152,22 +167,72 @@ def measure(
     engine.synchronize()  # requests still in flight are part of the last repetition
     times_s[-1] += clock() - last
     usage = sampler.stop()
-    return _build(settings.scenario, batch_size, per_rep, times_s, reason, usage)
+    latencies = plan.latencies(began, times_s)
+    return _build(settings.scenario, batch_size, plan.per_rep, times_s, reason, usage, latencies)
 
 
-def _step(engine: Engine, scenario: str) -> tuple[int, Callable[[], None]]:
-    """Requests per repetition, and the call that runs one repetition."""
+#: what reading one request's latency costs the thread that starts requests (OpenVINO: two
+#: calls into the runtime), and the share of a request's time that reading may take: the
+#: harness reads one request in ``every`` so that the reads stay under that share
+LATENCY_READ_COST_S = 2e-6
+LATENCY_READ_SHARE = 0.01
+
+
+@dataclass
+class _Plan:
+    """How the harness drives an engine in a scenario, and where per-request latencies come
+    from: ``repetitions`` (the latency scenario: a repetition is one request), ``stamps``
+    (a one-slot host engine stamps each request's end), ``runtime`` (the runtime's own
+    per-request timer, read for one request in ``every``) or ``""`` (requests overlap on a
+    device queue: no per-request time, so no percentiles are reported)."""
+
+    per_rep: int
+    call: Callable[..., None]
+    source: str = ""
+    collected: list[float] = field(default_factory=list)
+    every: int = REQUESTS_PER_SLOT
+
+    def step(self) -> None:
+        if self.source == "stamps":
+            self.call(self.per_rep, self.collected)
+        elif self.source == "runtime":
+            self.call(self.per_rep, self.collected, self.every)
+        else:
+            self.call()
+
+    def tune(self, request_s: float) -> None:
+        """Set how often the runtime's timer is read from the warm-up's time per request."""
+        if request_s > 0:
+            every = math.ceil(LATENCY_READ_COST_S / (LATENCY_READ_SHARE * request_s))
+            self.every = max(1, min(self.per_rep, every))
+
+    def latencies(self, began: float, times_s: list[float]) -> list[float] | None:
+        if self.source == "repetitions":
+            return times_s
+        if self.source == "stamps" and self.collected:
+            ends = np.asarray(self.collected)
+            return np.diff(ends, prepend=began).tolist()
+        if self.source == "runtime" and self.collected:
+            return self.collected
+        return None
+
+
+def _plan(engine: Engine, scenario: str) -> _Plan:
+    """Requests per repetition, the call that runs one repetition, and how per-request
+    latencies are read."""
     if scenario == "latency":
-        return 1, engine.infer
+        return _Plan(1, engine.infer, "repetitions")
     slots = max(1, engine.parallel_requests)
     if slots == 1:
         per_rep = _calibrate(engine)
-        return per_rep, lambda: engine.run_many(per_rep)
+        if engine.asynchronous_device:  # requests pipeline on the device queue
+            return _Plan(per_rep, lambda: engine.run_many(per_rep))
+        return _Plan(per_rep, engine.run_many, "stamps")
     per_rep = slots * REQUESTS_PER_SLOT
     start_many = getattr(engine, "start_many", None)
     if start_many is not None:
-        return per_rep, lambda: start_many(per_rep)
-    return per_rep, lambda: engine.run_many(per_rep)
+        return _Plan(per_rep, start_many, "runtime")
+    return _Plan(per_rep, lambda: engine.run_many(per_rep))
 
 
 def _calibrate(engine: Engine) -> int:
@@ -184,11 +249,11 @@ def _calibrate(engine: Engine) -> int:
     return max(1, min(MAX_REQUESTS_PER_REPETITION, math.ceil(MIN_REPETITION_S / fastest_s)))
 
 
-def _build(scenario, batch_size, per_rep, times_s, reason, usage) -> Measurement:
+def _build(scenario, batch_size, per_rep, times_s, reason, usage, latencies_s) -> Measurement:
     durations = summarize(times_s)
-    # In the throughput scenario a repetition holds ``per_rep`` requests; its per-request
-    # time is what a caller waits on average when the runtime keeps all slots busy.
-    latencies_ms = summarize([1000.0 * t / per_rep for t in times_s])
+    # every request's own time, or None where requests overlap on a device queue (their
+    # time per request would be the inverse throughput, not a latency)
+    lat = summarize([1000.0 * t for t in latencies_s]) if latencies_s else None
     total_s = sum(times_s)
     # samples / seconds; in the latency scenario it equals batch / mean latency
     throughput = len(times_s) * per_rep * batch_size / total_s
@@ -211,11 +276,11 @@ def _build(scenario, batch_size, per_rep, times_s, reason, usage) -> Measurement
         cv=cv,
         throughput_ci_low=interval[0] if interval else None,
         throughput_ci_high=interval[1] if interval else None,
-        latency_mean_ms=latencies_ms.mean,
-        latency_std_ms=latencies_ms.std,
-        latency_p50_ms=latencies_ms.median,
-        latency_p90_ms=latencies_ms.p90,
-        latency_p99_ms=latencies_ms.p99,
+        latency_mean_ms=lat.mean if lat else None,
+        latency_std_ms=lat.std if lat else None,
+        latency_p50_ms=lat.median if lat else None,
+        latency_p90_ms=lat.p90 if lat else None,
+        latency_p99_ms=lat.p99 if lat else None,
         cpu_percent=usage.cpu_percent,
         peak_rss_mb=usage.peak_rss_mb,
         gpu=usage.gpu,

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from mlflow_ngraph.compilers._torch import TorchCallableEngine
-from mlflow_ngraph.compilers.base import CompileContext
+from mlflow_ngraph.compilers.base import CompileContext, Engine
 from mlflow_ngraph.compilers.registry import get_compiler
 from mlflow_ngraph.config import MeasureSettings
 from mlflow_ngraph.measure.harness import (
@@ -44,9 +44,9 @@ class CountingEngine(TorchCallableEngine):
         self.infer_calls += 1
         super().infer()
 
-    def run_many(self, count: int) -> None:
+    def run_many(self, count: int, stamps=None) -> None:
         self.run_many_counts.append(count)
-        super().run_many(count)
+        super().run_many(count, stamps)
 
 
 class StreamingEngine(CountingEngine):
@@ -57,7 +57,7 @@ class StreamingEngine(CountingEngine):
         self.start_many_counts: list[int] = []
         self.synchronize_calls = 0
 
-    def start_many(self, count: int) -> None:
+    def start_many(self, count: int, latencies=None, every: int = 1) -> None:
         import torch
 
         self.start_many_counts.append(count)
@@ -105,9 +105,9 @@ def test_one_slot_engine_is_calibrated_before_the_warm_up(model):
 class SlowEngine(CountingEngine):
     """Every request lasts at least MIN_REPETITION_S."""
 
-    def run_many(self, count: int) -> None:
+    def run_many(self, count: int, stamps=None) -> None:
         time.sleep(MIN_REPETITION_S * count)
-        super().run_many(count)
+        super().run_many(count, stamps)
 
 
 def test_one_slot_engine_slower_than_a_repetition_runs_one_request_each(model):
@@ -144,13 +144,48 @@ def test_latency_scenario_times_one_infer_per_repetition(model):
 @pytest.mark.parametrize("scenario", ["throughput", "latency"])
 def test_throughput_is_samples_over_measured_seconds(model, scenario):
     """Not the mean of per-repetition rates, which over-reports whenever repetitions vary."""
-    engine = counting_engine(model, parallel_requests=2)
+    engine = counting_engine(model, parallel_requests=1)
     result = measure(engine, BATCH, settings(scenario=scenario, repetitions=20))
     samples = result.repetitions * result.requests_per_repetition * BATCH
     assert result.throughput == pytest.approx(samples / result.duration_s, rel=1e-9)
     assert result.throughput_overall == result.throughput
-    # the mean per-request latency and the throughput describe the same window
-    assert result.throughput == pytest.approx(BATCH / (result.latency_mean_ms / 1000), rel=1e-9)
+    # one request at a time: the mean per-request latency and the throughput describe the
+    # same window (the stamps miss only the harness's last clock read)
+    assert result.throughput == pytest.approx(BATCH / (result.latency_mean_ms / 1000), rel=1e-2)
+
+
+class BurstyEngine(CountingEngine):
+    """One request in ten takes 20 ms, the others 1 ms."""
+
+    def __init__(self, module, parallel_requests: int = 1) -> None:
+        super().__init__(module, parallel_requests)
+        self.requests = 0
+
+    def infer(self) -> None:
+        self.requests += 1
+        time.sleep(0.02 if self.requests % 10 == 0 else 0.001)
+
+    def run_many(self, count: int, stamps=None) -> None:
+        self.run_many_counts.append(count)
+        Engine.run_many(self, count, stamps)  # the base loop: infer() per request
+
+
+def test_throughput_percentiles_are_per_request(model):
+    """A repetition's mean would hide the slow request: p50 near 1 ms, p99 near 20 ms."""
+    engine = counting_engine(model, parallel_requests=1, kind=BurstyEngine)
+    result = measure(engine, BATCH, settings(scenario="throughput", repetitions=30, warmup=0))
+    assert result.requests_per_repetition == 1  # each 1 ms request fills a repetition
+    assert 0.9 < result.latency_p50_ms < 10
+    assert result.latency_p99_ms > 19
+
+
+def test_overlapping_requests_have_no_percentiles(model):
+    """Several requests in flight without a per-request timer: no latency is reported
+    rather than the inverse throughput under its name."""
+    engine = counting_engine(model, parallel_requests=2)
+    result = measure(engine, BATCH, settings(scenario="throughput"))
+    assert result.latency_p50_ms is None and result.latency_p99_ms is None
+    assert result.latency_mean_ms is None and result.throughput > 0
 
 
 def test_stop_reason_repetitions(model):
@@ -184,13 +219,13 @@ def test_openvino_throughput_keeps_every_infer_request_busy(model, tmp_path):
             super().__init__(compiled, device)
             self.calls: list[str] = []
 
-        def start_many(self, count: int) -> None:
+        def start_many(self, count: int, latencies=None, every: int = 1) -> None:
             self.calls.append("start_many")
-            super().start_many(count)
+            super().start_many(count, latencies, every)
 
-        def run_many(self, count: int) -> None:
+        def run_many(self, count: int, stamps=None) -> None:
             self.calls.append("run_many")
-            super().run_many(count)
+            super().run_many(count, stamps)
 
         def synchronize(self) -> None:
             self.calls.append("synchronize")
@@ -216,3 +251,5 @@ def test_openvino_throughput_keeps_every_infer_request_busy(model, tmp_path):
     assert result.throughput * result.duration_s == pytest.approx(
         result.repetitions * result.requests_per_repetition * BATCH, rel=1e-9
     )
+    # per-request latencies from the runtime's own timer, under full load
+    assert 0 < result.latency_p50_ms <= result.latency_p99_ms
