@@ -529,7 +529,7 @@ def compilers_command(device: str, show_flags: bool) -> None:
                         f"  {flag}: {spec.type.__name__}{choices} = {spec.default}  {spec.help}",
                     )
                 )
-    from mlflow_ngraph.summary import format_table
+    from mlflow_ngraph.table import format_table
 
     click.echo(
         f"device profile {profile.name} ({profile.kind}): defaults {', '.join(profile.compilers)}"
@@ -541,7 +541,7 @@ def compilers_command(device: str, show_flags: bool) -> None:
 def models_command() -> None:
     """List the registered models (the paper's 15 and the synthetic blocks) by family."""
     from mlflow_ngraph.models.registry import MODEL_SETS, registered_models
-    from mlflow_ngraph.summary import format_table
+    from mlflow_ngraph.table import format_table
 
     rows = [(name, family) for name, family in registered_models().items()]
     click.echo(format_table(["model", "family"], rows))

@@ -78,6 +78,8 @@ class Row:
     status: str
     throughput: float | None = None
     throughput_std: float | None = None
+    ci_low: float | None = None  # the throughput's 95% interval
+    ci_high: float | None = None
     latency_p50_ms: float | None = None
     cpu_percent: float | None = None
     compile_s: float | None = None
@@ -609,6 +611,8 @@ def _row(cell: Cell, b: int, record: dict) -> Row:
         record["status"],
         throughput=m.get(S.M_THROUGHPUT),
         throughput_std=m.get(S.M_THROUGHPUT_STD),
+        ci_low=m.get(S.M_THROUGHPUT_CI_LOW),
+        ci_high=m.get(S.M_THROUGHPUT_CI_HIGH),
         latency_p50_ms=m.get(S.M_LATENCY_P50),
         cpu_percent=m.get(S.M_CPU),
         compile_s=m.get(S.M_COMPILE),

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A plain fixed-width table (no dependency, safe to paste in an issue)."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+from mlflow_ngraph.table import format_table
 
 
 def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _interval(low: float | None, high: float | None) -> str:
+    """The throughput's 95% interval, ``-`` where it was not measured (fewer than three
+    repetitions, or a record from before intervals)."""
+    return "-" if low is None or high is None else f"{low:.1f}-{high:.1f}"
 
 
 def _stability(stable: bool | None) -> str:
@@ -96,7 +95,7 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
         "compiler",
         "bs",
         "samples/s",
-        "+-",
+        "95% CI",
         "p50 ms",
         "CPU %",
         "speedup",
@@ -114,7 +113,7 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
                 r.label,
                 r.batch_size,
                 _num(r.throughput),
-                _num(r.throughput_std),
+                _interval(getattr(r, "ci_low", None), getattr(r, "ci_high", None)),
                 _num(r.latency_p50_ms, 2),
                 _num(r.cpu_percent),
                 _num(r.speedup, 2),

@@ -86,3 +86,27 @@ def test_names_show_only_the_flags_that_differ():
     name = cell_run_name("conv_block:depth=3,width=64", "ov", {"hint": "LATENCY"}, {"hint"})
     assert name == "conv_block d3 w64 ov[hint=LATENCY]"
     assert cell_run_name("resnet18", "identity", {}, set()) == "resnet18 identity"
+
+
+def test_summary_shows_the_interval_and_the_stability():
+    spec = SimpleNamespace(device="cpu", experiment="e", measure=SimpleNamespace(scenario="t"))
+    steady = Row("m", "identity", 1, "OK", throughput=100.0, ci_low=98.25, ci_high=101.5)
+    noisy = Row("m", "openvino", 1, "OK", throughput=400.0, speedup=4.0, stable=False)
+    lines = format_summary([steady, noisy], spec).splitlines()
+    header = lines[1].split()
+    assert header[3:6] == ["samples/s", "95%", "CI"]
+    assert lines[3].split()[3:5] == ["100.0", "98.2-101.5"]
+    assert lines[4].split()[4] == "-"  # no interval measured: said, not invented
+    assert "UNSTABLE" in lines[4].split()
+
+
+def test_one_table_printer_right_aligns_numbers():
+    from mlflow_ngraph.table import format_table
+
+    text = format_table(["name", "n", "note"], [["a", 5, None], ["bbb", 123.5, "x"]])
+    assert text.splitlines() == [
+        "name      n  note",
+        "----  -----  ----",
+        "a         5",
+        "bbb   123.5  x",
+    ]

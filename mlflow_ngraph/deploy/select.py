@@ -194,7 +194,7 @@ def rank(
 
 def describe(selection: Selection, top: int = 5) -> str:
     """The top candidates and the reasons the others were set aside, as printed."""
-    from mlflow_ngraph.summary import format_table
+    from mlflow_ngraph.table import format_table
 
     metric = selection.metric
     lines = [f"candidates by {metric} (best first):"]
