@@ -186,8 +186,14 @@ def harness(
     settings = MeasureSettings(
         scenario=scenario, warmup=warmup, repetitions=1, min_duration_s=duration_s
     )
+    from mlflow_ngraph.measure.stability import assess
+
     result = measure(built, batch_size, settings)
     return {
+        "stable": assess(result.cv, result.host_other_cpu_percent).stable,
+        "ci_low": result.throughput_ci_low,
+        "ci_high": result.throughput_ci_high,
+        "host_other_cpu_percent": result.host_other_cpu_percent,
         "throughput": result.throughput,
         "throughput_overall": result.throughput_overall,
         "latency_p50_ms": result.latency_p50_ms,
