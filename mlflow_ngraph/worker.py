@@ -38,9 +38,7 @@ CHECK_SEED = 1234
 
 #: every per-batch metric the schema names: a field of the harness's measurement whose key
 #: is one of these is logged, so a new measured quantity needs no runner change
-SCHEMA_METRICS = frozenset(v for k, v in vars(S).items() if k.startswith("M_"))
-#: fields of the measurement logged before the schema named every metric
-LEGACY_METRICS = ("throughput_overall", "requests_per_repetition")
+SCHEMA_METRICS = S.METRICS
 
 Emit = Callable[[str, Any], None]
 
@@ -138,8 +136,8 @@ def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit):
             S.M_CACHE_HIT: float(cache_hit),
             S.M_FIRST_INFERENCE: first_ms,
             **check.metrics(),
-            "parallel_requests": float(engine.parallel_requests),
-            **engine.compile_metrics(),
+            S.M_PARALLEL_REQUESTS: float(engine.parallel_requests),
+            **_named(engine.compile_metrics()),
         },
         "status": S.STATUS_OK if check.valid else S.STATUS_INVALID,
         "note": check.reason,
@@ -213,9 +211,22 @@ def measurement_metrics(result) -> dict[str, float]:
     """Every numeric field of the measurement that the schema names, plus GPU samples."""
     out = {}
     for key, value in result.to_dict().items():
-        if (key in SCHEMA_METRICS or key in LEGACY_METRICS) and _is_number(value):
+        if key in SCHEMA_METRICS and _is_number(value):
             out[key] = float(value)
     out.update({k: float(v) for k, v in (result.gpu or {}).items()})
+    return out
+
+
+def _named(metrics: dict[str, float]) -> dict[str, float]:
+    """An engine's compile metrics, those the schema names (a new one is named there first:
+    an unnamed key is dropped with a warning rather than logged under a name no reader
+    knows)."""
+    out = {}
+    for key, value in metrics.items():
+        if S.is_schema_metric(key):
+            out[key] = value
+        else:
+            log.warning("compile metric %r is not named in tracking/schema.py: not logged", key)
     return out
 
 

@@ -106,6 +106,18 @@ def test_metrics_are_stepped_by_batch_size_and_flat(benchmarked):
     assert identity["ase.bs1"] == pytest.approx(1.0)
 
 
+def test_every_logged_metric_is_named_in_the_schema(benchmarked):
+    _, runs = benchmarked
+    for name, run in _cells(runs).items():
+        unnamed = [k for k in run.data.metrics if not S.is_schema_metric(k)]
+        assert not unnamed, (name, unnamed)
+        # the intervals and what the host did are there for every batch size
+        for b in (1, 2):
+            assert S.flat_key(S.M_THROUGHPUT_CI_LOW, b) in run.data.metrics, name
+        assert S.M_HOST_LOAD in run.data.metrics and S.M_PARALLEL_REQUESTS in run.data.metrics
+    assert not S.is_schema_metric("made_up.bs2") and S.is_schema_metric("max_abs_error_out3")
+
+
 def test_engine_artifacts_with_manifest(benchmarked, tmp_path):
     client, runs = benchmarked
     for name, run in _cells(runs).items():

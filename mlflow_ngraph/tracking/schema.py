@@ -77,6 +77,13 @@ M_HOST_LOAD = "host_load_avg"  # 1-minute load average at the end of the window
 M_CPU_FREQ = "cpu_freq_mhz"  # mean current CPU frequency over the window, where exposed
 M_CPU_THROTTLE = "cpu_throttle_events"  # thermal throttle events during the window
 M_VALIDITY_WARNINGS = "validity_warnings"  # tracer / precision-fallback warnings of a cell
+M_PARALLEL_REQUESTS = "parallel_requests"  # requests the runtime ran at once
+M_REQUESTS_PER_REP = "requests_per_repetition"
+M_THROUGHPUT_OVERALL = "throughput_overall"  # = throughput (kept for older readers)
+# how the engine was built (Engine.compile_metrics; TVM's tuning)
+M_TUNING_S = "tuning_s"
+M_TRIALS = "trials"
+M_TUNED = "tuned"  # 1 when a tuning database covered the engine's tasks
 M_GPU_UTIL = "gpu_util_percent"
 M_GPU_MEM = "gpu_mem_mb"
 # relative metrics (need T_c(1) and the identity baseline of the same device and model)
@@ -112,6 +119,21 @@ FLAT_METRICS = frozenset(
         M_BSR,
     }
 )
+
+
+#: every per-batch metric named above
+METRICS = frozenset(v for k, v in dict(globals()).items() if k.startswith("M_"))
+
+
+def is_schema_metric(key: str) -> bool:
+    """Whether ``key`` is a metric this module names, flat (``throughput.bs8``) or per
+    output (``max_abs_error_out1``) included."""
+    flat = parse_flat_key(key)
+    base = flat[0] if flat else key
+    stem, sep, index = base.rpartition("_out")
+    if sep and index.isdigit():
+        base = stem
+    return base in METRICS
 
 
 def flat_key(metric: str, batch_size: int) -> str:
