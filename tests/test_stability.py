@@ -45,3 +45,31 @@ def test_a_steady_measurement_is_stable(run_cli, tracking_uri):
     assert tags[f"{S.T_ATTEMPTS}.bs2"] == "1"
     assert f"{S.T_STABILITY_REASON}.bs2" not in tags
     assert "UNSTABLE" not in err
+
+
+def test_retries_keep_a_stable_attempt_over_a_lower_cv_on_a_busy_host(monkeypatch):
+    """Host load cannot be ordered on demand: hand-made attempts stand in for it."""
+    from types import SimpleNamespace
+
+    from mlflow_ngraph import worker
+    from mlflow_ngraph.config import MeasureSettings
+
+    monkeypatch.setattr(worker, "RETRY_PAUSE_S", 0)
+    attempts = iter(
+        [
+            {"cv": 0.02, S.M_HOST_OTHER_CPU: 70.0},  # steady only because the host was busy
+            {"cv": 0.01, S.M_HOST_OTHER_CPU: 60.0},
+            {"cv": 0.06, S.M_HOST_OTHER_CPU: 3.0},  # a quiet window
+        ]
+    )
+
+    def measure(engine, b, settings, gpu=False):
+        data = next(attempts)
+        return SimpleNamespace(cv=data["cv"], to_dict=lambda: dict(data))
+
+    task = SimpleNamespace(
+        name="cell", device_kind="cpu", measure=MeasureSettings(), cv_threshold=0.10,
+        max_other_cpu=25.0, stable_retries=3,
+    )  # fmt: skip
+    best, stability, count = worker._steadiest(task, None, 1, measure)
+    assert (best.cv, stability.stable, count) == (0.06, True, 3)
