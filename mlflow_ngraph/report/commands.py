@@ -120,6 +120,13 @@ def _notes(frame: pd.DataFrame, superseded: int) -> list[str]:
             f"{bare['run_id'].nunique()} run(s) without per-batch metrics "
             f"(<metric>.bs<b>): shown without values"
         )
+    unstable = frame[frame["stability"] == "UNSTABLE"]
+    if len(unstable):
+        notes.append(
+            f"{len(unstable)} UNSTABLE measurement(s) (marked): their CV or the host's other "
+            "load passed the threshold; re-measure them on a quiet host with "
+            "--stable-retries K"
+        )
     hits = frame[frame["cache_hit"] == 1]
     if len(hits):
         notes.append(f"{len(hits)} cache hit(s) left out of the compile table")

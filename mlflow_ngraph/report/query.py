@@ -63,6 +63,7 @@ BASE_COLUMNS = [
     "status",
     "error",
     "batch_size",
+    "stability",
 ]
 
 
@@ -248,7 +249,16 @@ def run_records(run: RunData, metrics: Collection[str] | None = None) -> list[di
     }
     if not per_batch:
         return [{**base, **shared, "batch_size": None}]
-    return [{**base, **shared, **values, "batch_size": b} for b, values in per_batch.items()]
+    return [
+        {**base, **shared, **values, "batch_size": b, "stability": _stability(run.tags, b)}
+        for b, values in per_batch.items()
+    ]
+
+
+def _stability(tags: dict[str, str], batch_size: int) -> str:
+    """STABLE / UNSTABLE of one batch size (the run's verdict for a run that logged no
+    per-batch one; empty for a run from before the check)."""
+    return tags.get(f"{schema.T_STABILITY}.bs{batch_size}") or tags.get(schema.T_STABILITY, "")
 
 
 def _joined(params: dict[str, str], prefix: str) -> str:

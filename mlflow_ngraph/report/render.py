@@ -71,16 +71,33 @@ def _format_column(series: pd.Series) -> list[str]:
     return [format_number(v).replace("\n", " ") for v in series.tolist()]
 
 
+def _companion(column: str, frame: pd.DataFrame) -> bool:
+    """Whether ``column`` is shown inside another: ``X_std``, ``X_ci_low``, ``X_ci_high``
+    of a column ``X`` (for ``throughput``, ``throughput_ci_low``...)."""
+    for suffix in ("_std", "_ci_low", "_ci_high"):
+        if column.endswith(suffix) and column[: -len(suffix)] in frame:
+            return True
+    return False
+
+
 def _text_columns(frame: pd.DataFrame, hidden: Sequence[str] = ()) -> dict[str, list[str]]:
-    """Column name -> strings to show (``X ± std`` merged, numbers rounded, one line each)."""
+    """Column name -> strings to show (numbers rounded, one line each): ``X [low-high]``
+    where ``X`` has a 95% interval (``X_ci_low``/``X_ci_high``), else ``X ± std``."""
     shown: dict[str, list[str]] = {}
     for column in frame.columns:
-        if column in hidden or column.endswith("_std") and column[:-4] in frame:
+        if column in hidden or _companion(column, frame):
             continue
         text = _format_column(frame[column])
-        std = f"{column}_std"
-        if std in frame:
-            text = [_with_std(t, s) for t, s in zip(text, frame[std].tolist(), strict=True)]
+        std, low, high = f"{column}_std", f"{column}_ci_low", f"{column}_ci_high"
+        spreads = frame[std].tolist() if std in frame else [None] * len(text)
+        if low in frame and high in frame:
+            ends = zip(_format_column(frame[low]), _format_column(frame[high]), strict=True)
+            text = [
+                f"{t} [{lo}-{hi}]" if MISSING not in (t, lo, hi) else _with_std(t, s)
+                for t, (lo, hi), s in zip(text, ends, spreads, strict=True)
+            ]
+        elif std in frame:
+            text = [_with_std(t, s) for t, s in zip(text, spreads, strict=True)]
         shown[column] = text
     return shown
 
@@ -92,6 +109,8 @@ def for_people(frame: pd.DataFrame, hidden: Sequence[str] = ()) -> pd.DataFrame:
 
 
 def _with_std(text: str, std: object) -> str:
+    if std is None:
+        return text
     spread = format_number(std)
     return text if text == MISSING or spread == MISSING else f"{text} ± {spread}"
 
@@ -101,23 +120,14 @@ def _rows(shown: dict[str, list[str]]) -> list[tuple[str, ...]]:
 
 
 def to_terminal(frame: pd.DataFrame, hidden: Sequence[str] = ()) -> str:
-    """A fixed-width text table; numbers right-aligned."""
+    """A fixed-width text table (the tool's one table printer); numbers right-aligned."""
+    from mlflow_ngraph.table import format_table
+
     shown = _text_columns(frame, hidden)
     if frame.empty or not shown:
         return "(no rows)"
     numeric = [pd.api.types.is_numeric_dtype(frame[c]) for c in shown]
-    widths = [max(len(c), *map(len, values)) for c, values in shown.items()]
-    lines = [_line(list(shown), widths, numeric)]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += [_line(row, widths, numeric) for row in _rows(shown)]
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def _line(values: Sequence[str], widths: Sequence[int], numeric: Sequence[bool]) -> str:
-    cells = [
-        v.rjust(w) if n else v.ljust(w) for v, w, n in zip(values, widths, numeric, strict=True)
-    ]
-    return "  ".join(cells)
+    return format_table(list(shown), _rows(shown), numeric)
 
 
 def _escape(text: str) -> str:

@@ -39,6 +39,8 @@ FAMILY_ORDER = ("resnet", "efficientnet", "deit", "swin", "convnext", *BLOCK_FAM
 METRIC_COLUMNS = (
     schema.M_THROUGHPUT,
     schema.M_THROUGHPUT_STD,
+    schema.M_THROUGHPUT_CI_LOW,
+    schema.M_THROUGHPUT_CI_HIGH,
     schema.M_LATENCY_P50,
     schema.M_CPU,
     schema.M_COMPILE,
@@ -46,6 +48,11 @@ METRIC_COLUMNS = (
     schema.M_MAX_ABS_ERROR,
     schema.M_VALID,
 )
+#: z of a two-sided 95% normal interval: turns a std into an interval where a run logged no
+#: interval of its own, and an interval back into a std for the noise draws
+Z95 = 1.959963984540054
+#: draws of the parametric bootstrap of Kendall's tau
+TAU_DRAWS = 2000
 NO_THROUGHPUT = "no throughput measured"
 CPU_STD = f"{schema.M_CPU}_std"  # not in the schema yet: used when a runner logs it
 #: every metric the tables read (the query keeps only these)
@@ -76,6 +83,7 @@ def add_labels(raw: pd.DataFrame) -> pd.DataFrame:
     for column in METRIC_COLUMNS:
         if column not in frame:
             frame[column] = np.nan
+    frame["stability"] = frame["stability"].fillna("") if "stability" in frame else ""
     frame["family"] = [
         fam if isinstance(fam, str) and fam else family_of(str(model))
         for fam, model in zip(_list(frame["family"]), _list(frame["model"]), strict=True)
@@ -178,6 +186,62 @@ def add_relative_metrics(frame: pd.DataFrame) -> pd.DataFrame:
     out = frame.drop(columns=[c for c in values.columns if c in frame], errors="ignore")
     out = pd.concat([out, values], axis=1)
     out[columns] = out[columns].astype(float)
+    return add_intervals(out, baseline)
+
+
+def _bounds(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's 95% throughput interval: the logged one, else throughput -+ 1.96 std,
+    else NaN."""
+    tput = frame[schema.M_THROUGHPUT].to_numpy(dtype=float, na_value=np.nan)
+    std = frame[schema.M_THROUGHPUT_STD].to_numpy(dtype=float, na_value=np.nan)
+    low = frame[schema.M_THROUGHPUT_CI_LOW].to_numpy(dtype=float, na_value=np.nan)
+    high = frame[schema.M_THROUGHPUT_CI_HIGH].to_numpy(dtype=float, na_value=np.nan)
+    missing = np.isnan(low) | np.isnan(high)
+    low = np.where(missing, tput - Z95 * std, low)
+    high = np.where(missing, tput + Z95 * std, high)
+    return low, high
+
+
+def add_intervals(frame: pd.DataFrame, baseline: dict[str, str]) -> pd.DataFrame:
+    """The identity's interval beside each row, and a 95% interval of the speedup.
+
+    The two throughputs are independent measurements, so their uncertainties add in log
+    space: ``log S = log T_c - log T_i``; each side's half-widths of ``log T`` (below and
+    above, the intervals need not be symmetric) add in quadrature. Interval arithmetic
+    (``low_c / high_i`` to ``high_c / low_i``) would assume both ends at once and is
+    about 1.4x too wide. An identity row's speedup is 1 by definition: no interval.
+    """
+    out = frame.copy()
+    low, high = _bounds(out)
+    tput = out[schema.M_THROUGHPUT].to_numpy(dtype=float, na_value=np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        below = np.log(tput) - np.log(np.where(low > 0, low, np.nan))
+        above = np.log(high) - np.log(tput)
+    key_of = {}
+    for i, (run, b) in enumerate(
+        zip(_list(out["run_id"]), _list(out["batch_size"]), strict=True)
+    ):
+        if not pd.isna(b):
+            key_of[(run, int(b))] = i
+    ident_low = np.full(len(out), np.nan)
+    ident_high = np.full(len(out), np.nan)
+    s_low = np.full(len(out), np.nan)
+    s_high = np.full(len(out), np.nan)
+    speedup = out["speedup"].to_numpy(dtype=float, na_value=np.nan)
+    rows = zip(_list(out["baseline_key"]), _list(out["batch_size"]), _list(out["compiler"]))
+    for i, (key, b, compiler) in enumerate(rows):
+        j = key_of.get((baseline.get(key, ""), int(b))) if not pd.isna(b) else None
+        if j is None:
+            continue
+        ident_low[i], ident_high[i] = low[j], high[j]
+        if compiler == IDENTITY or np.isnan(speedup[i]):
+            continue
+        down = math.hypot(below[i], above[j])
+        up = math.hypot(above[i], below[j])
+        if not (math.isnan(down) or math.isnan(up)):
+            s_low[i], s_high[i] = speedup[i] * math.exp(-down), speedup[i] * math.exp(up)
+    out["identity_ci_low"], out["identity_ci_high"] = ident_low, ident_high
+    out["speedup_ci_low"], out["speedup_ci_high"] = s_low, s_high
     return out
 
 
@@ -290,12 +354,18 @@ CELL_COLUMNS = [
     "batch_size",
     schema.M_THROUGHPUT,
     schema.M_THROUGHPUT_STD,
+    schema.M_THROUGHPUT_CI_LOW,
+    schema.M_THROUGHPUT_CI_HIGH,
     schema.M_LATENCY_P50,
     schema.M_CPU,
-    *RELATIVE,
+    "speedup",
+    "speedup_ci_low",
+    "speedup_ci_high",
+    *RELATIVE[1:],
     "cpu_reduction_pct",
     schema.M_MAX_ABS_ERROR,
     "status",
+    "stability",
     "missing",
     "family",
     "model_params",
@@ -454,25 +524,49 @@ def compile_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def kendall_tau(first: Sequence[float], second: Sequence[float]) -> float | None:
-    """Kendall's tau-b between two score lists (``None`` when either is all ties)."""
-    concordant = discordant = ties_first = ties_second = 0
-    for i in range(len(first)):
-        for j in range(i + 1, len(first)):
-            a = (first[i] > first[j]) - (first[i] < first[j])
-            b = (second[i] > second[j]) - (second[i] < second[j])
-            if a == 0 and b == 0:
-                continue
-            if a == 0:
-                ties_first += 1
-            elif b == 0:
-                ties_second += 1
-            elif a == b:
-                concordant += 1
-            else:
-                discordant += 1
-    pairs = concordant + discordant
-    denominator = math.sqrt((pairs + ties_first) * (pairs + ties_second))
-    return (concordant - discordant) / denominator if denominator else None
+    """Kendall's tau-b between two score lists (scipy's; ``None`` when either is all ties)."""
+    from scipy import stats
+
+    if len(first) < 2:
+        return None
+    tau = stats.kendalltau(first, second).statistic
+    return None if tau is None or math.isnan(tau) else float(tau)
+
+
+def _tau_b(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Kendall's tau-b of each row pair of two (draws x items) arrays, vectorized: the sum
+    of the products of the pairwise order signs over the root of the non-tied pair counts
+    (what scipy computes for one pair of lists)."""
+    i, j = np.triu_indices(first.shape[1], k=1)
+    a, b = np.sign(first[:, i] - first[:, j]), np.sign(second[:, i] - second[:, j])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (a * b).sum(axis=1) / np.sqrt((a * a).sum(axis=1) * (b * b).sum(axis=1))
+
+
+def tau_interval(
+    first: Sequence[float],
+    first_sd: Sequence[float],
+    second: Sequence[float],
+    second_sd: Sequence[float],
+    draws: int = TAU_DRAWS,
+) -> tuple[float, float] | None:
+    """A 95% interval of Kendall's tau under the measurements' own noise: a parametric
+    bootstrap drawing every throughput from a normal with its standard deviation (from its
+    logged interval). With a handful of models a resampling of models says little; the
+    question here is whether the two rankings could differ by noise alone. ``None`` when no
+    item has a known spread."""
+    sd1, sd2 = np.asarray(first_sd, dtype=float), np.asarray(second_sd, dtype=float)
+    if len(first) < 2 or (np.all(np.isnan(sd1)) and np.all(np.isnan(sd2))):
+        return None
+    rng = np.random.default_rng(0)
+    x = rng.normal(first, np.nan_to_num(sd1), size=(draws, len(first)))
+    y = rng.normal(second, np.nan_to_num(sd2), size=(draws, len(second)))
+    taus = _tau_b(x, y)
+    taus = taus[~np.isnan(taus)]
+    if not taus.size:
+        return None
+    low, high = np.percentile(taus, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def swapped_pairs(
@@ -480,13 +574,34 @@ def swapped_pairs(
 ) -> list[tuple[str, str]]:
     """Pairs ordered one way by ``first`` and the other by ``second``, each as (faster under
     ``first``, faster under ``second``)."""
+    return [(names[i], names[j]) for i, j in _swapped(first, second)]
+
+
+def _swapped(first: Sequence[float], second: Sequence[float]) -> list[tuple[int, int]]:
+    """Index pairs (faster under ``first``, the other) that ``second`` orders the other way."""
     out = []
-    for i in range(len(names)):
-        for j in range(i + 1, len(names)):
+    for i in range(len(first)):
+        for j in range(i + 1, len(first)):
             a, b = first[i] - first[j], second[i] - second[j]
             if a * b < 0:
-                out.append((names[i], names[j]) if a > 0 else (names[j], names[i]))
+                out.append((i, j) if a > 0 else (j, i))
     return out
+
+
+def _separate(low: Sequence[float], high: Sequence[float], i: int, j: int) -> bool | None:
+    """Whether the intervals of items i and j do not overlap (``None``: one is unknown)."""
+    values = (low[i], high[i], low[j], high[j])
+    if any(v is None or math.isnan(v) for v in values):
+        return None
+    return high[i] < low[j] or high[j] < low[i]
+
+
+def _noise_verdict(beyond: list[bool | None]) -> str:
+    """``beyond noise`` when both rankings' intervals separate, ``within noise`` when either
+    overlaps, ``noise unknown`` when an interval is missing."""
+    if any(b is False for b in beyond):
+        return "within noise"
+    return "noise unknown" if any(b is None for b in beyond) else "beyond noise"
 
 
 def _order(names: Sequence[str], scores: Sequence[float]) -> str:
@@ -502,7 +617,10 @@ FLIP_COLUMNS = [
     "level",
     "n",
     "kendall_tau",
+    "tau_ci_low",
+    "tau_ci_high",
     "swapped",
+    "beyond_noise",
     "swapped_pairs",
     "identity_order",
     "compiler_order",
@@ -523,10 +641,10 @@ def flips_table(frame: pd.DataFrame) -> pd.DataFrame:
     models = part.groupby(keys, dropna=False)["model_label"].nunique().to_dict()
     rows = []
     for level, column in (("model", "model_label"), ("family", "family")):
-        for key, (names, ident, comp) in _rankings(part, keys, column).items():
-            if level == "family" and len(names) == models[key]:
+        for key, group in _rankings(part, keys, column).items():
+            if level == "family" and len(group["names"]) == models[key]:
                 continue  # one model per family: the family ranking repeats the model one
-            row = _flip_row(names, ident, comp)
+            row = _flip_row(group)
             if row is not None:
                 labels = ["device", "batch_size", "compiler", "among", "scenario"]
                 rows.append({**dict(zip(labels, key, strict=True)), "level": level, **row})
@@ -535,29 +653,60 @@ def flips_table(frame: pd.DataFrame) -> pd.DataFrame:
     return _drop_if_single(out, ["scenario"])
 
 
-def _rankings(part: pd.DataFrame, keys: list[str], column: str) -> dict[tuple, tuple]:
-    """group key -> (item names, identity throughputs, compiler throughputs), items being
-    the values of ``column`` (means over the group's rows of each item)."""
-    values = ["identity_throughput", schema.M_THROUGHPUT]
+def _rankings(part: pd.DataFrame, keys: list[str], column: str) -> dict[tuple, dict]:
+    """group key -> the items (values of ``column``) with their identity and compiler
+    throughputs and 95% intervals (means over the group's rows of each item: for a family,
+    the mean of its models' throughputs and of their interval ends)."""
+    values = [
+        "identity_throughput",
+        "identity_ci_low",
+        "identity_ci_high",
+        schema.M_THROUGHPUT,
+        "ci_low",
+        "ci_high",
+    ]
+    low, high = _bounds(part)
+    part = part.assign(ci_low=low, ci_high=high)
     means = part.groupby([*keys, column], dropna=False)[values].mean()
-    out: dict[tuple, tuple[list, list, list]] = {}
-    for index, ident, comp in zip(means.index, means[values[0]], means[values[1]], strict=True):
-        names, idents, comps = out.setdefault(index[:-1], ([], [], []))
-        names.append(str(index[-1]))
-        idents.append(float(ident))
-        comps.append(float(comp))
+    out: dict[tuple, dict[str, list]] = {}
+    for index, row in zip(means.index, means.itertuples(index=False, name=None), strict=True):
+        group = out.setdefault(index[:-1], {"names": [], **{v: [] for v in values}})
+        group["names"].append(str(index[-1]))
+        for name, value in zip(values, row, strict=True):
+            group[name].append(float(value))
     return out
 
 
-def _flip_row(names: list[str], ident: list[float], comp: list[float]) -> dict | None:
+def _flip_row(group: dict[str, list]) -> dict | None:
+    names = group["names"]
     if len(names) < 2:
         return None  # a ranking needs two items
-    pairs = swapped_pairs(names, ident, comp)
+    ident, comp = group["identity_throughput"], group[schema.M_THROUGHPUT]
+    pairs = _swapped(ident, comp)
+    verdicts = [
+        _noise_verdict(
+            [
+                _separate(group["identity_ci_low"], group["identity_ci_high"], i, j),
+                _separate(group["ci_low"], group["ci_high"], i, j),
+            ]
+        )
+        for i, j in pairs
+    ]
+    sd = {
+        side: [(h - lo) / (2 * Z95) for lo, h in zip(group[f"{p}ci_low"], group[f"{p}ci_high"])]
+        for side, p in (("identity", "identity_"), ("compiler", ""))
+    }
+    interval = tau_interval(ident, sd["identity"], comp, sd["compiler"])
     return {
         "n": len(names),
         "kendall_tau": kendall_tau(ident, comp),
+        "tau_ci_low": interval[0] if interval else None,
+        "tau_ci_high": interval[1] if interval else None,
         "swapped": len(pairs),
-        "swapped_pairs": "; ".join(f"{a} > {b}" for a, b in pairs),
+        "beyond_noise": sum(v == "beyond noise" for v in verdicts),
+        "swapped_pairs": "; ".join(
+            f"{names[i]} > {names[j]} ({v})" for (i, j), v in zip(pairs, verdicts, strict=True)
+        ),
         "identity_order": _order(names, ident),
         "compiler_order": _order(names, comp),
     }

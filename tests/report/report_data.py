@@ -40,6 +40,10 @@ class Cell:
     cache_hit: bool = False
     start_time: int | None = None
     scenario: str = "throughput"
+    #: logged 95% intervals of the throughput, by batch size
+    ci: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: ``ngraph.stability.bs<b>`` tags, by batch size
+    stability: dict[int, str] = field(default_factory=dict)
 
 
 def _per_batch(cell: Cell) -> dict[str, dict[int, float]]:
@@ -54,6 +58,9 @@ def _per_batch(cell: Cell) -> dict[str, dict[int, float]]:
         S.M_SPEEDUP: {b: 999.0 for b in cell.throughput},  # wrong on purpose
         S.M_BSR: {b: 999.0 for b in cell.throughput},
     }
+    if cell.ci:
+        values[S.M_THROUGHPUT_CI_LOW] = {b: low for b, (low, _) in cell.ci.items()}
+        values[S.M_THROUGHPUT_CI_HIGH] = {b: high for b, (_, high) in cell.ci.items()}
     if cell.compile_s:
         values[S.M_CACHE_HIT] = {b: float(cell.cache_hit) for b in cell.compile_s}
     return values
@@ -101,6 +108,11 @@ def log_benchmark(
         tags = {S.T_ROLE: "cell", S.T_PARENT: parent_id, S.T_STATUS: cell.status}
         if cell.status == S.STATUS_FAILED:
             tags[S.T_ERROR] = "compile failed: unsupported op"
+        for b, verdict in cell.stability.items():
+            tags[f"{S.T_STABILITY}.bs{b}"] = verdict
+        if cell.stability:
+            unstable = S.STABILITY_UNSTABLE in cell.stability.values()
+            tags[S.T_STABILITY] = S.STABILITY_UNSTABLE if unstable else S.STABILITY_STABLE
         run = client.create_run(experiment_id, start_time=cell.start_time, tags=tags)
         now = int(time.time() * 1000)
         metrics = [] if cell.status == S.STATUS_FAILED else cell_metrics(cell, now)

@@ -171,15 +171,22 @@ def test_ranking_flips_with_kendall_tau(all_tables):
     at8 = one(flips, device="cpu", batch_size=8, compiler="openvino", among="models", level="model")
     assert at8["n"] == 4 and at8["kendall_tau"] == exact((4 - 2) / 6)
     assert at8["swapped"] == 2
+    # every throughput of the data set is +-1% (std), so both swaps are beyond noise
     assert at8["swapped_pairs"] == (
-        "efficientnet_b3 > deit3_small_patch16_224; resnet18 > deit3_small_patch16_224"
+        "efficientnet_b3 > deit3_small_patch16_224 (beyond noise); "
+        "resnet18 > deit3_small_patch16_224 (beyond noise)"
     )
+    assert at8["beyond_noise"] == 2
+    # noise of 1% moves no pair: the interval collapses onto tau
+    assert at8["tau_ci_low"] == exact(at8["kendall_tau"]) == exact(at8["tau_ci_high"])
     assert at8["identity_order"] == f"{R18} > {EFF} > {DEIT} > {R50}"
     assert at8["compiler_order"] == f"{DEIT} > {R18} > {EFF} > {R50}"
     # families: resnet = mean(resnet18, resnet50) = 240 -> 680 under openvino
     fam = one(flips, device="cpu", batch_size=8, compiler="openvino", level="family")
     assert fam["n"] == 3 and fam["kendall_tau"] == exact(-1 / 3)
-    assert fam["swapped_pairs"] == "efficientnet > deit; resnet > deit"
+    assert fam["swapped_pairs"] == (
+        "efficientnet > deit (beyond noise); resnet > deit (beyond noise)"
+    )
     # batch 1: deit and resnet50 tie under identity (50 = 50): tau-b = 3 / sqrt(5 * 6)
     at1 = one(flips, device="cpu", batch_size=1, compiler="openvino", among="models", level="model")
     assert at1["kendall_tau"] == exact(3 / math.sqrt(30)) and at1["swapped"] == 1

@@ -1,0 +1,91 @@
+"""Noise in compare: throughput and speedup intervals, UNSTABLE marks, ranking flips beyond
+or within noise, and Kendall's tau with an interval, from runs with hand-made intervals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from click.testing import CliRunner
+from mlflow.tracking import MlflowClient
+from report_data import Cell, log_benchmark, one, records_of
+
+from mlflow_ngraph.report import compare
+from mlflow_ngraph.report.tables import tau_interval
+
+A, B, C = "resnet18", "resnet50", "efficientnet_b3"
+
+
+@pytest.fixture(scope="module")
+def noisy_store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("noise-store")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("noise", artifact_location=str(root / "art"))
+    cells = [
+        # identity: A 100 [95, 105], B 90 [70, 110] (overlaps A), C 50 [49, 51]
+        Cell("cpu", A, "resnet", "identity", {1: 100}, ci={1: (95, 105)}),
+        Cell("cpu", B, "resnet", "identity", {1: 90}, ci={1: (70, 110)}),
+        Cell("cpu", C, "efficientnet", "identity", {1: 50}, ci={1: (49, 51)}),
+        # openvino flips A/B (within noise: B's identity interval overlaps A's) and A/C
+        # (beyond noise: both rankings' intervals separate); C is UNSTABLE
+        Cell("cpu", A, "resnet", "openvino", {1: 200}, ci={1: (190, 210)}),
+        Cell("cpu", B, "resnet", "openvino", {1: 300}, ci={1: (280, 320)}),
+        Cell(
+            "cpu", C, "efficientnet", "openvino", {1: 400}, ci={1: (380, 420)},
+            stability={1: "UNSTABLE"},
+        ),  # fmt: skip
+    ]
+    log_benchmark(client, exp, "cpu", cells)
+    return uri
+
+
+def _json(uri: str, *args: str):
+    result = CliRunner().invoke(compare, ["--tracking-uri", uri, "--format", "json", *args])
+    return records_of(result)
+
+
+def test_speedup_interval_adds_the_log_half_widths_in_quadrature(noisy_store):
+    row = one(_json(noisy_store), model=A, compiler="openvino", batch_size=1)
+    assert (row["throughput_ci_low"], row["throughput_ci_high"]) == (190, 210)
+    assert row["speedup"] == pytest.approx(2.0)
+    down = math.hypot(math.log(200 / 190), math.log(105 / 100))
+    up = math.hypot(math.log(210 / 200), math.log(100 / 95))
+    assert row["speedup_ci_low"] == pytest.approx(2.0 * math.exp(-down), rel=1e-12)
+    assert row["speedup_ci_high"] == pytest.approx(2.0 * math.exp(up), rel=1e-12)
+    # narrower than interval arithmetic, wider than either side alone
+    assert 190 / 105 < row["speedup_ci_low"] < 190 / 100
+    ident = one(_json(noisy_store), model=A, compiler="identity", batch_size=1)
+    assert ident["speedup"] == 1.0 and ident["speedup_ci_low"] is None
+
+
+def test_unstable_rows_are_marked_and_counted(noisy_store):
+    row = one(_json(noisy_store), model=C, compiler="openvino", batch_size=1)
+    assert row["stability"] == "UNSTABLE"
+    assert one(_json(noisy_store), model=A, compiler="openvino", batch_size=1)["stability"] == ""
+    result = CliRunner().invoke(compare, ["--tracking-uri", noisy_store])
+    assert result.exit_code == 0, result.output
+    assert "1 UNSTABLE measurement(s)" in result.output and "--stable-retries" in result.output
+    line = next(x for x in result.output.splitlines() if C in x and "openvino" in x)
+    assert "UNSTABLE" in line and "[380-420]" in line  # the interval beside the throughput
+
+
+def test_flips_say_which_are_beyond_noise(noisy_store):
+    flips = _json(noisy_store, "--table", "flips")
+    row = one(flips, compiler="openvino", level="model")
+    assert row["swapped"] == 3 and row["beyond_noise"] == 2
+    pairs = dict(p.rsplit(" (", 1) for p in row["swapped_pairs"].split("; "))
+    assert pairs[f"{A} > {B}"] == "within noise)"  # identity intervals overlap
+    assert pairs[f"{A} > {C}"] == "beyond noise)"
+    assert pairs[f"{B} > {C}"] == "beyond noise)"
+    assert row["kendall_tau"] == pytest.approx(-1.0)
+    assert row["tau_ci_low"] <= row["kendall_tau"] <= row["tau_ci_high"]
+    assert row["tau_ci_high"] > -1.0  # the A/B flip could be noise: tau is not surely -1
+
+
+def test_tau_interval_collapses_without_noise_and_needs_a_spread():
+    assert tau_interval([3, 2, 1], [0.0, 0.0, 0.0], [1, 2, 3], [0.0, 0.0, 0.0]) == (-1.0, -1.0)
+    nan = float("nan")
+    assert tau_interval([3, 2, 1], [nan] * 3, [1, 2, 3], [nan] * 3) is None
+    low, high = tau_interval([3, 2, 1], [5.0] * 3, [1, 2, 3], [5.0] * 3)  # noise >> gaps
+    assert low < 0 < high
