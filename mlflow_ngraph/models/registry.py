@@ -213,7 +213,9 @@ def _onnx_model(path_text: str, params: dict[str, Any]) -> LoadedModel:
         import onnx
 
         proto = onnx.load(str(path), load_external_data=False)
-        onnx.checker.check_model(proto)
+        data_files = _external_data_files(proto, path)
+        # the path form: external data is found next to the file, wherever the command runs
+        onnx.checker.check_model(str(path))
     except ImportError:
         raise NgraphError("ONNX models need the 'onnx' package: pip install onnx") from None
     except Exception as exc:  # onnx raises several unrelated types for a corrupt file
@@ -239,9 +241,42 @@ def _onnx_model(path_text: str, params: dict[str, Any]) -> LoadedModel:
         sample_shape=sample,
         onnx_file=path.resolve(),
         parameter_count=count,
-        content_hash=file_hash(path),
+        content_hash=_onnx_hash(path, data_files),
         input_name=graph_input.name,
     )
+
+
+def _external_data_files(proto: Any, path: Path) -> list[Path]:
+    """The files holding the weights of an ONNX model saved with external data (what
+    ``torch.onnx.export(..., dynamo=True)`` writes for any real model), which ONNX resolves
+    relative to the model file. A missing one is one clear error naming it."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    files: dict[str, Path] = {}
+    for tensor in proto.graph.initializer:
+        if uses_external_data(tensor):
+            location = ExternalDataInfo(tensor).location
+            files.setdefault(location, path.parent / location)
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        raise NgraphError(
+            f"ONNX file {str(path)!r} keeps its weights in {missing[0]!r}, which does not "
+            "exist: keep the external data file next to the .onnx file"
+        )
+    return [files[k] for k in sorted(files)]
+
+
+def _onnx_hash(path: Path, data_files: list[Path]) -> str:
+    """sha256 of the model file and its external data: a changed weights file is a new
+    model to every cache."""
+    if not data_files:
+        return file_hash(path)
+    import hashlib
+
+    digest = hashlib.sha256(file_hash(path).encode())
+    for data in data_files:
+        digest.update(f"{data.name}:{file_hash(data)}".encode())
+    return digest.hexdigest()
 
 
 def _numel(dims) -> int:
