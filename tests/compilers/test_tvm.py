@@ -154,6 +154,33 @@ def test_untuned_build_says_so(compiler, cases, cache_dir, tmp_path):
     settings = engine.runtime_settings()
     assert settings["tuned"] is False and settings["trials_used"] == 0
     assert settings["tuning_stop_reason"] == "untuned"
+    # closing the engine removes its work directory; the saved engine stands on its own
+    work = engine.build.work_dir
+    assert work is not None and work.is_dir()
+    engine.save(tmp_path / "saved")
+    engine.close()
+    assert not work.exists()
+    loaded = compiler.load(
+        model, compiler.resolve_flags({"trials": 0}), _ctx(tmp_path, cache_dir), tmp_path / "saved"
+    )
+    assert max_rel_error(loaded.outputs(inputs), reference) < RTOL
+    loaded.close()
+    assert (tmp_path / "saved" / "model.so").is_file()  # a loaded engine owns no work dir
+
+
+def test_tvm_internals_the_tuning_patches_are_checked(monkeypatch):
+    import tvm.ir.utils
+
+    from mlflow_ngraph.compilers.tvm import tuning
+    from mlflow_ngraph.errors import CompileFailed
+
+    tuning.check_tvm_internals.cache_clear()
+    tuning.check_tvm_internals()  # the installed TVM has them all
+    monkeypatch.delattr(tvm.ir.utils, "derived_object")
+    tuning.check_tvm_internals.cache_clear()
+    with pytest.raises(CompileFailed, match="tvm.ir.utils.derived_object.*trials=0"):
+        tuning.check_tvm_internals()
+    tuning.check_tvm_internals.cache_clear()
 
 
 def test_tuned_conv_matches_identity(tuned_conv, cases):
@@ -244,7 +271,7 @@ def test_timeout_stops_tuning(compiler, cases, cache_dir, tmp_path):
 def test_monitor_early_stopping_and_counting():
     from types import SimpleNamespace
 
-    from mlflow_ngraph.compilers.tvm import _TuningMonitor
+    from mlflow_ngraph.compilers.tvm.tuning import _TuningMonitor
 
     def result(seconds):
         return SimpleNamespace(error_msg=None, run_secs=[seconds])
@@ -260,7 +287,7 @@ def test_monitor_early_stopping_and_counting():
 
 
 def test_search_settings_follow_the_budget():
-    from mlflow_ngraph.compilers.tvm import _search_settings
+    from mlflow_ngraph.compilers.tvm.tuning import _search_settings
 
     small = _search_settings(budget=64, per_task=64, per_round=16, warmup_samples=100)
     assert small["genetic_num_iters"] == 0 and small["population_size"] == 32

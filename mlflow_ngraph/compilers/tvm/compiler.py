@@ -1,0 +1,94 @@
+"""The ``tvm`` compiler: import the ONNX export, tune with MetaSchedule, build, load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mlflow_ngraph.compilers.base import CompileContext, Compiler, Engine, Flag
+from mlflow_ngraph.compilers.tvm.build import _tune_and_build
+from mlflow_ngraph.compilers.tvm.database import database_source
+from mlflow_ngraph.compilers.tvm.engine import TvmEngine, _first_line
+from mlflow_ngraph.compilers.tvm.measurers import prestart_measurers
+from mlflow_ngraph.compilers.tvm.onnx_import import _import_onnx
+from mlflow_ngraph.compilers.tvm.settings import DEFAULT_TRIALS, MANIFEST_FILE
+from mlflow_ngraph.compilers.tvm.target import configure_threads, make_target
+from mlflow_ngraph.errors import CompileFailed, NgraphError
+
+
+class TvmCompiler(Compiler):
+    """Apache TVM with MetaSchedule tuning (``llvm`` on the CPU, ``cuda`` on NVIDIA GPUs)."""
+
+    name = "tvm"
+    uses_onnx = True
+    packages = ("tvm", "onnx")
+    distribution = "apache-tvm"
+    extra = "tvm"
+    devices = ("cpu", "cuda")
+    flags = {
+        "trials": Flag(
+            int,
+            DEFAULT_TRIALS,
+            minimum=0,
+            help="total MetaSchedule trial budget over all tasks; 0 builds untuned",
+        ),
+        "trials_per_task": Flag(
+            int, None, minimum=1, help="trial cap per tuning task (default: no cap)"
+        ),
+        "early_stopping": Flag(
+            int,
+            None,
+            minimum=1,
+            help="stop tuning a task after this many trials without improvement (paper: 150)",
+        ),
+        "timeout": Flag(float, None, minimum=1, help="wall-clock budget of the tuning, seconds"),
+        "database": Flag(
+            str, None, help="directory of an existing tuning database (JSON) to reuse"
+        ),
+        "opt_level": Flag(int, 3, choices=(0, 1, 2, 3), help="TVM PassContext opt_level"),
+    }
+
+    def availability(self, device: str = "cpu") -> tuple[bool, str]:
+        ok, reason = super().availability(device)
+        if ok and device == "cuda":
+            import tvm
+
+            if not tvm.runtime.enabled("cuda"):
+                return False, "this TVM build has no CUDA support (tvm.runtime.enabled('cuda'))"
+        return ok, reason
+
+    def compile(self, model: Any, flags: dict[str, Any], ctx: CompileContext) -> Engine:
+        """Import the ONNX export, tune (unless ``trials`` is 0 or a database covers it), build.
+
+        Raises:
+            CompileFailed: the import, the tuning or the build failed.
+            NgraphError: the ``database`` flag names a directory without a tuning database.
+        """
+        from mlflow_ngraph.compilers._export import export_onnx
+
+        configure_threads()
+        database_source(flags.get("database"))  # user errors first, before the slow steps
+        target = make_target(ctx.device)
+        if flags["trials"]:
+            prestart_measurers()
+        onnx_path = export_onnx(model, ctx.cache_dir)
+        try:
+            mod, params = _import_onnx(
+                onnx_path, model.input_name, model.input_shape(ctx.batch_size)
+            )
+            build = _tune_and_build(model, mod, target, flags, ctx)
+        except (CompileFailed, NgraphError):
+            raise
+        except Exception as exc:  # TVM raises many kinds (TVMError, ValueError, InternalError)
+            raise CompileFailed(f"TVM failed on {model.label}: {_first_line(exc)}") from exc
+        return TvmEngine(build, params, ctx.device, model.input_shape(ctx.batch_size))
+
+    def load(
+        self, model: Any, flags: dict[str, Any], ctx: CompileContext, directory: Path
+    ) -> Engine | None:
+        """Read back an engine written by :meth:`TvmEngine.save` (no tuning, no build)."""
+        directory = Path(directory)
+        if not (directory / MANIFEST_FILE).is_file():
+            return None
+        configure_threads()
+        return TvmEngine.load(directory, ctx.device)

@@ -1,0 +1,111 @@
+"""MetaSchedule tuning databases: seeding a build from ``--database`` or the cache, and
+storing what a build tuned for the next compile of the same model, target and batch."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mlflow_ngraph.compilers.base import CompileContext
+from mlflow_ngraph.compilers.tvm.settings import (
+    CACHE_VERSION,
+    DATABASE_DIR,
+    RECORD_FILE,
+    WORKLOAD_FILE,
+)
+from mlflow_ngraph.errors import NgraphError
+
+log = logging.getLogger(__name__)
+
+
+def _has_database(directory: Path) -> bool:
+    return (directory / WORKLOAD_FILE).is_file() and (directory / RECORD_FILE).is_file()
+
+
+def database_source(given: str | None) -> Path | None:
+    """The database directory the ``database`` flag names (a saved engine directory works too).
+
+    Raises:
+        NgraphError: the directory holds no MetaSchedule JSON database.
+    """
+    if not given:
+        return None
+    source = Path(given).expanduser()
+    if (source / DATABASE_DIR).is_dir() and not _has_database(source):
+        source = source / DATABASE_DIR
+    if not _has_database(source):
+        raise NgraphError(
+            f"compiler 'tvm': database={given!r} has no {WORKLOAD_FILE} and {RECORD_FILE}"
+        )
+    return source
+
+
+def _seed_database(database_dir: Path, given: str | None, cache_dir: Path | None) -> str:
+    """Copy an existing database into the work dir. Returns "flag", "cache" or ""."""
+    database_dir.mkdir(parents=True, exist_ok=True)
+    source = database_source(given)
+    if source is not None:
+        _copy_database(source, database_dir)
+        log.info("TVM: reusing the tuning database %s", source)
+        return "flag"
+    if cache_dir is not None and _has_database(cache_dir):
+        _copy_database(cache_dir, database_dir)
+        log.info("TVM: tuning database cache hit %s", cache_dir)
+        return "cache"
+    return ""
+
+
+def _copy_database(source: Path, destination: Path) -> None:
+    for name in (WORKLOAD_FILE, RECORD_FILE):
+        shutil.copyfile(source / name, destination / name)
+
+
+def _cache_dir_for(
+    model: Any, target: Any, flags: dict[str, Any], ctx: CompileContext
+) -> Path | None:
+    """Where the database of exactly this tuning (model, target, batch, budget) is cached."""
+    if not flags["trials"] or not getattr(model, "content_hash", ""):
+        return None
+    import tvm
+
+    key = {
+        "version": CACHE_VERSION,
+        "tvm": tvm.__version__,
+        "model": model.content_hash,
+        "target": str(target),
+        "batch": ctx.batch_size,
+        **{k: flags[k] for k in ("trials", "trials_per_task", "early_stopping", "timeout")},
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return Path(ctx.cache_dir) / "tvm-tuning" / digest
+
+
+def _store_in_cache(database_dir: Path, cache_dir: Path) -> None:
+    cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir.parent, prefix=".tmp-"))
+    try:
+        _copy_database(database_dir, tmp)
+        if cache_dir.exists():
+            shutil.rmtree(cache_dir, ignore_errors=True)
+        os.replace(tmp, cache_dir)
+    except OSError as exc:  # a cache that cannot be written only costs a re-tune later
+        log.warning("TVM: could not cache the tuning database in %s: %s", cache_dir, exc)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _open_database(database_dir: Path) -> Any:
+    from tvm.s_tir import meta_schedule as ms
+
+    database_dir.mkdir(parents=True, exist_ok=True)
+    return ms.database.JSONDatabase(
+        path_workload=str(database_dir / WORKLOAD_FILE),
+        path_tuning_record=str(database_dir / RECORD_FILE),
+        allow_missing=True,
+    )
