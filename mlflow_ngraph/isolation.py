@@ -6,16 +6,26 @@ state, peak RSS). A worker that dies (a segfault, an abort, the kernel's OOM kil
 past its time limit ends with a reason naming the signal or the limit; what it had already
 sent (batch sizes measured before the crash) is kept. Its stdout and stderr (third-party
 chatter) go to a log file, and the package's log records are forwarded to the runner.
+
+Starting a worker costs seconds (a Python process importing PyTorch, timm and the runtimes:
+4-8 s on a 2-core host), once per cell. So the next cell's worker is started while the
+current cell runs, as a spare that imports what every cell imports and then waits for its
+task. Its imports must never compete with a measurement: the spare is stopped (SIGSTOP)
+while the current worker measures and continued (SIGCONT) when it leaves that phase. A
+spare serves one cell only and is killed when the run ends.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import importlib.util
 import logging
 import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -28,39 +38,128 @@ log = logging.getLogger("mlflow_ngraph.worker")
 
 #: seconds a finished worker gets to exit before it is killed
 EXIT_GRACE_S = 30.0
+#: what a spare imports before its task comes: what every cell imports (no engine state);
+#: a runtime only some cells use (timm, ONNX Runtime, OpenVINO) is left to the cell
+PRELOAD = (
+    "numpy",
+    "torch",
+    "mlflow_ngraph.worker",
+    "mlflow_ngraph.compilers.registry",
+    "mlflow_ngraph.models.registry",
+)
 #: warning categories and words that bear on the validity of a result (counted per cell)
 VALIDITY_WORDS = ("precision", "fallback", "fall back", "tracer", "fp16", "bf16")
 
 
+class _Spare:
+    """A spawned worker that imports :data:`PRELOAD`, then waits on its pipe for one task."""
+
+    def __init__(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_spare_main, args=(child,), name="ngraph spare worker")
+        self.proc.start()
+        child.close()
+        self.paused = False
+
+    def alive(self) -> bool:
+        return self.proc.is_alive()
+
+    def pause(self) -> None:
+        """Stop the spare's imports while a measurement runs (no CPU until resumed)."""
+        if not self.paused and self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGSTOP)
+            self.paused = True
+            _await_stopped(self.proc.pid)
+
+    def resume(self) -> None:
+        if self.paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGCONT)
+            self.paused = False
+
+    def kill(self) -> None:
+        self.resume()
+        _kill_tree(self.proc.pid)
+        self.proc.join()
+        self.conn.close()
+
+
+_spare: _Spare | None = None
+#: how long a pause waits for the kernel to stop the spare (signals land asynchronously;
+#: the worker is in its warm-up meanwhile, outside the measured window)
+STOP_WAIT_S = 0.5
+
+
+def _await_stopped(pid: int) -> None:
+    import psutil
+
+    deadline = time.monotonic() + STOP_WAIT_S
+    with contextlib.suppress(psutil.Error):
+        process = psutil.Process(pid)
+        while process.status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+
+def shutdown() -> None:
+    """Kill the spare worker, if one is waiting (the end of a run, and at exit)."""
+    global _spare
+    if _spare is not None:
+        spare, _spare = _spare, None
+        spare.kill()
+
+
+atexit.register(shutdown)
+
+
+def _take_worker(prestart: bool) -> _Spare:
+    """The waiting spare (a fresh one if there is none, or it died), and a new spare started
+    for the next cell when ``prestart``."""
+    global _spare
+    worker, _spare = _spare, None
+    if worker is None or not worker.alive():
+        if worker is not None:
+            worker.kill()
+        worker = _Spare()
+    worker.resume()
+    if prestart:
+        _spare = _Spare()
+    return worker
+
+
 def run_isolated(
-    task: CellTask, on_event: Callable[[str, Any], None], timeout_s: float
+    task: CellTask,
+    on_event: Callable[[str, Any], None],
+    timeout_s: float,
+    prestart: bool = True,
 ) -> str | None:
     """Run ``task`` in a fresh spawned process, passing each event to ``on_event``.
 
-    Returns ``None`` when the worker finished, else why it did not ("worker died with
-    SIGSEGV", "cell timed out after 20 s"). Any exception of the caller (Ctrl-C included)
-    kills the worker and its children first.
+    With ``prestart``, the next cell's worker starts now, paused whenever this cell
+    measures. Returns ``None`` when the worker finished, else why it did not ("worker died
+    with SIGSEGV", "cell timed out after 20 s"). Any exception of the caller (Ctrl-C
+    included) kills the worker, its children and the spare first.
     """
-    ctx = multiprocessing.get_context("spawn")
-    receiver, sender = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_worker_main, args=(task, sender), name=f"cell {task.name}")
-    proc.start()
-    sender.close()
+    worker = _take_worker(prestart)
+    proc, conn = worker.proc, worker.conn
     deadline = time.monotonic() + timeout_s
     done = False
     try:
+        conn.send(task)
         while not done:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 _kill_tree(proc.pid)
                 proc.join()
                 return f"cell timed out after {timeout_s:g} s (raise --cell-timeout to allow more)"
-            if not receiver.poll(min(remaining, 1.0)):
+            if not conn.poll(min(remaining, 1.0)):
                 continue
             try:
-                kind, payload = receiver.recv()
+                kind, payload = conn.recv()
             except (EOFError, OSError):  # the worker is gone
                 break
+            _pace_spare(kind, payload)
             if kind == "done":
                 done = True
             else:
@@ -75,9 +174,22 @@ def run_isolated(
     except BaseException:
         _kill_tree(proc.pid)
         proc.join()
+        shutdown()
         raise
     finally:
-        receiver.close()
+        if _spare is not None:
+            _spare.resume()
+        conn.close()
+
+
+def _pace_spare(kind: str, payload: Any) -> None:
+    """Stop the spare while the worker measures; let it import the rest of the time."""
+    if _spare is None:
+        return
+    if kind == "phase" and payload[1] == "measure":
+        _spare.pause()
+    else:
+        _spare.resume()
 
 
 def _death_reason(code: int | None) -> str:
@@ -116,12 +228,34 @@ class _Forward(logging.Handler):
         self.send("log", (record.levelno, record.getMessage()))
 
 
-def _worker_main(task: CellTask, conn) -> None:
-    """The spawned worker: measure the cell, send every event, then ``done``."""
+def _spare_main(conn) -> None:
+    """The spawned worker: import what every cell needs, wait for the task, measure the
+    cell, send every event, then ``done``."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
-    if task.log_file:
-        _redirect_output(task.log_file)
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as early:
+        os.dup2(early.fileno(), 1)  # import chatter stays out of the runner's terminal
+        os.dup2(early.fileno(), 2)
+        for name in PRELOAD:
+            if importlib.util.find_spec(name.split(".")[0]) is None:
+                continue
+            with contextlib.suppress(Exception):  # the cell's own import will say why
+                importlib.import_module(name)
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):  # the run ended before this spare got a cell
+            return
+        if task.log_file:
+            _redirect_output(task.log_file, early)
+        else:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+    _worker_main(task, conn)
+
+
+def _worker_main(task: CellTask, conn) -> None:
+    """Measure the cell, send every event, then ``done``."""
 
     def send(kind: str, payload: Any) -> None:
         conn.send((kind, payload))
@@ -161,11 +295,15 @@ def _count_warnings() -> list[int]:
     return counter
 
 
-def _redirect_output(path: str) -> None:
+def _redirect_output(path: str, early=None) -> None:
+    """stdout and stderr to the cell's log file, after what the imports wrote (``early``)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
+    if early is not None:
+        early.seek(0)
+        os.write(fd, early.read())
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

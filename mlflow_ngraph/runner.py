@@ -254,6 +254,10 @@ class Runner:
                 ) from None
             raise
         finally:
+            if self.isolation == "process":
+                from mlflow_ngraph.isolation import shutdown
+
+                shutdown()  # the spare worker started for a cell that will not come
             if self.view:
                 self.view.stop()
         self._write_index()
@@ -392,7 +396,8 @@ class Runner:
         from mlflow_ngraph.isolation import run_isolated
 
         task.log_file = str(log_file)
-        outcome.death = run_isolated(task, on_event, self.cell_timeout_s)
+        prestart = os.environ.get("MLFLOW_NGRAPH_SPARE_WORKER", "1") != "0"
+        outcome.death = run_isolated(task, on_event, self.cell_timeout_s, prestart=prestart)
         if outcome.death:
             log.warning("%s: %s", cell.name, outcome.death)
         return outcome

@@ -254,7 +254,7 @@ def progress(tracking_uri: str, sweep: SweepSpec) -> dict[str, dict[str, int]]:
 
 
 def live_view(outcome: SweepOutcome, cells: dict[str, dict[str, Any]]) -> str:
-    from mlflow_ngraph.summary import format_table
+    from mlflow_ngraph.table import format_table
 
     now = time.time()
     rows = []

@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
-import mlflow
 import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from mlflow_ngraph.config import parse_int_list
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.report import publish, render, tables
 from mlflow_ngraph.report.query import RunQuery, fetch_cells, parse_where, resolve_experiments
+from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -46,23 +47,15 @@ def split_values(values: Iterable[str]) -> tuple[str, ...]:
 
 def parse_batch_sizes(values: Iterable[str]) -> tuple[int, ...]:
     """``["8", "16,32"]`` -> ``(8, 16, 32)``."""
-    out = []
-    for text in split_values(values):
-        if not text.isdigit() or int(text) < 1:
-            raise NgraphError(f"--batch-size {text!r}: expected a positive integer")
-        out.append(int(text))
-    return tuple(out)
+    return tuple(parse_int_list(list(split_values(values)), "--batch-size")) if values else ()
 
 
 def parse_ranges(text: str) -> list[tuple[int, int]]:
     """``"2-4,8-16"`` -> ``[(2, 4), (8, 16)]``; a single ``"8"`` is ``(8, 8)``."""
     ranges = []
     for part in split_values([text]):
-        low, _, high = part.partition("-")
-        high = high or low
-        if not (low.isdigit() and high.isdigit()) or not 1 <= int(low) <= int(high):
-            raise NgraphError(f"--ranges {part!r}: expected LOW-HIGH batch sizes, e.g. 2-4")
-        ranges.append((int(low), int(high)))
+        values = parse_int_list(part, "--ranges", ranges=True)
+        ranges.append((values[0], values[-1]))
     if not ranges:
         raise NgraphError("--ranges is empty: expected e.g. 2-4,8-16")
     return ranges
@@ -220,7 +213,7 @@ def _execute(options: dict) -> None:
     names = parse_tables(options["table_names"], fmt)
     if options["log_report"]:
         names = list(TABLES)  # a report holds every table, whatever is printed
-    uri = options["tracking_uri"] or mlflow.get_tracking_uri()
+    uri = resolve_tracking_uri(options["tracking_uri"])
     client = MlflowClient(tracking_uri=uri)
     result = run_compare(client, uri, query, names, ranges, live=options["live"])
     shown = {n: result.tables[n] for n in parse_tables(options["table_names"], fmt)}

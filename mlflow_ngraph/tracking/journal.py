@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlflow_ngraph.tracking.mlflow_log import local_sqlite
+
 log = logging.getLogger(__name__)
 
 JOURNAL_VERSION = 1
@@ -322,11 +324,6 @@ class StoreUnreachable(Exception):
     """The store could not be asked (server down, database locked or half-made)."""
 
 
-def _sqlite_path(tracking_uri: str) -> Path | None:
-    prefix = "sqlite:///"
-    return Path(tracking_uri[len(prefix) :]) if tracking_uri.startswith(prefix) else None
-
-
 def _query_sqlite(path: Path, sql: str, args: tuple) -> list[tuple]:
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
@@ -367,7 +364,7 @@ def probe_experiment(tracking_uri: str, name: str) -> tuple[str, int, str] | Non
     Raises:
         StoreUnreachable: the store could not be asked.
     """
-    path = _sqlite_path(tracking_uri)
+    path = local_sqlite(tracking_uri)
     if path is not None:
         if not path.exists():
             return None
@@ -402,7 +399,7 @@ def probe_runs(tracking_uri: str, experiment_id: str, run_ids: list[str]) -> set
         StoreUnreachable: the store could not be asked.
     """
     alive: set[str] = set()
-    path = _sqlite_path(tracking_uri)
+    path = local_sqlite(tracking_uri)
     for start in range(0, len(run_ids), 100):
         chunk = run_ids[start : start + 100]
         if path is not None:

@@ -84,7 +84,7 @@ def connect(tracking_uri: str):
     shown = redact_uri(tracking_uri)
     if tracking_uri.startswith(("http://", "https://")):
         _check_http(tracking_uri)
-    path = _local_sqlite(tracking_uri)
+    path = local_sqlite(tracking_uri)
     if path is not None:
         _create_sqlite_store(path)
         _check_sqlite_store(path, shown)
@@ -118,7 +118,9 @@ def store_error(exc: BaseException, tracking_uri: str) -> NgraphError:
     )
 
 
-def _local_sqlite(tracking_uri: str) -> Path | None:
+def local_sqlite(tracking_uri: str) -> Path | None:
+    """The file of a ``sqlite:///`` tracking URI (query string dropped); ``None`` for any
+    other store, in-memory included."""
     prefix = "sqlite:///"
     if not tracking_uri.startswith(prefix) or tracking_uri.endswith(":memory:"):
         return None

@@ -109,8 +109,8 @@ def test_no_match_names_the_filter(compare_cli, args, message):
         (["--table", "bogus"], "unknown --table 'bogus'"),
         (["--where", "colour=red"], "unknown filter key 'colour'"),
         (["--where", "model.width"], "--where 'model.width': expected KEY=VALUE"),
-        (["--batch-size", "eight"], "--batch-size 'eight': expected a positive integer"),
-        (["--ranges", "8-2"], "--ranges '8-2': expected LOW-HIGH batch sizes"),
+        (["--batch-size", "eight"], "--batch-size 'eight' is not an integer"),
+        (["--ranges", "8-2"], "--ranges range '8-2' is empty (expected LOW-HIGH"),
         (["--devise", "cpu"], "No such option '--devise'"),
     ],
 )
