@@ -4,9 +4,12 @@
 Both sides run ``mlflow-ngraph benchmark`` in a subprocess on the same spec and the same
 home: a warm-up run fills the export and engine caches first, then each run logs into a
 fresh tracking store (so its journal is fresh and every cell is measured again, engines
-coming from the cache). The sides alternate (P N, N P, P N ...) so that other load hits both
-alike. Reports each side's median seconds, the median of the paired ratios
-process / none, and the overhead per cell in seconds.
+coming from the cache). Three sides: ``process`` (a worker per cell, the next one started
+as a spare while the current cell runs, paused while it measures), ``process-cold`` (a
+worker per cell started when the cell starts: ``MLFLOW_NGRAPH_SPARE_WORKER=0``) and
+``none``. The sides rotate from round to round so that other load hits all alike. Reports
+each side's median seconds, the median ratio of each process side to ``none`` and its
+overhead per cell in seconds.
 
     python bench/bench_isolation.py                      # a small grid
     python bench/bench_isolation.py --spec default --pairs 3
@@ -15,6 +18,7 @@ process / none, and the overhead per cell in seconds.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -35,17 +39,23 @@ min_duration: 0.2
 """
 
 
-def _run(spec: str, home: Path, store: Path, isolation: str) -> float:
+SIDES = ("process", "process-cold", "none")
+
+
+def _run(spec: str, home: Path, store: Path, side: str) -> float:
+    isolation = "none" if side == "none" else "process"
     command = [
         sys.executable, "-m", "mlflow_ngraph", "benchmark", "--spec", spec,
         "--home", str(home), "--tracking-uri", f"sqlite:///{store}",
         "--isolation", isolation, "-q",
     ]  # fmt: skip
+    env = {**os.environ, "MLFLOW_NGRAPH_SPARE_WORKER": "0" if side == "process-cold" else "1"}
     t0 = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
+    # in the store's folder: the runs' artifacts land there, not in the caller's folder
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=store.parent)
     seconds = time.perf_counter() - t0
     if done.returncode != 0:
-        raise SystemExit(f"benchmark failed ({isolation}):\n{done.stderr[-3000:]}")
+        raise SystemExit(f"benchmark failed ({side}):\n{done.stderr[-3000:]}")
     return seconds
 
 
@@ -60,7 +70,7 @@ def _cells(spec: str) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spec", help="spec file or packaged name (default: a small grid)")
-    p.add_argument("--pairs", type=int, default=3, help="interleaved pairs")
+    p.add_argument("--pairs", type=int, default=3, help="rounds of the three sides")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
@@ -72,26 +82,24 @@ def main() -> None:
         cells = _cells(spec)
         warm = _run(spec, home, tmp_path / "warm.db", "none")
         print(f"warm-up (fills the caches): {warm:.1f} s, {cells} cells")
-        times: dict[str, list[float]] = {"process": [], "none": []}
-        ratios = []
+        times: dict[str, list[float]] = {side: [] for side in SIDES}
         for i in range(args.pairs):
-            order = ("process", "none") if i % 2 == 0 else ("none", "process")
-            pair = {}
+            order = SIDES[i % 3 :] + SIDES[: i % 3]
             for side in order:
-                pair[side] = _run(spec, home, tmp_path / f"{side}-{i}.db", side)
-                times[side].append(pair[side])
-            ratios.append(pair["process"] / pair["none"])
+                times[side].append(_run(spec, home, tmp_path / f"{side}-{i}.db", side))
             print(
-                f"pair {i + 1}: process {pair['process']:.1f} s, none {pair['none']:.1f} s, "
-                f"ratio {ratios[-1]:.3f}"
+                f"round {i + 1}: " + ", ".join(f"{side} {times[side][-1]:.1f} s" for side in SIDES)
             )
-    proc, none = statistics.median(times["process"]), statistics.median(times["none"])
-    print(f"median end to end: process {proc:.1f} s, none {none:.1f} s")
-    print(
-        f"ratio process/none: median {statistics.median(ratios):.3f} "
-        f"[{min(ratios):.3f}-{max(ratios):.3f}] over {len(ratios)} pairs"
-    )
-    print(f"overhead per cell: {(proc - none) / cells:.2f} s ({cells} cells)")
+    none = statistics.median(times["none"])
+    for side in SIDES[:2]:
+        ratios = [p / n for p, n in zip(times[side], times["none"])]
+        median = statistics.median(times[side])
+        print(
+            f"{side}/none: median {statistics.median(ratios):.3f} "
+            f"[{min(ratios):.3f}-{max(ratios):.3f}] over {len(ratios)} rounds; "
+            f"{median:.1f} s against {none:.1f} s, overhead per cell "
+            f"{(median - none) / cells:.2f} s ({cells} cells)"
+        )
 
 
 if __name__ == "__main__":
