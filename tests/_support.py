@@ -28,3 +28,28 @@ def assert_matches(out, ref) -> None:
     assert np.abs(out - ref).max() < 1e-4
     cosine = float(np.dot(out.ravel(), ref.ravel()) / np.linalg.norm(out) / np.linalg.norm(ref))
     assert cosine > 0.9999
+
+
+def in_threads(count: int, work) -> list:
+    """``work(i)`` for i in range(count) in as many threads released at once (a barrier);
+    the results in order. Any exception fails the calling test."""
+    import threading
+
+    results: list = [None] * count
+    errors: list = []
+    barrier = threading.Barrier(count)
+
+    def go(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = work(i)
+        except Exception as exc:  # collected: the test fails on any
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return results

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._support import PYTHON, TINY
+from tests._support import PYTHON, TINY, in_threads
 
 PG = "postgresql://postgres@127.0.0.1:5432"
 ADMIN_PASSWORD = "admin-" + uuid.uuid4().hex[:10]
@@ -150,3 +150,70 @@ def test_the_password_is_nowhere(server, tmp_path):
     texts += [p.read_text() for p in (tmp_path / "journals").glob("*.jsonl")]
     assert any("spec_hash" in t for t in texts)  # the artifacts were read
     assert not [t[:200] for t in texts if DEV_PASSWORD in t]
+
+
+# --- many clients against one PostgreSQL-backed server --------------------------------------
+def _as_admin():
+    os.environ.update(MLFLOW_TRACKING_USERNAME="admin", MLFLOW_TRACKING_PASSWORD=ADMIN_PASSWORD)
+
+
+def test_concurrent_creators_on_postgresql_make_one_experiment_and_one_cell_run(server):
+    from mlflow.tracking import MlflowClient
+
+    from mlflow_ngraph.tracking import mlflow_log as ml
+
+    url, _ = server
+    _as_admin()
+    try:
+        ids = in_threads(20, lambda i: ml.ensure_experiment(MlflowClient(url), "pg-shared"))
+        assert len(set(ids)) == 1
+        runs = in_threads(
+            4, lambda i: ml.cell_run(MlflowClient(url), ids[0], "parent", "key-pg", "cell", None)
+        )
+        assert len(set(runs)) == 1
+        found = MlflowClient(url).search_runs([ids[0]], "tags.`ngraph.cell_key` = 'key-pg'")
+        assert [r.info.run_id for r in found] == [runs[0]]
+    finally:
+        for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            os.environ.pop(name)
+
+
+def test_eight_concurrent_benchmark_clients_lose_nothing(server, tmp_path):
+    """Eight devices benchmark into one experiment at once: no client errs, every cell run
+    has every param and every batch size's metrics."""
+    from mlflow.tracking import MlflowClient
+
+    from mlflow_ngraph.cluster import ENV_DEVICE_NAME
+    from mlflow_ngraph.tracking import schema as S
+
+    url, _ = server
+    procs = []
+    for i in range(8):
+        env = {**os.environ, "MLFLOW_TRACKING_URI": url, "MLFLOW_TRACKING_USERNAME": "admin",
+               "MLFLOW_TRACKING_PASSWORD": ADMIN_PASSWORD, ENV_DEVICE_NAME: f"device-{i}",
+               "MLFLOW_NGRAPH_HOME": str(tmp_path / f"home{i}")}  # fmt: skip
+        command = [PYTHON, "-m", "mlflow_ngraph", "benchmark", *TINY, "--compiler", "identity",
+                   "--experiment", "eight", "--isolation", "none", "-q"]  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    outcomes = [p.communicate(timeout=900) for p in procs]
+    for proc, (_out, err) in zip(procs, outcomes):
+        assert proc.returncode == 0, err[-2000:]
+    _as_admin()
+    try:
+        client = MlflowClient(url)
+        exp = client.get_experiment_by_name("eight")
+        cells = client.search_runs([exp.experiment_id], "tags.`ngraph.role` = 'cell'")
+    finally:
+        for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            os.environ.pop(name)
+    assert sorted(r.data.params[S.P_DEVICE] for r in cells) == [f"device-{i}" for i in range(8)]
+    for run in cells:
+        assert run.info.status == "FINISHED"
+        assert {S.P_MODEL, S.P_COMPILER, S.P_FAMILY, S.P_SCENARIO} <= set(run.data.params)
+        for b in (1, 2):
+            for metric in (S.M_THROUGHPUT, S.M_CV, S.M_VALID, S.M_THROUGHPUT_CI_LOW):
+                assert S.flat_key(metric, b) in run.data.metrics, (run.data.params, metric, b)

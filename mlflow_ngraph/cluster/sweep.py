@@ -225,7 +225,16 @@ def progress(tracking_uri: str, sweep: SweepSpec) -> dict[str, dict[str, int]]:
     current cell's name."""
     from mlflow.tracking import MlflowClient
 
+    from mlflow_ngraph.tracking.mlflow_log import local_sqlite
+
     out: dict[str, dict[str, Any]] = {}
+    store = local_sqlite(tracking_uri)
+    if store is not None and not store.exists():
+        # not created yet: opening it here would create it in place, half-made for a moment
+        # under the device tasks that create it whole (mlflow_log.connect)
+        return {
+            d.name: {"done": 0, "running": 0, "failed": 0, "current": ""} for d in sweep.devices
+        }
     try:
         client = MlflowClient(tracking_uri)
         exp = client.get_experiment_by_name(sweep.experiment)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from pathlib import Path
 
 import pytest
 
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking.journal import Journal
-from tests._support import PYTHON, TINY
+from tests._support import PYTHON, TINY, in_threads
 
 RESULT = {"metrics": {"throughput": 10.0}, "status": "OK"}
 
@@ -148,33 +147,12 @@ def test_a_rerun_after_the_store_was_deleted_measures_again(tmp_path, home):
 
 
 # --- concurrency and the store itself -------------------------------------------------------
-def _in_threads(count: int, work) -> list:
-    results: list = [None] * count
-    errors: list = []
-    barrier = threading.Barrier(count)
-
-    def go(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = work(i)
-        except Exception as exc:  # collected: the test fails on any
-            errors.append(exc)
-
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    return results
-
-
 def test_twenty_clients_creating_one_experiment_get_one(tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = _store(tmp_path)
     ml.connect(uri)
-    ids = _in_threads(20, lambda i: ml.ensure_experiment(MlflowClient(uri), "shared"))
+    ids = in_threads(20, lambda i: ml.ensure_experiment(MlflowClient(uri), "shared"))
     assert len(set(ids)) == 1
 
 
@@ -183,7 +161,7 @@ def test_four_clients_creating_one_cell_run_get_one(tmp_path):
 
     uri = _store(tmp_path)
     exp = ml.ensure_experiment(ml.connect(uri), "e")
-    ids = _in_threads(
+    ids = in_threads(
         4, lambda i: ml.cell_run(MlflowClient(uri), exp, "parent", "key-1", "cell", None)
     )
     assert len(set(ids)) == 1
