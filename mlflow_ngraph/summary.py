@@ -62,20 +62,72 @@ def _short_param(item: str) -> str:
     return f"{abbreviations[key]}{value}" if key in abbreviations else item
 
 
-def winners(rows) -> list[tuple[str, int, str, float | None, float | None]]:
-    """Per model and batch size, the fastest valid (status OK) row that is not the
-    baseline: (model, batch size, label, throughput, speedup). Rows carry ``label``."""
-    best: dict[tuple[str, int], Any] = {}
+def winners(rows) -> list[dict[str, Any]]:
+    """Per model and batch size, the fastest valid (status OK) row that is not the baseline,
+    with its lead over the next-fastest valid row of any compiler (the baseline included):
+    ``beyond`` is True when the two 95% intervals separate, False when they overlap and None
+    when either was not measured; ``stable`` is False when the winner, the next row or the
+    baseline (its speedup's denominator) was judged UNSTABLE. Rows carry ``label``."""
+    groups: dict[tuple[str, int], list[Any]] = {}
     for r in rows:
-        if r.status != "OK" or r.throughput is None or r.compiler == "identity":
+        if r.status == "OK" and r.throughput is not None:
+            groups.setdefault((r.model, r.batch_size), []).append(r)
+    out = []
+    for (model, b), valid in groups.items():
+        ranked = sorted(valid, key=lambda r: r.throughput, reverse=True)
+        candidates = [r for r in ranked if r.compiler != "identity"]
+        if not candidates:
             continue
-        key = (r.model, r.batch_size)
-        if key not in best or r.throughput > best[key].throughput:
-            best[key] = r
-    return [
-        (model, b, best[(model, b)].label, best[(model, b)].throughput, best[(model, b)].speedup)
-        for model, b in best
-    ]
+        best = candidates[0]
+        rest = [r for r in ranked if r is not best]
+        second = rest[0] if rest else None
+        baseline = next((r for r in ranked if r.compiler == "identity"), None)
+        beyond = None
+        if second is not None and None not in (best.ci_low, second.ci_high):
+            beyond = best.ci_low > second.ci_high
+        judged = [
+            r.stable for r in (best, second, baseline) if getattr(r, "stable", None) is not None
+        ]
+        out.append(
+            {
+                "model": model,
+                "batch_size": b,
+                "label": best.label,
+                "throughput": best.throughput,
+                "speedup": best.speedup,
+                "next": second.label if second is not None else None,
+                "lead": best.throughput / second.throughput
+                if second is not None and second.throughput
+                else None,
+                "beyond": beyond,
+                "stable": False if False in judged else (True if judged else None),
+            }
+        )
+    return out
+
+
+def _winners_table(best: list[dict[str, Any]]) -> str:
+    def noise(w: dict[str, Any]) -> str:
+        return {True: "beyond noise", False: "within noise", None: "-"}[w["beyond"]]
+
+    return format_table(
+        ["model", "bs", "compiler", "samples/s", "speedup", "lead over", "lead", "95% CIs",
+         "stable"],  # fmt: skip
+        [
+            [
+                w["model"],
+                w["batch_size"],
+                w["label"],
+                _num(w["throughput"]),
+                f"{w['speedup']:.2f}x" if w["speedup"] is not None else "-",
+                w["next"] or "-",
+                f"{w['lead']:.2f}x" if w["lead"] is not None else "-",
+                noise(w),
+                _stability(w["stable"]),
+            ]
+            for w in best
+        ],
+    )
 
 
 def format_summary(rows, spec, experiment: str | None = None) -> str:
@@ -132,17 +184,21 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
         counts[r.status] = counts.get(r.status, 0) + 1
     footer = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     out = [title, format_table(headers, table), footer]
+    unstable = sum(1 for r in rows if getattr(r, "stable", None) is False)
+    if unstable:
+        out.append(
+            f"{unstable} of {len(rows)} measurements UNSTABLE (repetition times spread over "
+            "the CV threshold, or other processes took the CPU): read their numbers, and the "
+            "speedups built on them, as noise; measure again on a quiet host or with "
+            "--stable-retries 2"
+        )
     best = winners(rows)
     if best:
         out += [
             "",
             "fastest valid compiler per model and batch size:",
-            format_table(
-                ["model", "bs", "compiler", "samples/s", "speedup"],
-                [
-                    [m, b, label, _num(t), f"{s:.2f}x" if s is not None else "-"]
-                    for m, b, label, t, s in best
-                ],
-            ),
+            _winners_table(best),
+            "(lead: over the next-fastest valid row; beyond noise when the two 95% intervals "
+            "separate)",
         ]
     return "\n".join(out)

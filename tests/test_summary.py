@@ -74,8 +74,36 @@ def test_winner_is_the_fastest_valid_non_baseline_row():
     out = format_summary(rows, spec, experiment="where-it-went")
     table = out.split("fastest valid compiler per model and batch size:")[1]
     winner = [line.split() for line in table.splitlines() if line.startswith("m ")]
-    assert winner == [["m", "1", "onnxruntime[threads=1]", "300.0", "3.00x"]]
+    # no intervals measured: the lead is given, its noise is not judged
+    assert winner == [
+        ["m", "1", "onnxruntime[threads=1]", "300.0", "3.00x", "onnxruntime[threads=2]", "1.50x",
+         "-", "-"]
+    ]  # fmt: skip
     assert "experiment 'where-it-went'" in out.splitlines()[0]
+
+
+def _winner_line(rows):
+    spec = SimpleNamespace(device="cpu", experiment="e", measure=SimpleNamespace(scenario="t"))
+    out = format_summary(rows, spec)
+    table = out.split("fastest valid compiler per model and batch size:")[1]
+    return out, next(line for line in table.splitlines() if line.startswith("m "))
+
+
+def test_winner_lead_beyond_or_within_noise_and_its_stability():
+    base = Row("m", "identity", 1, "OK", throughput=100.0, ci_low=95.0, ci_high=105.0, stable=True)
+    ov = Row("m", "openvino", 1, "OK", throughput=300.0, ci_low=290.0, ci_high=310.0, stable=True)
+    ort = Row("m", "onnxruntime", 1, "OK", throughput=250.0, ci_low=240.0, ci_high=260.0)
+    ort.stable = True
+    out, line = _winner_line([base, ov, ort])
+    assert "openvino" in line and "onnxruntime" in line and "1.20x" in line
+    assert "beyond noise" in line and "UNSTABLE" not in out
+    ort.ci_high = 295.0  # the intervals overlap: the order is within noise
+    _, line = _winner_line([base, ov, ort])
+    assert "within noise" in line
+    base.stable = False  # the speedup's denominator is noise: the winner's line says so
+    out, line = _winner_line([base, ov, ort])
+    assert line.split()[-1] == "UNSTABLE"
+    assert "1 of 3 measurements UNSTABLE" in out and "--stable-retries" in out
 
 
 def test_names_show_only_the_flags_that_differ():
