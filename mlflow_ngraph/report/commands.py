@@ -201,6 +201,7 @@ def _query(options: dict) -> RunQuery:
         models=split_values(options["models"]),
         families=split_values(options["families"]),
         compilers=split_values(options["compilers"]),
+        sweeps=split_values(options["sweeps"]),
         batch_sizes=parse_batch_sizes(options["batch_sizes"]),
         valid_only=options["valid_only"],
         where=parse_where(options["where"]),
@@ -264,6 +265,13 @@ class CompareError(click.ClickException):
     multiple=True,
     metavar="N",
     help="Show these batch sizes (batch 1 is still read for RTR/ASE/BSR).",
+)
+@click.option(
+    "--sweep",
+    "sweeps",
+    multiple=True,
+    metavar="ID",
+    help="Keep the runs of these sweeps (the id `mlflow-ngraph sweep` prints).",
 )
 @click.option("--valid-only", is_flag=True, help="Only runs whose output check passed.")
 @click.option(

@@ -74,6 +74,7 @@ class RunQuery:
     Attributes:
         experiments: experiment names or ids (all active experiments when empty).
         devices, models, families, compilers: param values to keep.
+        sweeps: sweep ids to keep (the ``ngraph.sweep`` tag of the runs a sweep started).
         batch_sizes: batch sizes to show (applied on the client, after the baselines).
         valid_only: keep only runs tagged ``ngraph.status = OK``.
     """
@@ -83,6 +84,7 @@ class RunQuery:
     models: tuple[str, ...] = ()
     families: tuple[str, ...] = ()
     compilers: tuple[str, ...] = ()
+    sweeps: tuple[str, ...] = ()
     batch_sizes: tuple[int, ...] = ()
     valid_only: bool = False
     where: tuple[tuple[str, str], ...] = ()
@@ -205,7 +207,8 @@ def filter_strings(query: RunQuery) -> list[str]:
     clauses = [f"tags.\"{schema.T_ROLE}\" = 'cell'"]
     if query.valid_only:
         clauses.append(f"tags.\"{schema.T_STATUS}\" = '{schema.STATUS_OK}'")
-    choices = []
+    choices = [[f"tags.\"{schema.T_SWEEP}\" = {_quote(v)}" for v in sorted(set(query.sweeps))]]
+    choices[0] = choices[0] or [None]
     for attr, param, _ in _PARAM_FILTERS:
         values = sorted(set(getattr(query, attr)))
         if attr == "compilers" and values:
@@ -341,8 +344,12 @@ def fetch_cells(
 def parent_filters(query: RunQuery) -> list[str]:
     """Server-side filters for the benchmark (parent) runs that can hold ``query``'s cells."""
     role = f"tags.\"{schema.T_ROLE}\" = 'benchmark'"
-    devices = sorted(set(query.devices))
-    return [f'{role} and tags."{schema.T_DEVICE}" = {_quote(d)}' for d in devices] or [role]
+    sweeps = [f'tags."{schema.T_SWEEP}" = {_quote(s)}' for s in sorted(set(query.sweeps))]
+    devices = [f'tags."{schema.T_DEVICE}" = {_quote(d)}' for d in sorted(set(query.devices))]
+    return [
+        " and ".join([role, *[c for c in combo if c]])
+        for combo in itertools.product(sweeps or [None], devices or [None])
+    ]
 
 
 def matches(run: RunData, query: RunQuery) -> bool:
@@ -352,6 +359,8 @@ def matches(run: RunData, query: RunQuery) -> bool:
     if tags.get(schema.T_ROLE) != "cell":
         return False
     if query.valid_only and tags.get(schema.T_STATUS) != schema.STATUS_OK:
+        return False
+    if query.sweeps and tags.get(schema.T_SWEEP) not in query.sweeps:
         return False
     for attr, param, _ in _PARAM_FILTERS:
         values = set(getattr(query, attr))
@@ -413,6 +422,10 @@ def explain_empty(client: MlflowClient, experiment_ids: list[str], query: RunQue
     if not _any_run(client, experiment_ids, RunQuery()):
         return f"no runs match: no benchmark cell runs in {scope} experiment"
     applied: dict = {}
+    if query.sweeps:
+        applied["sweeps"] = query.sweeps
+        if not _any_run(client, experiment_ids, RunQuery(**applied)):
+            return f"no runs match --sweep {', '.join(query.sweeps)}: no run of such a sweep"
     for attr, _, option in _PARAM_FILTERS:
         values = getattr(query, attr)
         if not values:

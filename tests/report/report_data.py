@@ -97,15 +97,19 @@ def log_benchmark(
     cells: list[Cell],
     indexed: bool = True,
     finish: bool = True,
+    sweep: str | None = None,
 ) -> str:
     """A parent run for ``device`` and one child run per cell; returns the parent's id.
     With ``indexed``, the parent gets its results index as the runner writes it; unless
     ``finish``, the parent is left RUNNING (an invocation killed or still going)."""
-    parent = client.create_run(experiment_id, tags={S.T_ROLE: "benchmark", S.T_DEVICE: device})
+    swept = {S.T_SWEEP: sweep} if sweep else {}
+    parent = client.create_run(
+        experiment_id, tags={S.T_ROLE: "benchmark", S.T_DEVICE: device, **swept}
+    )
     parent_id = parent.info.run_id
     run_ids = []
     for cell in cells:
-        tags = {S.T_ROLE: "cell", S.T_PARENT: parent_id, S.T_STATUS: cell.status}
+        tags = {S.T_ROLE: "cell", S.T_PARENT: parent_id, S.T_STATUS: cell.status, **swept}
         if cell.status == S.STATUS_FAILED:
             tags[S.T_ERROR] = "compile failed: unsupported op"
         for b, verdict in cell.stability.items():
