@@ -368,6 +368,38 @@ def check_tracking_uri(uri: str) -> None:
             f"{', '.join(sorted(s for s in known if s))}); fix --tracking-uri / "
             "MLFLOW_TRACKING_URI"
         )
+    from mlflow_ngraph.tracking.mlflow_log import local_sqlite
+
+    path = local_sqlite(uri)
+    if path is not None:
+        _check_store_file(path, uri)
+
+
+def _check_store_file(path: Path, uri: str) -> None:
+    """A local sqlite store must be a file (or not exist yet) in a folder this process can
+    write (sqlite writes its journal beside the file); otherwise MLflow retries the
+    connection for minutes before it gives up."""
+    fix = "point --tracking-uri / MLFLOW_TRACKING_URI at a writable file"
+    if path.is_dir():
+        raise NgraphError(f"tracking store {uri!r} is a folder, not an sqlite file: {fix}")
+    folder = path.parent
+    for parent in (folder, *folder.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise NgraphError(
+                    f"tracking store {uri!r} lies under {str(parent)!r}, which is a file: {fix}"
+                )
+            break
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".ngraph-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise NgraphError(
+            f"tracking store {uri!r}: its folder {str(folder)!r} cannot be written "
+            f"({exc.strerror or exc}): {fix}"
+        ) from None
 
 
 def check_home(home: Path) -> None:

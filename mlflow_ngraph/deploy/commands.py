@@ -40,12 +40,14 @@ def _selection_options(command):
 
 def _choose(options: dict):
     """Connect, select and print the choice; returns (client, uri, candidates best first)."""
+    from mlflow_ngraph.config import check_tracking_uri
     from mlflow_ngraph.deploy.select import best, candidates, describe, rank
     from mlflow_ngraph.tracking.mlflow_log import connect, resolve_tracking_uri
 
     if options["max_latency_ms"] is not None and not options["max_latency_ms"] > 0:
         raise NgraphError(f"--max-latency-ms must be > 0, got {options['max_latency_ms']}")
     uri = resolve_tracking_uri(options["tracking_uri"])
+    check_tracking_uri(uri)
     client = connect(uri)
     found = candidates(
         client,

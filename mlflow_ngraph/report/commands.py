@@ -17,7 +17,7 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from mlflow_ngraph.config import parse_int_list
+from mlflow_ngraph.config import check_tracking_uri, parse_int_list
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.report import publish, render, tables
 from mlflow_ngraph.report.query import RunQuery, fetch_cells, parse_where, resolve_experiments
@@ -215,6 +215,7 @@ def _execute(options: dict) -> None:
     if options["log_report"]:
         names = list(TABLES)  # a report holds every table, whatever is printed
     uri = resolve_tracking_uri(options["tracking_uri"])
+    check_tracking_uri(uri)
     client = MlflowClient(tracking_uri=uri)
     result = run_compare(client, uri, query, names, ranges, live=options["live"])
     shown = {n: result.tables[n] for n in parse_tables(options["table_names"], fmt)}

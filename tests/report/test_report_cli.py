@@ -112,6 +112,9 @@ def test_no_match_names_the_filter(compare_cli, args, message):
         (["--batch-size", "eight"], "--batch-size 'eight' is not an integer"),
         (["--ranges", "8-2"], "--ranges range '8-2' is empty (expected LOW-HIGH"),
         (["--devise", "cpu"], "No such option '--devise'"),
+        # a store that cannot be opened: said at once, not after MLflow's minutes of retries
+        (["--tracking-uri", "sqlite:////etc/passwd/x.db"], "lies under '/etc/passwd'"),
+        (["--tracking-uri", "htp://127.0.0.1:5000"], "unknown scheme 'htp'"),
     ],
 )
 def test_bad_input_is_one_clear_line(compare_cli, args, message):
