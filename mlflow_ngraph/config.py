@@ -390,16 +390,24 @@ def _check_store_file(path: Path, uri: str) -> None:
                     f"tracking store {uri!r} lies under {str(parent)!r}, which is a file: {fix}"
                 )
             break
+    problem = _unwritable(folder)
+    if problem:
+        raise NgraphError(
+            f"tracking store {uri!r}: its folder {str(folder)!r} cannot be written "
+            f"({problem}): {fix}"
+        )
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why ``folder`` cannot be created or written by this process (None: it can)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".ngraph-write-test-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
-        raise NgraphError(
-            f"tracking store {uri!r}: its folder {str(folder)!r} cannot be written "
-            f"({exc.strerror or exc}): {fix}"
-        ) from None
+        return str(exc.strerror or exc)
+    return None
 
 
 def check_home(home: Path) -> None:
@@ -411,13 +419,9 @@ def check_home(home: Path) -> None:
     home = Path(home)
     if home.exists() and not home.is_dir():
         raise NgraphError(f"home {str(home)!r} is a file, not a directory: give another --home")
-    try:
-        home.mkdir(parents=True, exist_ok=True)
-        probe = home / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
+    problem = _unwritable(home)
+    if problem:
         raise NgraphError(
-            f"home {str(home)!r} cannot be written ({exc.strerror or exc}): give a writable "
+            f"home {str(home)!r} cannot be written ({problem}): give a writable "
             "--home or MLFLOW_NGRAPH_HOME"
-        ) from None
+        )
