@@ -556,12 +556,20 @@ def main(argv: list[str] | None = None) -> None:
     except NgraphError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:  # click's form of Ctrl-C (and of SIGTERM, see _interrupt)
-        click.echo("interrupted: run the same command to resume", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt):  # Ctrl-C (SIGTERM too, see _interrupt)
+        click.echo(_interrupted(sys.argv[1:] if argv is None else argv), err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo("interrupted: run the same command to resume", err=True)
-        sys.exit(130)
+
+
+#: the commands whose finished work a re-run keeps (journal, store) and skips
+RESUMABLE = ("benchmark", "blocks", "sweep", "sync")
+
+
+def _interrupted(argv: list[str]) -> str:
+    command = next((a for a in argv if not a.startswith("-")), "")
+    if command in RESUMABLE:
+        return "interrupted: run the same command to resume"
+    return "interrupted"

@@ -276,3 +276,12 @@ def test_block_params_are_checked_without_building_the_block():
         validate_model_spec("mha_block", {"width": 60})
     with pytest.raises(NgraphError, match="no init param 'widht'"):
         validate_model_spec("conv_block", {"widht": 4})
+
+
+def test_ctrl_c_promises_a_resume_only_where_a_rerun_resumes():
+    from mlflow_ngraph.cli import _interrupted
+
+    assert _interrupted(["benchmark", "--spec", "smoke"]).endswith("run the same command to resume")
+    assert _interrupted(["-v", "sweep", "s.yaml"]).endswith("resume")
+    assert _interrupted(["compare", "-e", "x"]) == "interrupted"
+    assert _interrupted(["pull", "-e", "x"]) == "interrupted"
