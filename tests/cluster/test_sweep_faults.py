@@ -60,13 +60,13 @@ class Sweep:
     """``mlflow-ngraph sweep --address`` running against the test's cluster; its output is
     read as it comes."""
 
-    def __init__(self, tmp_path, address: str) -> None:
+    def __init__(self, tmp_path, address: str, *options: str) -> None:
         (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(SPEC))
         self.uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
         env = {**os.environ, "MLFLOW_NGRAPH_HOME": str(tmp_path / "driver-home"),
                "MLFLOW_TRACKING_URI": self.uri, "PYTHONPATH": str(REPO)}  # fmt: skip
         command = [PYTHON, "-m", "mlflow_ngraph", "sweep", str(tmp_path / "sweep.yaml"),
-                   "--address", address]  # fmt: skip
+                   "--address", address, *options]  # fmt: skip
         self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)  # fmt: skip
         self.lines: list[str] = []
@@ -181,6 +181,21 @@ def test_a_device_whose_node_is_replaced_mid_sweep_is_done_once(cluster, tmp_pat
     assert list((fresh / "journals").glob("*.jsonl")), "the retry did not run on the new node"
     _assert_every_cell_once(sweep.uri)
     assert sweep.sockets and all(s.startswith(LOOPBACK) for s in sweep.sockets), sweep.sockets
+
+
+def test_a_device_whose_node_leaves_for_good_is_reported_missing(cluster, tmp_path):
+    cluster_, spec = cluster
+    victim = next(d for d in spec.devices if d.name == VICTIM)
+    sweep = Sweep(tmp_path, cluster_.address, "--wait", "5")
+    _await_first_cell(sweep)
+    node = next(n for n in cluster_.worker_nodes if victim.resource in n._ray_params.resources)
+    cluster_.remove_node(node, allow_graceful=False)
+    out = sweep.finish()
+    assert sweep.proc.returncode == 2, out[-3000:]  # reported as one error line
+    assert f"device {VICTIM} is missing: its node left mid-sweep" in out, out[-3000:]
+    assert _final_state(out, VICTIM) == "missing" and _final_state(out, "cpu-b") == "done"
+    assert out.strip().splitlines()[-1].startswith("error: sweep "), out[-1000:]
+    assert _finished_cells(sweep.uri, "cpu-b") == EXPECTED["cpu-b"][0]  # its results stand
 
 
 def _benchmark_of(device: str) -> int | None:
