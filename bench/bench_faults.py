@@ -112,7 +112,7 @@ def count(uri: str, experiment: str, expected: dict[tuple[str, str], list[int]])
 def report(tried: Counter, missed: int, total: Count, extra: str = "") -> None:
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(tried.items()))
     print(f"kill points tried: {sum(tried.values())} ({kinds})" + (
-        f"; {missed} more drawn after the sweep had ended" if missed else ""))  # fmt: skip
+        f"; {missed} drawn after a sweep had ended, drawn again" if missed else ""))  # fmt: skip
     print(
         f"cells expected {total.cells_expected}, present {total.cells_present}, "
         f"duplicated {total.runs_duplicated}, lost {total.cells_expected - total.cells_present}"
@@ -303,6 +303,9 @@ class Bench:
 
 def run_sweep_faults(args, rng: random.Random) -> None:
     kinds = args.faults.split(",")
+    # every kind about as often, in a random order
+    draws = [kinds[i % len(kinds)] for i in range(args.n)]
+    rng.shuffle(draws)
     tmp = Path(tempfile.mkdtemp(prefix="ngraph-faults-"))
     bench = Bench(tmp, args.backend, rng)
     tried: Counter = Counter()
@@ -310,7 +313,7 @@ def run_sweep_faults(args, rng: random.Random) -> None:
     started = time.time()
     try:
         round_ = 0
-        while sum(tried.values()) + missed < args.n:
+        while draws:
             round_ += 1
             experiment = f"faults-{round_}"
             log = tmp / f"{experiment}.log"
@@ -318,14 +321,14 @@ def run_sweep_faults(args, rng: random.Random) -> None:
             t0 = time.time()
             moments = sorted(
                 rng.uniform(args.min_delay, args.max_delay)
-                for _ in range(min(args.per_round, args.n - sum(tried.values())))
+                for _ in range(min(args.per_round, len(draws)))
             )
-            for moment in moments:  # fmt: skip
+            for moment in moments:
                 time.sleep(max(moment - (time.time() - t0), 0))
-                kind = rng.choice(kinds)
-                if proc.poll() is not None:
+                if proc.poll() is not None:  # drawn again in the next round
                     missed += 1
                     continue
+                kind = draws.pop()
                 tried[kind] += 1
                 print(f"round {round_} at {time.time() - t0:.0f} s: {bench.fault(kind)}",
                       flush=True)  # fmt: skip
