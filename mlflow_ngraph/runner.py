@@ -8,6 +8,12 @@ size's record is written to the journal the moment it arrives, then to MLflow by
 :class:`~mlflow_ngraph.tracking.recorder.CellRecorder`. A cell that fails (a compiler error,
 a model that cannot be built, a worker that crashed or timed out) is marked FAILED with the
 reason and the loop goes on.
+
+A tracking server that stops answering mid-run is said once and measuring goes on into the
+journal; the server is asked again now and then (:class:`~mlflow_ngraph.tracking.mlflow_log.
+StoreLink`) and, once it answers, everything it lacks is sent. A cell whose run the server
+already holds while the journal knows nothing of it (another host of the same device did
+it) takes the server's results as done and measures only the rest.
 """
 
 from __future__ import annotations
@@ -198,7 +204,10 @@ class Runner:
         self.max_other_cpu = max_other_cpu
         self.stable_retries = stable_retries
         self.view = view
-        self._current_run: str | None = None
+        self._current: Cell | None = None  # the cell being measured
+        #: cell key -> its run, once opened by this invocation
+        self._runs: dict[str, str] = {}
+        self.link = ml.StoreLink(tracking_uri)
         self.rows: list[Row] = []
         #: where the results went (under ``mlflow run``: the project run's experiment)
         self.experiment_name = plan_.spec.experiment
@@ -221,6 +230,7 @@ class Runner:
         self.parent_id = ml.parent_run(
             self.client, self.experiment_id, self.spec, self.profile, env, {S.T_HOST: env["host"]}
         )
+        self.journal.ensure_store_recorded()
         self.recorder = CellRecorder(
             self.client, self.experiment_id, self.parent_id, self.spec.log_engines
         )
@@ -239,13 +249,7 @@ class Runner:
             for model_spec in self.spec.models:
                 self._run_model(model_spec, [c for c in self.plan.cells if c.model is model_spec])
         except BaseException as exc:
-            for run_id in (self._current_run, self.parent_id):
-                if run_id is None:
-                    continue
-                try:  # best effort: the store itself may be what failed
-                    ml.finish(self.client, run_id, "KILLED")
-                except Exception as finish_exc:
-                    log.debug("could not mark run %s KILLED: %s", run_id, finish_exc)
+            self._killed()
             if ml.is_store_error(exc):  # the journal holds every measured result
                 raise NgraphError(
                     f"tracking store {ml.redact(self.tracking_uri)} failed ({one_line(exc)}); "
@@ -260,10 +264,45 @@ class Runner:
                 shutdown()  # the spare worker started for a cell that will not come
             if self.view:
                 self.view.stop()
-        self._write_index()
-        self.journal.indexed(self.spec.spec_hash, self.parent_id)
-        ml.finish(self.client, self.parent_id, "FINISHED", announce=True)
+        self._finish_parent()
         return self.rows
+
+    def _killed(self) -> None:
+        """Mark the current cell's run and the parent KILLED (not while the store is
+        unreachable: that would only wait for it)."""
+        current = self._runs.get(self._current.key) if self._current else None
+        for run_id in (current, self.parent_id):
+            if run_id is None or self.link.offline:
+                continue
+            try:  # best effort: the store itself may be what failed
+                ml.finish(self.client, run_id, "KILLED")
+            except Exception as finish_exc:
+                log.debug("could not mark run %s KILLED: %s", run_id, finish_exc)
+
+    def _finish_parent(self) -> None:
+        """The results index and the parent's end, once the store holds every cell.
+
+        Raises:
+            NgraphError: the store is still unreachable: how many results wait in the
+                journal and how to send them.
+        """
+        if self._store_ready(force=True):
+            try:
+                self._write_index()
+                self.journal.indexed(self.spec.spec_hash, self.parent_id)
+                ml.finish(self.client, self.parent_id, "FINISHED", announce=True)
+                return
+            except Exception as exc:
+                if not self.link.lost(exc):
+                    raise
+        waiting = sum(len(self.journal.cell(c.key).unlogged()) for c in self.plan.cells)
+        unsent = sum(self.journal.cell(c.key).unsent() for c in self.plan.cells)
+        raise NgraphError(
+            f"tracking server {ml.redact(self.tracking_uri)} did not answer again: "
+            f"{waiting} result(s) of {unsent} cell(s) wait in the journal {self.journal.path}; "
+            f"send them with 'mlflow-ngraph sync --tracking-uri {ml.redact(self.tracking_uri)} "
+            f"--home {self.home}' or by running the same command again"
+        )
 
     def _finished_before(self) -> bool:
         """A re-run of an invocation that finished and indexed every cell, with nothing
@@ -296,15 +335,17 @@ class Runner:
         ]
 
     def _run_model(self, model_spec: ModelSpec, cells: list[Cell]) -> None:
-        self._flush_unlogged(cells)
+        if self._store_ready():
+            self._catch_up(cells)  # what an earlier run measured while the store was away
         if not any(self._pending(c) for c in cells):
             log.info("%s: every cell already measured; skipping", model_spec.label)
             for cell in cells:
                 self._view("cell_started", cell.name)
                 self._rows_from_journal(cell)
                 run_id = self.journal.cell(cell.key).run_id
-                if run_id:  # a baseline measured since may now exist
-                    self._log_relative(cell, run_id)
+                if run_id:  # a baseline measured since may exist
+                    self._write(lambda run_id=run_id, cell=cell: self._log_relative(run_id, cell))
+                self._set_row_speedups(cell)
                 self._view("cell_done", cell.name)
             return
         for cell in cells:
@@ -312,36 +353,137 @@ class Runner:
 
     # --- one cell -------------------------------------------------------------------------
     def _run_cell(self, cell: Cell) -> None:
-        pending = self._pending(cell)
         self._view("cell_started", cell.name)
-        state = self.journal.cell(cell.key)
-        run_id = self.recorder.open(cell.key, cell.run_name or cell.name, state.run_id)
-        self._current_run = run_id
-        self.journal.set_run(cell.key, run_id)
-        self.recorder.tags(run_id, self._cell_tags())
+        self._current = cell
+        self._describe(cell)
+        self._to_run(cell, self.recorder.tags, self._cell_tags())  # opens the run
+        pending = self._pending(cell)  # after the run's stored results were taken
         for b in self.spec.batch_sizes:
             if b not in pending:
                 self._rows_from_journal(cell, only=b)
         log_file = self.home / "logs" / cell.key / "worker.log"
         if pending:
-            outcome = self._dispatch(cell, run_id, pending, log_file)
+            outcome = self._dispatch(cell, pending, log_file)
             if outcome.info is None:  # the model never built: the params it can have
-                self.recorder.params(run_id, self._cell_params(cell, None))
+                params = self._cell_params(cell, None)
+                self._describe(cell, params)
+                self._to_run(cell, self.recorder.params, params)
             for b in pending:
                 if b not in outcome.seen and outcome.death:
-                    self._failed(cell, run_id, b, outcome.death)
-        if log_file.is_file():
-            self.recorder.log_file(run_id, log_file, "logs")
-        self._log_relative(cell, run_id)
-        self._finish_cell(cell, run_id)
-        self._current_run = None
+                    self._failed(cell, b, outcome.death)
+        self._to_run(cell, self._close, cell, log_file)
+        self._set_row_speedups(cell)
+        self._current = None
         self._view("cell_done", cell.name)
+
+    def _describe(self, cell: Cell, params: dict[str, Any] | None = None) -> None:
+        """Journal what the cell's run needs, for a store that cannot be written now
+        (``params`` None: the params described before, if any)."""
+        if params is None:
+            params = (self.journal.cell(cell.key).description or {}).get("params", {})
+        self.journal.describe(
+            cell.key,
+            cell.run_name or cell.name,
+            params,
+            self._cell_tags(),
+            self.parent_id,
+            batch_sizes=list(self.spec.batch_sizes),
+            baseline=self._baseline_key(cell),
+            log_engines=self.spec.log_engines,
+        )
+
+    def _open(self, cell: Cell) -> str:
+        """The cell's run, found or created on first use. A run the store holds while the
+        journal knows nothing of the cell (a host with a fresh home): its results are done.
+
+        Raises:
+            the store's error.
+        """
+        run_id = self._runs.get(cell.key)
+        if run_id is not None:
+            return run_id
+        state = self.journal.cell(cell.key)
+        fresh = state.run_id is None and not state.measured and not state.failed
+        run_id = self.recorder.open(cell.key, cell.run_name or cell.name, state.run_id)
+        self.journal.set_run(cell.key, run_id)
+        if fresh:
+            self._take_stored(cell, run_id)
+        self._runs[cell.key] = run_id
+        return run_id
+
+    def _take_stored(self, cell: Cell, run_id: str) -> None:
+        """Journal the results run ``run_id`` already holds as measured and logged (FAILED
+        batch sizes as failed): they are not measured, nor logged, again."""
+        measured, failed = ml.stored_results(self.client, run_id, self.spec.batch_sizes)
+        for b, record in measured.items():
+            self.journal.measured(cell.key, b, record)
+            self.journal.logged(cell.key, b)
+        for b, reason in failed.items():
+            self.journal.failed(cell.key, b, reason)
+        if measured or failed:
+            log.info(
+                "%s: the store already holds %d result(s) and %d failure(s) of this cell "
+                "(an earlier run on this device): not measured again",
+                cell.name,
+                len(measured),
+                len(failed),
+            )
+
+    def _close(self, run_id: str, cell: Cell, log_file: Path | None) -> None:
+        self.recorder.close(self.journal, cell.key, run_id, log_file)
+
+    # --- the store, reachable or not -------------------------------------------------------
+    def _store_ready(self, force: bool = False) -> bool:
+        """Whether the store can be written now. When it answers again after an outage,
+        what it lacks is sent first (each result once)."""
+        if not self.link.offline:
+            return True
+        return self.link.back(force) and self._catch_up(self.plan.cells)
+
+    def _write(self, write: Callable[[], Any]) -> bool:
+        """Run one write to the store; False when the store is unreachable (said once, the
+        journal keeps what was to be written). An error the store answers with is raised."""
+        if not self._store_ready():
+            return False
+        try:
+            with self.link.watch():
+                write()
+        except Exception as exc:
+            if not self.link.lost(exc):
+                raise
+            return False
+        return True
+
+    def _to_run(self, cell: Cell, write: Callable[..., Any], *args: Any) -> bool:
+        """``write(run_id, *args)`` to ``cell``'s run (opened first if need be)."""
+        return self._write(lambda: write(self._open(cell), *args))
+
+    def _catch_up(self, cells: list[Cell]) -> bool:
+        """Send what the store lacks of ``cells``: their runs, params, tags, results and,
+        for a cell that is done, its final status. True when everything was sent."""
+        for cell in cells:
+            if self.journal.cell(cell.key).unsent():
+                if not self._to_run(cell, self._send_unsent, cell):
+                    return False
+        return True
+
+    def _send_unsent(self, run_id: str, cell: Cell) -> None:
+        def send(run: str, b: int, record: dict) -> None:
+            self._send_record(run, cell, b, record)
+
+        sent = self.recorder.replay(self.journal, cell.key, run_id, send)
+        if sent:
+            log.info(
+                "%s: %d result(s) measured while the store was unreachable sent", cell.name, sent
+            )
+        if cell is not self._current and not self._pending(cell):
+            self._close(run_id, cell, self.home / "logs" / cell.key / "worker.log")
 
     def _view(self, method: str, *args: Any) -> None:
         if self.view is not None:
             getattr(self.view, method)(*args)
 
-    def _dispatch(self, cell: Cell, run_id: str, pending: list[int], log_file: Path):
+    def _dispatch(self, cell: Cell, pending: list[int], log_file: Path):
         """Measure ``pending`` batch sizes of ``cell``; results are journaled and logged as
         they arrive. Returns what was seen and why the worker ended early, if it did."""
         from mlflow_ngraph.worker import measure_cell
@@ -355,7 +497,9 @@ class Runner:
                 self._view("phase", *payload)
             elif kind == "model":
                 outcome.info = payload
-                self.recorder.params(run_id, self._cell_params(cell, payload))
+                params = self._cell_params(cell, payload)
+                self._describe(cell, params)
+                self._to_run(cell, self.recorder.params, params)
             elif kind == "record":
                 b, record = payload
                 outcome.seen.add(b)
@@ -366,11 +510,11 @@ class Runner:
                 )
                 outcome.last = now
                 self.journal.measured(cell.key, b, record)
-                self._log_record(cell, run_id, b, record)
+                self._log_record(cell, b, record)
             elif kind == "failed":
                 b, reason = payload
                 outcome.seen.add(b)
-                self._failed(cell, run_id, b, reason)
+                self._failed(cell, b, reason)
 
         task = CellTask(
             name=cell.name,
@@ -402,9 +546,9 @@ class Runner:
             log.warning("%s: %s", cell.name, outcome.death)
         return outcome
 
-    def _failed(self, cell: Cell, run_id: str, b: int, reason: str) -> None:
+    def _failed(self, cell: Cell, b: int, reason: str) -> None:
         self.journal.failed(cell.key, b, reason)
-        self.recorder.failed(run_id, b, reason)
+        self._to_run(cell, self.recorder.failed, b, reason)
         self._emit(
             Row(
                 cell.model.label,
@@ -468,10 +612,17 @@ class Runner:
             tags[S.T_SWEEP] = sweep
         return tags
 
-    def _log_record(self, cell: Cell, run_id: str, b: int, record: dict) -> None:
+    def _log_record(self, cell: Cell, b: int, record: dict) -> None:
         stability = record.get("stability") or {}
         if stability.get("stable") is False:
             log.warning("%s bs%d UNSTABLE: %s", cell.name, b, stability.get("reason", ""))
+        if b not in self.journal.cell(cell.key).logged:  # else the store had it meanwhile
+            self._to_run(cell, self._send_record, cell, b, record)
+        self._emit(_row(cell, b, record))
+
+    def _send_record(self, run_id: str, cell: Cell, b: int, record: dict) -> None:
+        """One result to the cell's run (and its engine as a logged model), then marked
+        logged in the journal."""
         self.recorder.record(run_id, b, record)
         if (
             self.spec.log_models
@@ -481,7 +632,6 @@ class Runner:
         ):
             self._log_model(cell, run_id, b, record)
         self.journal.logged(cell.key, b)
-        self._emit(_row(cell, b, record))
 
     def _log_model(self, cell: Cell, run_id: str, b: int, record: dict) -> None:
         """The engine as an MLflow logged model of its cell run (``--log-models``), so
@@ -511,25 +661,9 @@ class Runner:
         except NgraphError as exc:  # the result stands; only its model is missing
             log.warning("%s bs%d: not logged as a model: %s", cell.name, b, exc)
 
-    def _flush_unlogged(self, cells: list[Cell]) -> None:
-        """Send measured-but-unlogged journal records to MLflow (e.g. the server was down)."""
-        for cell in cells:
-            state = self.journal.cell(cell.key)
-            for b, record in sorted(state.measured.items()):
-                if b in state.logged or state.run_id is None:
-                    continue
-                log.info("%s bs%d: logging a result measured before the interruption", cell.name, b)
-                self._log_record(cell, state.run_id, b, record)
-
-    def _log_relative(self, cell: Cell, run_id: str) -> None:
+    def _log_relative(self, run_id: str, cell: Cell) -> None:
         """speedup, RTR, ASE and BSR once this cell's and identity's throughputs exist."""
-        own = self._throughputs(cell.key)
-        identity = self._identity_throughputs(cell)
-        values: list[ml.MetricValue] = []
-        for b, rel in M.relative_metrics(own, identity).items():
-            values += ml.batch_metrics(rel, b)
-        self.recorder.relative(run_id, values, bool(identity))
-        self._set_row_speedups(cell)
+        self.recorder.relative_from(self.journal, cell.key, run_id, self._baseline_key(cell))
 
     def _set_row_speedups(self, cell: Cell) -> None:
         own, identity = self._throughputs(cell.key), self._identity_throughputs(cell) or {}
@@ -542,32 +676,16 @@ class Runner:
                 row.speedup = M.speedup(own.get(row.batch_size), identity.get(row.batch_size))
 
     def _throughputs(self, key: str) -> dict[int, float]:
-        state = self.journal.cell(key)
-        return {
-            b: r["metrics"][S.M_THROUGHPUT]
-            for b, r in state.measured.items()
-            if r["status"] != S.STATUS_FAILED
-        }
+        return self.journal.cell(key).throughputs()
 
     def _identity_throughputs(self, cell: Cell) -> dict[int, float] | None:
         """Identity's throughputs for this device and model, from this run or an earlier one
         with the same measurement settings (its cell key is the same)."""
-        identity = get_compiler("identity")
-        key = _cell_key(self.spec, self.profile, cell.model, identity, {})
-        return self._throughputs(key) or None
+        return self._throughputs(self._baseline_key(cell)) or None
 
-    def _finish_cell(self, cell: Cell, run_id: str) -> None:
-        state = self.journal.cell(cell.key)
-        statuses = [r["status"] for r in state.measured.values()]
-        if state.failed:
-            status, error = S.STATUS_FAILED, next(iter(state.failed.values()))
-        elif S.STATUS_INVALID in statuses:
-            status, error = S.STATUS_INVALID, "output check failed at some batch size"
-        else:
-            status, error = S.STATUS_OK, ""
-        judged = [r["stability"]["stable"] for r in state.measured.values() if r.get("stability")]
-        stable = all(judged) if judged else None
-        self.recorder.finish(run_id, status, error, bool(statuses), stable)
+    def _baseline_key(self, cell: Cell) -> str:
+        """The cell key of identity on this device and model: ``cell``'s baseline."""
+        return _cell_key(self.spec, self.profile, cell.model, get_compiler("identity"), {})
 
     def _rows_from_journal(self, cell: Cell, only: int | None = None) -> None:
         state = self.journal.cell(cell.key)

@@ -1,8 +1,12 @@
 """``mlflow-ngraph sync``: send results that are in the journals but not in the store.
 
 A result measured while the tracking server was down stays in its journal as measured but
-not logged. Sync sends each exactly once: a run that already holds the result's metrics
-(sent before a kill, unmarked) is only marked logged in the journal.
+not logged, and a cell that started while it was down has no run yet (its journal holds
+what the run needs). Sync creates the missing runs and sends every result exactly once with
+the benchmark's own recorder, so the store ends as an uninterrupted run leaves it: a run
+that already holds a result (sent before a kill, unmarked) is only marked logged in the
+journal. A cell whose every batch size is done gets its final status; one a kill cut short
+is ended KILLED (the same benchmark command measures the rest).
 """
 
 from __future__ import annotations
@@ -12,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow_ngraph.tracking import mlflow_log as ml
-from mlflow_ngraph.tracking import schema as S
-from mlflow_ngraph.tracking.journal import Journal, store_identity
+from mlflow_ngraph.tracking.journal import CellState, Journal, store_identity
+from mlflow_ngraph.tracking.recorder import CellRecorder
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +26,9 @@ log = logging.getLogger(__name__)
 class SyncResult:
     sent: int = 0  #: results logged to the store now
     present: int = 0  #: results the store already held (marked logged)
-    unsendable: int = 0  #: results whose cell has no run (run the benchmark again)
+    unsendable: int = 0  #: results whose cell has neither a run nor a description
     journals: int = 0
+    runs_created: int = 0  #: cell runs that did not exist (the cell started offline)
 
 
 def journals_of(home: Path, tracking_uri: str) -> list[Path]:
@@ -40,29 +45,46 @@ def journals_of(home: Path, tracking_uri: str) -> list[Path]:
 
 
 def sync(home: Path, tracking_uri: str) -> SyncResult:
-    """Send every measured-but-unlogged journal record of ``tracking_uri``'s store."""
+    """Send what every journal of ``tracking_uri``'s store holds and the store lacks."""
     result = SyncResult()
     client = None
     for path in journals_of(home, tracking_uri):
         journal = Journal(path)
         result.journals += 1
+        experiment_id = journal.store["experiment_id"]  # type: ignore[index]
         for key, cell in list(journal.cells.items()):
-            pending = sorted(b for b in cell.measured if b not in cell.logged)
-            if not pending:
+            if not cell.unsent():
                 continue
-            if cell.run_id is None:
-                result.unsendable += len(pending)
+            if cell.run_id is None and cell.description is None:
+                result.unsendable += len(cell.unlogged())
                 continue
             client = client or ml.connect(tracking_uri)
-            held = client.get_run(cell.run_id).data.metrics
-            for b in pending:
-                record = cell.measured[b]
-                if S.flat_key(S.M_THROUGHPUT, b) in held:
-                    result.present += 1
-                else:
-                    tags = {f"{S.T_STATUS}.bs{b}": record["status"]}
-                    metrics = ml.batch_metrics(record["metrics"], b)
-                    ml.log_batch(client, cell.run_id, metrics=metrics, tags=tags)
-                    result.sent += 1
-                journal.logged(key, b)
+            _send_cell(client, experiment_id, journal, key, Path(home), result)
     return result
+
+
+def _send_cell(
+    client, experiment_id: str, journal: Journal, key: str, home: Path, result: SyncResult
+) -> None:
+    cell: CellState = journal.cell(key)
+    description = cell.description or {}
+    recorder = CellRecorder(
+        client,
+        experiment_id,
+        description.get("parent_id", ""),
+        bool(description.get("log_engines", True)),
+    )
+    if cell.run_id is None:
+        result.runs_created += 1
+    run_id = recorder.open(key, description.get("run_name") or key, cell.run_id)
+    journal.set_run(key, run_id)
+    waiting = len(cell.unlogged())
+    sent = recorder.replay(journal, key, run_id)
+    result.sent += sent
+    result.present += waiting - sent
+    if cell.description is None:
+        return  # a journal from before cells were described: its results are all it has
+    if journal.cell(key).complete():
+        recorder.close(journal, key, run_id, home / "logs" / key / "worker.log")
+    else:
+        ml.finish(client, run_id, "KILLED")

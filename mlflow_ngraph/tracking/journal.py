@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.mlflow_log import local_sqlite
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ JOURNAL_VERSION = 1
 _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "store": {"experiment_id": str, "experiment_created": int},
     "run": {"cell": str, "run_id": str},
+    "cell": {"cell": str, "run_name": str, "params": dict, "tags": dict, "parent_id": str},
+    "closed": {"cell": str},
     "measured": {"cell": str, "batch_size": int, "metrics": dict, "status": str},
     "logged": {"cell": str, "batch_size": int},
     "failed": {"cell": str, "batch_size": int, "reason": str},
@@ -67,6 +70,31 @@ class CellState:
     measured: dict[int, dict[str, Any]] = field(default_factory=dict)  # batch -> record
     logged: set[int] = field(default_factory=set)
     failed: dict[int, str] = field(default_factory=dict)  # batch -> reason
+    #: what creating and filling its run needs (the latest ``cell`` record); None before
+    description: dict[str, Any] | None = None
+    #: the store holds the cell's final status (no ``cell`` record since)
+    closed: bool = False
+
+    def unlogged(self) -> list[int]:
+        """Batch sizes measured but not (known to be) in the store."""
+        return sorted(b for b in self.measured if b not in self.logged)
+
+    def unsent(self) -> bool:
+        """Whether the store lacks part of this cell: a result, its run or its status."""
+        return bool(self.unlogged()) or (self.description is not None and not self.closed)
+
+    def complete(self) -> bool:
+        """Whether every batch size of the cell's description was measured or failed."""
+        sizes = (self.description or {}).get("batch_sizes") or []
+        return bool(sizes) and all(b in self.measured or b in self.failed for b in sizes)
+
+    def throughputs(self) -> dict[int, float]:
+        """The throughput of every batch size that was measured (not FAILED)."""
+        return {
+            b: r["metrics"][S.M_THROUGHPUT]
+            for b, r in self.measured.items()
+            if r["status"] != S.STATUS_FAILED and r["metrics"].get(S.M_THROUGHPUT) is not None
+        }
 
 
 class Journal:
@@ -138,6 +166,10 @@ class Journal:
             cell.logged.add(record["batch_size"])
         elif kind == "failed":
             cell.failed[record["batch_size"]] = record["reason"]
+        elif kind == "cell":
+            cell.description, cell.closed = record, False
+        elif kind == "closed":
+            cell.closed = True
         elif kind == "reset":  # its run is gone from the store: the cell starts over
             self.cells[record["cell"]] = CellState()
 
@@ -226,6 +258,10 @@ class Journal:
         log.warning(message)
         return message
 
+    def ensure_store_recorded(self) -> None:
+        """Record the store's experiment once it exists (``sync`` finds journals by it)."""
+        self._ensure_store_recorded()
+
     def _ensure_store_recorded(self) -> None:
         if self.store is not None or self._target is None:
             return
@@ -244,6 +280,28 @@ class Journal:
         self._ensure_store_recorded()  # the experiment exists once a cell has a run
         if self.cell(key).run_id != run_id:
             self._append({"kind": "run", "cell": key, "run_id": run_id})
+
+    def describe(
+        self,
+        key: str,
+        run_name: str,
+        params: dict[str, Any],
+        tags: dict[str, str],
+        parent_id: str,
+        **more: Any,
+    ) -> None:
+        """What the cell's run needs, for the store to get it later (``more``: its batch
+        sizes, identity baseline's cell key, whether engines are logged)."""
+        record = {"run_name": run_name, "params": params, "tags": tags, "parent_id": parent_id}
+        record = json.loads(json.dumps({**record, **more}, default=str))
+        current = self.cell(key).description or {}
+        if not self.cell(key).closed and all(current.get(k) == v for k, v in record.items()):
+            return
+        self._append({"kind": "cell", "cell": key, **record})
+
+    def closed(self, key: str) -> None:
+        """The store holds the cell's final status."""
+        self._append({"kind": "closed", "cell": key})
 
     def measured(self, key: str, batch_size: int, result: dict[str, Any]) -> None:
         self._append({"kind": "measured", "cell": key, "batch_size": batch_size, **result})

@@ -7,12 +7,14 @@ them instead of creating duplicates. All metrics of a batch size go in one ``log
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import sqlite3
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -178,6 +180,115 @@ def _check_http(uri: str) -> None:
             f"tracking server {redact_uri(uri)} is unreachable ({type(exc).__name__}); start "
             "it or point --tracking-uri / MLFLOW_TRACKING_URI at a running server"
         ) from None
+
+
+#: while the tracking store does not answer, the runner asks it again at most this often
+#: (seconds): one /health request (or a look at the sqlite file) that gives up after
+#: PROBE_TIMEOUT_S, so measuring is never held up for long
+PROBE_EVERY_S = 5.0
+PROBE_TIMEOUT_S = 2.0
+#: a write still waiting after this many seconds has the store probed beside it: a server
+#: that hangs (stopped, or cut off by a network that drops packets) is said at once, not
+#: after MLflow's timeouts and retries (3 x MLFLOW_HTTP_REQUEST_TIMEOUT)
+WATCH_S = 5.0
+
+
+def store_answers(tracking_uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether the store answers a cheap question now: a tracking server its ``/health``, a
+    local sqlite store whether its file is a whole MLflow database. Other stores: True
+    (MLflow's own calls tell)."""
+    if tracking_uri.startswith(("http://", "https://")):
+        import requests
+
+        try:
+            return requests.get(tracking_uri.rstrip("/") + "/health", timeout=timeout_s).ok
+        except requests.RequestException:
+            return False
+    path = local_sqlite(tracking_uri)
+    if path is not None:
+        try:
+            _check_sqlite_store(path, "")
+        except NgraphError:
+            return False
+        return path.is_file()
+    return True
+
+
+_SAY_LOCK = threading.Lock()
+
+
+class StoreLink:
+    """Whether the tracking store is reachable. The first write that fails with the store
+    unreachable (or hangs past :data:`WATCH_S` with the store not answering a probe) is said
+    in one warning; from then on the caller skips its writes (the journal holds them) and
+    asks :meth:`back` before each, which probes the store at most every
+    :data:`PROBE_EVERY_S`."""
+
+    def __init__(self, tracking_uri: str) -> None:
+        self.tracking_uri = tracking_uri
+        self.offline = False
+        self._said = False  # the outage was announced
+        self._asked = 0.0
+
+    def _say(self, why: str) -> None:
+        with _SAY_LOCK:
+            if self._said:
+                return
+            self._said = True
+        log.warning(
+            "tracking server %s is unreachable (%s): measuring goes on, every result is kept "
+            "in the journal and sent when the server answers again (or by 'mlflow-ngraph sync')",
+            redact_uri(self.tracking_uri),
+            why,
+        )
+
+    @contextlib.contextmanager
+    def watch(self):
+        """Around one write: if it is still waiting after :data:`WATCH_S` and the store does
+        not answer a probe, the outage is said now (the write goes on to MLflow's end)."""
+
+        def check() -> None:
+            if not store_answers(self.tracking_uri):
+                self._say("no answer")
+
+        timer = threading.Timer(WATCH_S, check)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+        if self._said and not self.offline:  # it was only slow
+            self._back()
+
+    def lost(self, exc: BaseException) -> bool:
+        """A write failed with ``exc``: True when the store does not answer (offline from
+        now on), False when it does (``exc`` is the store's own answer, not an outage)."""
+        if not is_store_error(exc) or store_answers(self.tracking_uri):
+            return False
+        self._say(type(exc).__name__)
+        self.offline, self._asked = True, time.monotonic()
+        return True
+
+    def back(self, force: bool = False) -> bool:
+        """Whether the store can be written: online, or offline and answering again now
+        (asked at most every :data:`PROBE_EVERY_S` unless ``force``)."""
+        if not self.offline:
+            return True
+        if not force and time.monotonic() - self._asked < PROBE_EVERY_S:
+            return False
+        self._asked = time.monotonic()
+        if not store_answers(self.tracking_uri):
+            return False
+        self._back()
+        return True
+
+    def _back(self) -> None:
+        self.offline = self._said = False
+        log.warning(
+            "tracking server %s answers again: sending the results kept in the journal",
+            redact_uri(self.tracking_uri),
+        )
 
 
 def is_store_error(exc: BaseException) -> bool:
@@ -353,6 +464,54 @@ def cell_run(
     run_id = find_or_create_run(client, experiment_id, {S.T_CELL_KEY: cell_key}, name)
     _set_tags_racing(client, run_id, {S.T_PARENT: parent_id, S.T_ROLE: "cell"})
     return run_id
+
+
+def stored_results(
+    client, run_id: str, batch_sizes: list[int]
+) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+    """What a cell run already holds, as journal records: ``(measured, failed)``. A batch
+    size is measured when its status tag is OK or INVALID and its throughput is logged
+    (its record: the flat metrics, status, note and stability), failed when its status tag
+    is FAILED (with its error)."""
+    data = client.get_run(run_id).data
+    relative = {S.M_SPEEDUP, S.M_RTR, S.M_ASE, S.M_BSR}
+    measured: dict[int, dict[str, Any]] = {}
+    failed: dict[int, str] = {}
+    for b in batch_sizes:
+        status = data.tags.get(f"{S.T_STATUS}.bs{b}")
+        if status == S.STATUS_FAILED:
+            failed[b] = data.tags.get(f"{S.T_ERROR}.bs{b}", "FAILED in an earlier run")
+            continue
+        if status not in (S.STATUS_OK, S.STATUS_INVALID):
+            continue
+        if S.flat_key(S.M_THROUGHPUT, b) not in data.metrics:
+            continue
+        metrics = {}
+        for key, value in data.metrics.items():
+            flat = S.parse_flat_key(key)
+            if flat and flat[1] == b and flat[0] not in relative:
+                metrics[flat[0]] = value
+        record: dict[str, Any] = {"metrics": metrics, "status": status, "from_store": run_id}
+        if data.tags.get(f"ngraph.note.bs{b}"):
+            record["note"] = data.tags[f"ngraph.note.bs{b}"]
+        stability = data.tags.get(f"{S.T_STABILITY}.bs{b}")
+        if stability:
+            record["stability"] = {
+                "stable": stability == S.STABILITY_STABLE,
+                "reason": data.tags.get(f"{S.T_STABILITY_REASON}.bs{b}", ""),
+                "attempts": int(data.tags.get(f"{S.T_ATTEMPTS}.bs{b}", "1")),
+            }
+        measured[b] = record
+    return measured, failed
+
+
+def holds_result(data, batch_size: int) -> bool:
+    """Whether a run's data (``run.data``) holds a measured result of ``batch_size``."""
+    status = data.tags.get(f"{S.T_STATUS}.bs{batch_size}")
+    return (
+        status in (S.STATUS_OK, S.STATUS_INVALID)
+        or S.flat_key(S.M_THROUGHPUT, batch_size) in data.metrics
+    )
 
 
 def run_is_active(client, run_id: str) -> bool:

@@ -2,16 +2,22 @@
 
 It opens (or finds again) the cell's run and writes its params, tags, per-batch metrics,
 engine and log artifacts, relative metrics and final status. It decides nothing about what
-was measured: the runner hands it plain records (as the journal holds them).
+was measured: the runner hands it plain records (as the journal holds them). What the
+journal holds of a cell and the store lacks (measured while the tracking server was down) it
+sends with :meth:`CellRecorder.replay` and :meth:`CellRecorder.close`, for the runner on
+its next contact with the server and for ``mlflow-ngraph sync`` alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mlflow_ngraph import metrics as M
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tracking.journal import CellState, Journal
 
 
 class CellRecorder:
@@ -36,7 +42,9 @@ class CellRecorder:
 
     def record(self, run_id: str, b: int, record: dict) -> None:
         """One measured batch size: its metrics, status tags, runtime params and engine."""
-        tags = {f"{S.T_STATUS}.bs{b}": record["status"], S.T_LAST_PARENT: self.parent_id}
+        tags = {f"{S.T_STATUS}.bs{b}": record["status"]}
+        if self.parent_id:
+            tags[S.T_LAST_PARENT] = self.parent_id
         if record.get("note"):
             tags[f"ngraph.note.bs{b}"] = record["note"]
         if record.get("reference"):
@@ -86,6 +94,58 @@ class CellRecorder:
         )
         ml.log_batch(self.client, run_id, metrics=changed, tags={"ngraph.relative": note})
 
+    def relative_from(
+        self, journal: Journal, key: str, run_id: str, baseline: str | None = None
+    ) -> None:
+        """The relative metrics of cell ``key`` from the throughputs the journal holds (its
+        own and those of its identity baseline: the cell key ``baseline``, else the one its
+        description names)."""
+        state = journal.cell(key)
+        baseline = baseline or (state.description or {}).get("baseline")
+        identity = journal.cell(baseline).throughputs() if baseline else {}
+        values: list[ml.MetricValue] = []
+        for b, rel in M.relative_metrics(state.throughputs(), identity or None).items():
+            values += ml.batch_metrics(rel, b)
+        self.relative(run_id, values, bool(identity))
+
+    def replay(
+        self,
+        journal: Journal,
+        key: str,
+        run_id: str,
+        send_record: Callable[[str, int, dict], None] | None = None,
+    ) -> int:
+        """Send what the journal holds of cell ``key`` to its run (``run_id``): the params
+        and tags of its description, every failed batch size, and every result not logged,
+        each once (one the run already holds, sent before a kill, is only marked logged).
+        ``send_record`` logs one result (default :meth:`record`). Returns results sent."""
+        state = journal.cell(key)
+        description = state.description or {}
+        if description.get("tags"):
+            self.tags(run_id, description["tags"])
+        if description.get("params"):
+            self.params(run_id, description["params"])
+        for b, reason in sorted(state.failed.items()):
+            if b not in state.measured:
+                self.failed(run_id, b, reason)
+        held = self.client.get_run(run_id).data
+        sent = 0
+        for b in state.unlogged():
+            if not ml.holds_result(held, b):
+                (send_record or self.record)(run_id, b, state.measured[b])
+                sent += 1
+            journal.logged(key, b)
+        return sent
+
+    def close(self, journal: Journal, key: str, run_id: str, log_file: Path | None) -> None:
+        """End cell ``key``'s run with what the journal holds: its worker log, relative
+        metrics and final status; the journal then marks the cell closed."""
+        if log_file is not None:
+            self.log_file(run_id, log_file, "logs")
+        self.relative_from(journal, key, run_id)
+        self.finish(run_id, *cell_status(journal.cell(key)))
+        journal.closed(key)
+
     def log_file(self, run_id: str, path: Path, artifact_path: str) -> None:
         if path.is_file() and path.stat().st_size:
             self.client.log_artifact(run_id, str(path), artifact_path=artifact_path)
@@ -109,3 +169,17 @@ class CellRecorder:
             run_id,
             "FAILED" if status == S.STATUS_FAILED and not any_measured else "FINISHED",
         )
+
+
+def cell_status(state: CellState) -> tuple[str, str, bool, bool | None]:
+    """A cell's final (status, error, any batch size measured, stable) from its journal
+    state: FAILED if a batch size failed, INVALID if an output check failed, else OK."""
+    statuses = [r["status"] for r in state.measured.values()]
+    if state.failed:
+        status, error = S.STATUS_FAILED, next(iter(state.failed.values()))
+    elif S.STATUS_INVALID in statuses:
+        status, error = S.STATUS_INVALID, "output check failed at some batch size"
+    else:
+        status, error = S.STATUS_OK, ""
+    judged = [r["stability"]["stable"] for r in state.measured.values() if r.get("stability")]
+    return status, error, bool(statuses), (all(judged) if judged else None)

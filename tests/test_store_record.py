@@ -1,0 +1,84 @@
+"""The store as the record of what is done: a host of the same device whose home is fresh
+(no journal, as a retried sweep task on another node) measures only what the store lacks
+and logs nothing twice."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from mlflow_ngraph.tracking import schema as S
+
+MEASURE = ["--warmup", "1", "--repetitions", "3", "--min-duration", "0"]
+MODEL = ["--model", "conv_block:width=8,depth=1,image_size=32"]
+
+
+def _args(uri: str, batch_sizes: str) -> list[str]:
+    return ["benchmark", *MODEL, "--batch-sizes", batch_sizes, *MEASURE,
+            "--compiler", "identity", "--compiler", "torchscript",
+            "--experiment", "record", "--tracking-uri", uri]  # fmt: skip
+
+
+def _records(home: Path, kind: str) -> list[dict]:
+    (path,) = (home / "journals").glob("*.jsonl")
+    return [json.loads(x) for x in path.read_text().splitlines() if f'"kind": "{kind}"' in x]
+
+
+def _cells_once(uri: str) -> list:
+    """The cell runs, after checking each holds every metric once per batch size."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("record")
+    cells = [
+        r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get(S.T_ROLE) == "cell"
+    ]
+    assert len(cells) == 2
+    for run in cells:
+        for key in run.data.metrics:
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+            assert len(steps) == len(set(steps)), (run.info.run_name, key, steps)
+    return cells
+
+
+def _rows(out: str) -> list[list[str]]:
+    """The summary's rows (model, compiler, batch size, status, throughput)."""
+    return [line.split()[:5] for line in out.splitlines() if line.startswith("conv_block")]
+
+
+def test_a_fresh_home_measures_nothing_the_store_holds(run_cli, tmp_path, tracking_uri):
+    code, first, err = run_cli(*_args(tracking_uri, "1,2"), "--home", str(tmp_path / "a"))
+    assert code == 0, err
+    fresh = tmp_path / "b"
+    code, second, err = run_cli(*_args(tracking_uri, "1,2"), "--home", str(fresh))
+    assert code == 0, err
+    assert "compiling" not in err  # no worker measured anything
+    assert err.count("the store already holds 2 result(s)") == 2
+    measured = _records(fresh, "measured")
+    assert len(measured) == 4 and all(r.get("from_store") for r in measured)
+    assert len(_records(fresh, "logged")) == 4
+    # the summary shows the results the store holds, speedups included
+    assert second.count("(resumed)") == 4
+    assert _rows(second) == _rows(first)
+    for run in _cells_once(tracking_uri):
+        assert run.data.tags[S.T_STATUS] == "OK"
+        assert {"speedup.bs2", "rtr.bs2"} <= set(run.data.metrics)
+
+
+def test_a_fresh_home_measures_only_the_batch_sizes_the_store_lacks(
+    run_cli, tmp_path, tracking_uri
+):
+    code, _, err = run_cli(*_args(tracking_uri, "1"), "--home", str(tmp_path / "a"))
+    assert code == 0, err
+    fresh = tmp_path / "b"
+    code, out, err = run_cli(*_args(tracking_uri, "1,2"), "--home", str(fresh))
+    assert code == 0, err
+    assert err.count("the store already holds 1 result(s)") == 2
+    assert "bs1: compiling" not in err and "bs2: compiling" in err
+    by_origin = {(r["batch_size"], bool(r.get("from_store"))) for r in _records(fresh, "measured")}
+    assert by_origin == {(1, True), (2, False)}
+    assert out.count("(resumed)") == 2
+    for run in _cells_once(tracking_uri):
+        assert {"throughput.bs1", "throughput.bs2", "rtr.bs2"} <= set(run.data.metrics)
+        history = MlflowClient(tracking_uri).get_metric_history(run.info.run_id, "throughput")
+        assert sorted(m.step for m in history) == [1, 2]
