@@ -1,37 +1,358 @@
-"""Kill the benchmark at N random points, resume each time, and count what the store holds.
+"""Kill a sweep (or a single benchmark) at N random points, resume, and count what the store
+holds: expected, present, duplicated and lost.
 
-Kill points (``--faults``):
+``--target sweep`` (the default): a sweep over two devices on a Ray cluster this script
+starts on 127.0.0.1 (one node per device, each node its own home), logging to a real
+``mlflow server`` on 127.0.0.1 (sqlite or PostgreSQL backend). Each round sweeps a fresh
+experiment and hits it with ``--per-round`` faults at random moments, each of a kind drawn
+from ``--faults``:
 
-- ``process``: ``kill -9`` of the benchmark process (and its children) at a random moment;
-- ``store``: the tracking store vanishes for one invocation (the sqlite file is moved away
-  and back while the benchmark runs), then the same command and ``mlflow-ngraph sync``.
+- ``process``: ``kill -9`` of a device's benchmark process tree while it runs (Ray retries
+  the task on the same node, which resumes from its journal);
+- ``node``: the node hosting a device is removed, and a few seconds later a replacement
+  node offering the same device joins with an empty home (the retry lands there: no
+  journal, the tracking server is the record of what is done);
+- ``server``: the tracking server is stopped and started again some seconds later
+  (measurement goes on into the journals; the results are sent when it is back).
 
-After the N faults the same command runs to the end once more. Printed: kill points tried,
-results expected (cells x batch sizes), present (cells with the metric), duplicated (a cell
-with more than one run, or a metric logged more than once at one batch size) and lost.
+After the faults, ``mlflow-ngraph sync`` runs on every node's home and the same sweep runs
+to the end. ``--target benchmark``: the single-device benchmark, killed (``process``) or
+with its sqlite store moved away for a while (``store``), then re-run.
+
+Printed: kill points tried (per kind), cells expected, present, duplicated (a cell key with
+more than one run, or a metric with more than one value at one step) and lost.
 
     python bench/bench_faults.py --n 10
+    python bench/bench_faults.py --n 10 --backend postgresql
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
 MODEL = "conv_block:width=8,depth=1,image_size=32"
+TINY = {"name": "conv_block", "params": {"width": 8, "depth": 1, "image_size": 32}}
 COMPILERS = ["identity", "onnxruntime", "torchscript"]
-BATCH_SIZES = [1, 2, 4]
+BATCH_SIZES = [1, 2]
+DEVICES = [{"name": "xeon-a", "profile": "xeon"}, {"name": "cpu-b", "profile": "cpu"}]
+PG = "postgresql://postgres@127.0.0.1:5432"
 
 
+# --- what the store holds -----------------------------------------------------------------
+@dataclass
+class Count:
+    cells_expected: int = 0
+    cells_present: int = 0
+    runs_duplicated: int = 0  # cell runs beyond the first of one cell key
+    results_expected: int = 0  # cells x batch sizes
+    results_present: int = 0
+    values_duplicated: int = 0  # metric values beyond the first at one step
+    untagged: int = 0  # cell runs without their role tag
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, other: Count) -> None:
+        for name in self.__dataclass_fields__:
+            if name != "notes":
+                setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.notes += other.notes
+
+
+def count(uri: str, experiment: str, expected: dict[tuple[str, str], list[int]]) -> Count:
+    """What ``experiment`` holds against ``expected`` ((device, compiler) -> batch sizes)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], "tags.`ngraph.cell_key` != ''") if exp else []
+    out = Count(len(expected), results_expected=sum(map(len, expected.values())))
+    keys = Counter(r.data.tags["ngraph.cell_key"] for r in runs)
+    out.runs_duplicated = sum(n - 1 for n in keys.values())
+    out.untagged = sum(r.data.tags.get("ngraph.role") != "cell" for r in runs)
+    found: dict[tuple[str, str], list] = {}
+    for run in runs:
+        cell = (run.data.params.get("device", "?"), run.data.params.get("compiler", "?"))
+        found.setdefault(cell, []).append(run)
+        twice = []
+        for key in run.data.metrics:
+            steps = Counter(m.step for m in client.get_metric_history(run.info.run_id, key))
+            extra = sum(n - 1 for n in steps.values())
+            out.values_duplicated += extra
+            twice += [key] * bool(extra)
+        if twice:
+            out.notes.append(f"{experiment} {cell}: {len(twice)} metric(s) with more than one "
+                             f"value at a step ({', '.join(twice[:3])}, ...)")  # fmt: skip
+    for cell, batch_sizes in expected.items():
+        mine = found.get(cell, [])
+        out.cells_present += bool(mine)
+        for b in batch_sizes:
+            if any(f"throughput.bs{b}" in r.data.metrics for r in mine):
+                out.results_present += 1
+            else:
+                out.notes.append(f"{experiment} {cell}: bs{b} lost")
+    return out
+
+
+def report(tried: Counter, missed: int, total: Count, extra: str = "") -> None:
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(tried.items()))
+    print(f"kill points tried: {sum(tried.values())} ({kinds})" + (
+        f"; {missed} drawn after a sweep had ended, drawn again" if missed else ""))  # fmt: skip
+    print(
+        f"cells expected {total.cells_expected}, present {total.cells_present}, "
+        f"duplicated {total.runs_duplicated}, lost {total.cells_expected - total.cells_present}"
+    )
+    print(f"results (cell x batch size) expected {total.results_expected}, present "
+          f"{total.results_present}, duplicated metric values {total.values_duplicated}, "
+          f"lost {total.results_expected - total.results_present}")  # fmt: skip
+    if total.untagged:
+        print(f"cell runs without their role tag: {total.untagged}")
+    for note in total.notes[:20]:
+        print("  " + note)
+    if extra:
+        print(extra)
+
+
+# --- processes ----------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _descendants(pid: int) -> set[int]:
+    import psutil
+
+    try:
+        return {pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def _kill_tree(pid: int) -> None:
+    for p in _descendants(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
+def benchmark_pid(device: str) -> int | None:
+    """The sweep's benchmark process of ``device`` among this script's descendants."""
+    for pid in _descendants(os.getpid()):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"benchmark" in cmdline and f"MLFLOW_NGRAPH_DEVICE_NAME={device}".encode() in environ:
+            return pid
+    return None
+
+
+class Server:
+    """A real ``mlflow server`` on 127.0.0.1 that can be stopped and started again."""
+
+    def __init__(self, tmp: Path, backend: str) -> None:
+        self.tmp, self.port, self.proc = tmp, _free_port(), None
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.db = None
+        if backend == "postgresql":
+            self.db = f"ngraph_faults_{uuid.uuid4().hex[:8]}"
+            _pg(f"CREATE DATABASE {self.db}")
+            self.store = f"postgresql+psycopg2://postgres@127.0.0.1:5432/{self.db}"
+        else:
+            self.store = f"sqlite:///{tmp / 'server.db'}"
+        self.log = open(tmp / "server.log", "a")
+
+    def start(self) -> None:
+        import requests
+
+        mlflow = str(Path(sys.executable).with_name("mlflow"))
+        self.proc = subprocess.Popen(
+            [mlflow, "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+             "--backend-store-uri", self.store, "--artifacts-destination",
+             str(self.tmp / "artifacts")],
+            cwd=self.tmp, stdout=self.log, stderr=self.log, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(self.url + "/health", timeout=1).ok:
+                    return
+            time.sleep(0.3)
+        raise RuntimeError(f"mlflow server did not start; see {self.tmp / 'server.log'}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        self.log.close()
+        if self.db:
+            _pg(f"DROP DATABASE IF EXISTS {self.db} WITH (FORCE)")
+
+
+def _pg(sql: str) -> None:
+    import psycopg2
+
+    conn = psycopg2.connect(f"{PG}/postgres")
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(sql)
+    conn.close()
+
+
+# --- the sweep under faults ---------------------------------------------------------------
+class Bench:
+    """The cluster, the server and the homes of one fault run."""
+
+    def __init__(self, tmp: Path, backend: str, rng: random.Random) -> None:
+        from mlflow_ngraph.cluster.spec import parse_sweep
+        from mlflow_ngraph.cluster.sweep import start_local_cluster
+
+        self.tmp, self.rng = tmp, rng
+        self.server = Server(tmp, backend)
+        self.server.start()
+        os.environ["PYTHONPATH"] = str(REPO)  # the nodes' workers run this checkout
+        self.devices = parse_sweep(self.spec("probe")).devices
+        self.cluster = start_local_cluster(self.devices, tmp / "homes")
+        self.homes = {d.name: tmp / "homes" / d.name for d in self.devices}
+        self.replaced = 0
+
+    def spec(self, experiment: str) -> dict:
+        return {"experiment": experiment, "devices": DEVICES, "models": [TINY],
+                "compilers": COMPILERS, "batch_sizes": BATCH_SIZES, "warmup": 1,
+                "repetitions": 3, "min_duration": 0.05}  # fmt: skip
+
+    def expected(self) -> dict[tuple[str, str], list[int]]:
+        return {(d["name"], c): BATCH_SIZES for d in DEVICES for c in COMPILERS}
+
+    def sweep(self, experiment: str, log: Path) -> subprocess.Popen:
+        path = self.tmp / f"{experiment}.yaml"
+        path.write_text(yaml.safe_dump(self.spec(experiment)))
+        env = {**os.environ, "MLFLOW_TRACKING_URI": self.server.url,
+               "MLFLOW_NGRAPH_HOME": str(self.tmp / "driver-home")}  # fmt: skip
+        command = [sys.executable, "-m", "mlflow_ngraph", "sweep", str(path),
+                   "--address", self.cluster.address]  # fmt: skip
+        return subprocess.Popen(command, env=env, stdout=open(log, "a"), stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+
+    def fault(self, kind: str) -> str:
+        """Inject one fault; what was done, in words."""
+        device = self.rng.choice(self.devices)
+        if kind == "process":
+            deadline = time.time() + 10
+            while (pid := benchmark_pid(device.name)) is None and time.time() < deadline:
+                time.sleep(0.2)  # between a death and Ray's retry
+            if pid is None:
+                return f"process: no benchmark of {device.name} running"
+            _kill_tree(pid)
+            return f"process: killed the benchmark of {device.name} (pid {pid})"
+        if kind == "node":
+            from mlflow_ngraph.cluster.sweep import add_device_node
+
+            node = next(n for n in self.cluster.worker_nodes
+                        if device.resource in n._ray_params.resources)  # fmt: skip
+            self.cluster.remove_node(node, allow_graceful=False)
+            down = self.rng.uniform(2.0, 8.0)
+            time.sleep(down)
+            self.replaced += 1
+            home = self.tmp / "homes" / f"{device.name}-r{self.replaced}"
+            add_device_node(self.cluster, device, home)
+            self.homes[device.name] = home
+            return f"node: removed {device.name}'s node, a fresh one joined {down:.1f} s later"
+        down = self.rng.uniform(3.0, 12.0)
+        self.server.stop()
+        time.sleep(down)
+        self.server.start()
+        return f"server: stopped for {down:.1f} s"
+
+    def sync(self) -> list[str]:
+        """``mlflow-ngraph sync`` on the home of every device's current node."""
+        lines: list[str] = []
+        for home in self.homes.values():
+            done = subprocess.run(
+                [sys.executable, "-m", "mlflow_ngraph", "sync", "--home", str(home),
+                 "--tracking-uri", self.server.url], capture_output=True, text=True,
+            )  # fmt: skip
+            lines += (done.stdout or done.stderr).strip().splitlines()[-1:]
+        return [line.split(": ", 1)[-1] for line in lines]
+
+    def close(self) -> None:
+        self.cluster.shutdown()
+        self.server.close()
+
+
+def run_sweep_faults(args, rng: random.Random) -> None:
+    kinds = args.faults.split(",")
+    # every kind about as often, in a random order
+    draws = [kinds[i % len(kinds)] for i in range(args.n)]
+    rng.shuffle(draws)
+    tmp = Path(tempfile.mkdtemp(prefix="ngraph-faults-"))
+    bench = Bench(tmp, args.backend, rng)
+    tried: Counter = Counter()
+    missed, total, exits = 0, Count(), []
+    started = time.time()
+    try:
+        round_ = 0
+        while draws:
+            round_ += 1
+            experiment = f"faults-{round_}"
+            log = tmp / f"{experiment}.log"
+            proc = bench.sweep(experiment, log)
+            t0 = time.time()
+            moments = sorted(
+                rng.uniform(args.min_delay, args.max_delay)
+                for _ in range(min(args.per_round, len(draws)))
+            )
+            for moment in moments:
+                time.sleep(max(moment - (time.time() - t0), 0))
+                if proc.poll() is not None:  # drawn again in the next round
+                    missed += 1
+                    continue
+                kind = draws.pop()
+                tried[kind] += 1
+                print(f"round {round_} at {time.time() - t0:.0f} s: {bench.fault(kind)}",
+                      flush=True)  # fmt: skip
+            try:
+                faulted = proc.wait(args.timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                faulted = "killed after timeout"
+            synced = bench.sync()
+            final = bench.sweep(experiment, log).wait(args.timeout)
+            exits.append((faulted, final))
+            counted = count(bench.server.url, experiment, bench.expected())
+            total.add(counted)
+            print(f"round {round_}: faulted sweep exit {faulted}, final sweep exit {final}; "
+                  f"{counted.cells_present}/{counted.cells_expected} cells, duplicated "
+                  f"{counted.runs_duplicated} runs and {counted.values_duplicated} values; "
+                  f"sync: {' | '.join(synced)}", flush=True)  # fmt: skip
+    finally:
+        bench.close()
+    report(tried, missed, total, f"rounds {len(exits)}, {time.time() - started:.0f} s in all, "
+           f"backend {args.backend}, logs in {tmp}")  # fmt: skip
+
+
+# --- the single benchmark under faults ----------------------------------------------------
 def command() -> list[str]:
     args = [sys.executable, "-m", "mlflow_ngraph", "benchmark", "--model", MODEL,
             "--batch-sizes", ",".join(map(str, BATCH_SIZES)), "--warmup", "1",
@@ -53,41 +374,18 @@ def run_until(env: dict, seconds: float | None) -> int | None:
         return None
 
 
-def count(uri: str) -> tuple[int, int, int]:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("faults")
-    cells = client.search_runs([exp.experiment_id], "tags.`ngraph.role` = 'cell'") if exp else []
-    keys = Counter(r.data.tags["ngraph.cell_key"] for r in cells)
-    duplicated = sum(n - 1 for n in keys.values())
-    present = 0
-    for run in cells:
-        for b in BATCH_SIZES:
-            history = client.get_metric_history(run.info.run_id, f"throughput.bs{b}")
-            present += bool(history)
-            duplicated += max(len(history) - 1, 0)
-    return present, duplicated, len(keys)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=10, help="Kill points (>= 10 for the report).")
-    parser.add_argument("--faults", default="process,store", help="Kinds of fault to draw from.")
-    parser.add_argument("--max-delay", type=float, default=25.0, help="Latest kill, seconds.")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    rng = random.Random(args.seed)
+def run_benchmark_faults(args, rng: random.Random) -> None:
     kinds = args.faults.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="ngraph-faults-"))
     db = tmp / "mlflow.db"
     uri = f"sqlite:///{db}"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_NGRAPH_HOME": str(tmp / "home")}
-    tried = Counter()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_NGRAPH_HOME": str(tmp / "home"),
+           "PYTHONPATH": str(REPO)}  # fmt: skip
+    tried: Counter = Counter()
     for _ in range(args.n):
         kind = rng.choice(kinds)
         tried[kind] += 1
-        delay = rng.uniform(1.0, args.max_delay)
+        delay = rng.uniform(args.min_delay, args.max_delay)
         if kind == "process":
             run_until(env, delay)
         else:  # the store is gone for a while, then back: the journal keeps the results
@@ -105,13 +403,33 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "mlflow_ngraph", "sync"], env=env,
                            capture_output=True)  # fmt: skip
     final = run_until(env, 600)
-    present, duplicated, cells = count(uri)
-    expected = len(COMPILERS) * len(BATCH_SIZES)
-    print(f"kill points tried: {sum(tried.values())} ({dict(tried)}); final run exit {final}")
-    print(f"cells expected {len(COMPILERS)}, present {cells}")
-    print(f"results expected {expected}, present {present}, duplicated {duplicated}, "
-          f"lost {expected - present}")  # fmt: skip
+    expected = {("cpu", c): BATCH_SIZES for c in COMPILERS}
+    report(tried, 0, count(uri, "faults", expected), f"final run exit {final}")
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    sys.path.insert(0, str(REPO))  # this checkout's mlflow_ngraph, as in the nodes' workers
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=10, help="Kill points (>= 10 for the report).")
+    parser.add_argument("--target", choices=("sweep", "benchmark"), default="sweep")
+    parser.add_argument("--faults", help="Kinds of fault to draw from (default: process,node,"
+                        "server for a sweep; process,store for a benchmark).")  # fmt: skip
+    parser.add_argument("--per-round", type=int, default=2, help="Faults in one sweep.")
+    parser.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite",
+                        help="The tracking server's backend store (sweep).")  # fmt: skip
+    parser.add_argument("--min-delay", type=float, default=3.0, help="Earliest fault, seconds.")
+    parser.add_argument("--max-delay", type=float, default=40.0, help="Latest fault, seconds.")
+    parser.add_argument("--timeout", type=float, default=600.0, help="Longest sweep, seconds.")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    if args.target == "sweep":
+        args.faults = args.faults or "process,node,server"
+        run_sweep_faults(args, rng)
+    else:
+        args.faults = args.faults or "process,store"
+        run_benchmark_faults(args, rng)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,9 @@ def sync_command(tracking_uri: str | None, home: Path | None) -> None:
 )
 @click.option("--address", help="Ray cluster address (default: the running cluster, 'auto').")
 @click.option(
-    "--wait", "wait_s", type=float, default=0.0, show_default=True,
-    help="Seconds to wait for devices absent from the cluster.",
+    "--wait", "wait_s", type=float,
+    help="Seconds to wait for a device absent from the cluster (default: 0 at the start, "
+    "120 for one whose node left mid-sweep).",
 )  # fmt: skip
 @click.option("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI).")
 @click.option("--home", type=click.Path(path_type=Path), help="With --local: node homes here.")

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,13 @@ PASSED_ENV = (
 
 #: with "0", Ray resolves 127.0.0.1 to itself rather than to the host's network address
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: a local cluster's head declares a node dead ~3 s after its raylet stops answering
+#: (Ray's default takes ~15 s): a removed node's device is seen gone, its task retried
+FAST_HEALTH_CHECK = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+#: seconds a device whose node left mid-sweep is waited for (unless ``--wait`` says)
+REJOIN_WAIT_S = 120.0
+#: the settings of every node of a cluster on this machine
+LOCAL_NODE = {"node_ip_address": "127.0.0.1", "include_dashboard": False}
 
 
 class DeviceFailed(Exception):
@@ -72,20 +80,21 @@ class SweepOutcome:
         return all(s.state == "done" for s in self.states.values())
 
 
-def run_device(device: dict[str, Any], env: dict[str, str], node_homes: str | None) -> dict:
-    """Body of a device's Ray task: benchmark the device on this node."""
+def run_device(device: dict[str, Any], env: dict[str, str]) -> dict:
+    """Body of a device's Ray task: benchmark the device on this node (its home, journal
+    and caches are the node's: ``MLFLOW_NGRAPH_HOME`` as the node was started with)."""
     import ray
 
     node = ray.get_runtime_context().get_node_id()
     full_env = {**os.environ, **env}
     full_env.pop("MLFLOW_RUN_ID", None)  # a sweep under `mlflow run`: each device has its own
-    if node_homes:  # a local cluster: every node keeps its own journal and caches
-        full_env["MLFLOW_NGRAPH_HOME"] = str(Path(node_homes) / node[:12])
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = Path(tmp) / "spec.yaml"
         spec_path.write_text(yaml.safe_dump(device["spec"]))
         command = [sys.executable, "-m", "mlflow_ngraph", "benchmark", "--spec", str(spec_path)]
-        done = subprocess.run(command, env=full_env, capture_output=True, text=True)
+        done = subprocess.run(
+            command, env=full_env, capture_output=True, text=True, preexec_fn=_die_with_task()
+        )
     tail = redact_uri(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "")
     if done.returncode not in (0, 2):  # 2 is a user error: retrying cannot help
         raise DeviceFailed(f"benchmark exited with {done.returncode}: {tail}")
@@ -97,6 +106,22 @@ def run_device(device: dict[str, Any], env: dict[str, str], node_homes: str | No
     }
 
 
+def _die_with_task():
+    """Linux: a ``preexec_fn`` that has the kernel kill the benchmark when the task's worker
+    dies (its node was removed, or Ray killed it): no orphan keeps measuring and logging
+    beside the retry. libc is loaded here, before the fork."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return None
+    return lambda: libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def device_env(device: SweepDevice, sweep_id: str, tracking_uri: str) -> dict[str, str]:
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     env.update(
@@ -105,28 +130,47 @@ def device_env(device: SweepDevice, sweep_id: str, tracking_uri: str) -> dict[st
     return env
 
 
-def start_local_cluster(devices: list[SweepDevice]):
-    """A Ray cluster of one head and one node per device on this machine, every process
-    on 127.0.0.1, no dashboard."""
-    # Ray turns 127.0.0.1 into the host's own address when it connects, unless told that
-    # this is not a cluster of hosts; every node and worker it starts inherits the setting
+def loopback_only() -> None:
+    """Keep Ray on 127.0.0.1: it turns 127.0.0.1 into the host's own address when it
+    connects, unless told that this is not a cluster of hosts; every node and worker
+    started from this process inherits the setting."""
     os.environ[LOOPBACK_ONLY] = "0"
     import ray._private.ray_constants as constants
-    from ray.cluster_utils import Cluster
 
     constants.ENABLE_RAY_CLUSTER = False  # when ray was imported before the variable was set
-    common = {"node_ip_address": "127.0.0.1", "include_dashboard": False}
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, **common})
+
+
+def start_local_cluster(devices: list[SweepDevice], homes: Path | None = None):
+    """A Ray cluster of one head and one node per device on this machine, every process
+    on 127.0.0.1, no dashboard. With ``homes``, a device's node keeps its journal and
+    caches in ``homes/<device>`` (a re-run of the sweep resumes from it)."""
+    loopback_only()
+    from ray.cluster_utils import Cluster
+
+    head = {"num_cpus": 0, "_system_config": FAST_HEALTH_CHECK, **LOCAL_NODE}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     for device in devices:
-        cluster.add_node(num_cpus=1, resources={device.resource: 1}, **common)
+        add_device_node(cluster, device, homes / device.name if homes else None)
     return cluster
+
+
+def add_device_node(cluster, device: SweepDevice, home: Path | None = None):
+    """A node of ``cluster`` (on this machine) offering ``device``; its benchmark keeps its
+    journal and caches in ``home`` (the node's ``MLFLOW_NGRAPH_HOME``)."""
+    env = {"MLFLOW_NGRAPH_HOME": str(home)} if home else None
+    return cluster.add_node(num_cpus=1, resources={device.resource: 1}, env_vars=env, **LOCAL_NODE)
 
 
 def offered_devices(sweep: SweepSpec) -> set[str]:
     import ray
 
-    resources = ray.cluster_resources()
-    return {d.name for d in sweep.devices if resources.get(d.resource, 0) >= 1}
+    # the node table, not ray.cluster_resources(): that one still counts a node for a
+    # while after it was declared dead
+    offered: set[str] = set()
+    for node in ray.nodes():
+        if node.get("Alive"):
+            offered.update(r for r, n in node.get("Resources", {}).items() if n >= 1)
+    return {d.name for d in sweep.devices if d.resource in offered}
 
 
 def run_sweep(
@@ -135,30 +179,39 @@ def run_sweep(
     *,
     local: bool = False,
     address: str | None = None,
-    wait_s: float = 0.0,
+    wait_s: float | None = None,
     node_homes: Path | None = None,
     echo=print,
     refresh_s: float = 2.0,
 ) -> SweepOutcome:
     """Run every device's benchmark on the Ray cluster; returns each device's end state.
-    Everything started on Ray (tasks, and with ``local`` the cluster) is released."""
+    Everything started on Ray (tasks, and with ``local`` the cluster) is released.
+
+    ``wait_s``: how long a device absent from the cluster is waited for, at the start (0
+    when not given) and when its node left mid-sweep (:data:`REJOIN_WAIT_S` when not
+    given). ``address``: a cluster's; one on 127.0.0.1 (a cluster of this machine) keeps
+    this driver on 127.0.0.1 too. ``node_homes`` (with ``local``): each device's node keeps
+    its journal and caches in ``node_homes/<device>``."""
     import ray
 
     sweep_id = uuid.uuid4().hex[:12]
     outcome = SweepOutcome(sweep_id, {d.name: DeviceState(d) for d in sweep.devices})
-    cluster = start_local_cluster(sweep.devices) if local else None
+    loopback = local or _is_loopback(address)
+    if loopback:
+        loopback_only()
+    cluster = start_local_cluster(sweep.devices, node_homes) if local else None
     try:
         ray.init(
             address=cluster.address if cluster else (address or "auto"),
             log_to_driver=False,
-            include_dashboard=False if cluster else None,
-            _node_ip_address="127.0.0.1" if cluster else None,
+            include_dashboard=False if loopback else None,
+            _node_ip_address="127.0.0.1" if loopback else None,
         )
         echo(f"sweep {sweep_id}: {len(sweep.devices)} device(s) -> {redact_uri(tracking_uri)}")
-        present = _await_devices(sweep, wait_s, echo)
+        present = _await_devices(sweep, wait_s or 0.0, echo)
         for name, state in outcome.states.items():
             if name not in present:
-                state.state, state.reason = "missing", f"not in the cluster after {wait_s:g} s"
+                state.state, state.reason = "missing", f"not in the cluster after {wait_s or 0:g} s"
         task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[DeviceFailed])(run_device)
         pending = {}
         for device in sweep.devices:
@@ -167,17 +220,22 @@ def run_sweep(
             ref = task.options(resources={device.resource: 1}, num_cpus=0).remote(
                 {"name": device.name, "spec": device.spec},
                 device_env(device, sweep_id, tracking_uri),
-                str(node_homes) if node_homes else None,
             )
             pending[ref] = device.name
             outcome.states[device.name].state = "running"
             outcome.states[device.name].started = time.time()
-        _watch(pending, outcome, tracking_uri, sweep, echo, refresh_s)
+        rejoin_s = REJOIN_WAIT_S if wait_s is None else wait_s
+        _watch(pending, outcome, tracking_uri, sweep, echo, refresh_s, rejoin_s)
     finally:
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
     return outcome
+
+
+def _is_loopback(address: str | None) -> bool:
+    host = (address or "").rsplit(":", 1)[0].removeprefix("ray://")
+    return host in ("127.0.0.1", "localhost")
 
 
 def _await_devices(sweep: SweepSpec, wait_s: float, echo) -> set[str]:
@@ -195,59 +253,109 @@ def _await_devices(sweep: SweepSpec, wait_s: float, echo) -> set[str]:
     return present
 
 
-def _watch(pending: dict, outcome: SweepOutcome, uri: str, sweep: SweepSpec, echo, refresh_s):
+def _watch(
+    pending: dict, outcome: SweepOutcome, uri: str, sweep: SweepSpec, echo, refresh_s, rejoin_s
+):
     import ray
 
     last, shown = 0.0, None
+    left: dict[str, float] = {}  # device -> when its node was seen gone
+    cells: dict[str, dict[str, Any]] = {}
+    unreachable = False
     while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=refresh_s)
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=refresh_s)
         for ref in ready:
             state = outcome.states[pending.pop(ref)]
             state.finished = time.time()
             try:
                 result = ray.get(ref)
-            except Exception as exc:  # the task failed after its retries
-                state.state = "failed"
-                state.reason = redact_uri(str(getattr(exc, "cause", None) or exc).splitlines()[-1])
+            except Exception as exc:  # the task failed after its retries, or was cancelled
+                if state.state != "missing":
+                    state.state = "failed"
+                    state.reason = _reason(exc)
                 continue
             state.output = result["output"]
             state.state = "done" if result["returncode"] == 0 else "failed"
             state.reason = result["reason"]
-        cells = progress(uri, sweep)
-        changed = (cells, [s.state for s in outcome.states.values()]) != shown
-        if changed or time.time() - last >= 15 * refresh_s or not pending:
+        _check_nodes(pending, outcome, sweep, left, rejoin_s, echo)
+        latest = progress(uri, sweep)
+        if (latest is None) != unreachable:  # said once per outage, with the last counts
+            unreachable = latest is None
+            echo(f"tracking server {redact_uri(uri)} " + (
+                "does not answer: the view keeps the last counts it had; the devices go on "
+                "measuring into their journals" if unreachable else "answers again"))  # fmt: skip
+        cells = cells if latest is None else latest
+        now_shown = (cells, [(s.state, s.reason) for s in outcome.states.values()])
+        if now_shown != shown or time.time() - last >= 15 * refresh_s or not pending:
             echo(live_view(outcome, cells))  # on a change, and every half minute or so
-            last, shown = time.time(), (cells, [s.state for s in outcome.states.values()])
+            last, shown = time.time(), now_shown
 
 
-def progress(tracking_uri: str, sweep: SweepSpec) -> dict[str, dict[str, int]]:
+def _check_nodes(pending: dict, outcome: SweepOutcome, sweep, left: dict, rejoin_s, echo):
+    """A running device whose node left the cluster: its task waits for a node offering the
+    device (Ray retries it there); after ``rejoin_s`` seconds without one it is cancelled
+    and the device reported missing."""
+    import ray
+
+    present = offered_devices(sweep)
+    for ref, name in list(pending.items()):
+        state = outcome.states[name]
+        if name in present:
+            if name in left:
+                del left[name]
+                state.state, state.reason = "running", "its node was replaced; resumed"
+                echo(f"device {name}: a node offering it joined; its benchmark resumes there")
+            continue
+        if name not in left:
+            left[name] = time.time()
+            state.state = "waiting"
+            state.reason = f"its node left; waiting up to {rejoin_s:g} s for another"
+            echo(f"device {name}: its node left the cluster; waiting up to {rejoin_s:g} s "
+                 "for a node offering it")  # fmt: skip
+        elif time.time() - left[name] >= rejoin_s:
+            ray.cancel(ref, force=True)
+            state.state = "missing"
+            state.reason = f"its node left mid-sweep and none joined within {rejoin_s:g} s"
+            echo(f"device {name} is missing: {state.reason}")
+
+
+def _reason(exc: Exception) -> str:
+    return redact_uri(str(getattr(exc, "cause", None) or exc).strip().splitlines()[-1])
+
+
+#: the live view asks the tracking server once, for this long at most: a server that is
+#: down costs the view a few seconds, not MLflow's minutes of retries
+VIEW_TIMEOUT_S = 5
+
+
+def progress(tracking_uri: str, sweep: SweepSpec) -> dict[str, dict[str, Any]] | None:
     """Per device, the cell runs the tracking server holds: done, running, failed, and the
-    current cell's name."""
+    current cell's name; None when the server does not answer."""
     from mlflow.tracking import MlflowClient
 
     from mlflow_ngraph.tracking.mlflow_log import local_sqlite
 
-    out: dict[str, dict[str, Any]] = {}
+    empty = {"done": 0, "running": 0, "failed": 0, "current": ""}
     store = local_sqlite(tracking_uri)
     if store is not None and not store.exists():
         # not created yet: opening it here would create it in place, half-made for a moment
         # under the device tasks that create it whole (mlflow_log.connect)
-        return {
-            d.name: {"done": 0, "running": 0, "failed": 0, "current": ""} for d in sweep.devices
-        }
+        return {d.name: dict(empty) for d in sweep.devices}
+    out: dict[str, dict[str, Any]] = {}
     try:
-        client = MlflowClient(tracking_uri)
-        exp = client.get_experiment_by_name(sweep.experiment)
-        for device in sweep.devices:
-            counts: dict[str, Any] = {"done": 0, "running": 0, "failed": 0, "current": ""}
-            if exp is not None:
+        with _bounded_requests():
+            client = MlflowClient(tracking_uri)
+            exp = client.get_experiment_by_name(sweep.experiment)
+            for device in sweep.devices:
+                counts: dict[str, Any] = dict(empty)
+                out[device.name] = counts
+                if exp is None:
+                    continue
+                # by the device's name only: runs of its profile are other hosts' (or a
+                # benchmark outside the sweep), not this device's
                 runs = client.search_runs(
                     [exp.experiment_id],
                     f"tags.`ngraph.role` = 'cell' and tags.`ngraph.device` = '{device.name}'",
-                    max_results=1000,
-                ) or client.search_runs(
-                    [exp.experiment_id],
-                    f"tags.`ngraph.role` = 'cell' and tags.`ngraph.device` = '{device.profile}'",
                     max_results=1000,
                 )
                 for run in runs:
@@ -256,10 +364,27 @@ def progress(tracking_uri: str, sweep: SweepSpec) -> dict[str, dict[str, int]]:
                     counts[key] += 1
                     if status == "RUNNING":
                         counts["current"] = run.info.run_name
-            out[device.name] = counts
     except Exception as exc:  # the view is best effort: the server may be down meanwhile
         log.debug("progress unavailable: %s", exc)
+        return None
     return out
+
+
+@contextmanager
+def _bounded_requests():
+    """MLflow's HTTP requests of this process: one try, :data:`VIEW_TIMEOUT_S` long."""
+    bounds = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+              "MLFLOW_HTTP_REQUEST_TIMEOUT": str(VIEW_TIMEOUT_S)}  # fmt: skip
+    saved = {k: os.environ.get(k) for k in bounds}
+    os.environ.update(bounds)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def live_view(outcome: SweepOutcome, cells: dict[str, dict[str, Any]]) -> str:

@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from tests._support import PYTHON
+from tests._support import PYTHON, REPO
 
 SPEC = {
     "experiment": "sweep-test",
@@ -56,7 +56,8 @@ def sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
     (tmp / "sweep.yaml").write_text(yaml.safe_dump(SPEC))
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    env = {**os.environ, "MLFLOW_NGRAPH_HOME": str(tmp / "home"), "MLFLOW_TRACKING_URI": uri}
+    env = {**os.environ, "MLFLOW_NGRAPH_HOME": str(tmp / "home"), "MLFLOW_TRACKING_URI": uri,
+           "PYTHONPATH": str(REPO)}  # fmt: skip
     command = [PYTHON, "-m", "mlflow_ngraph", "sweep", str(tmp / "sweep.yaml"), "--local"]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
@@ -107,7 +108,8 @@ def test_two_devices_of_one_profile_stay_apart(tmp_path):
                         {"name": "cpu-b", "profile": "cpu"}]}  # fmt: skip
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "MLFLOW_NGRAPH_HOME": str(tmp_path / "home"), "MLFLOW_TRACKING_URI": uri}
+    env = {**os.environ, "MLFLOW_NGRAPH_HOME": str(tmp_path / "home"), "MLFLOW_TRACKING_URI": uri,
+           "PYTHONPATH": str(REPO)}  # fmt: skip
     command = [PYTHON, "-m", "mlflow_ngraph", "sweep", str(tmp_path / "sweep.yaml"), "--local"]
     assert subprocess.run(command, env=env, capture_output=True).returncode == 0
     exp = MlflowClient(uri).get_experiment_by_name("same-profile")
