@@ -430,7 +430,7 @@ class Runner:
             )
 
     def _close(self, run_id: str, cell: Cell, log_file: Path | None) -> None:
-        self.recorder.close(self.journal, cell.key, run_id, log_file)
+        self.recorder.close(self.journal, cell.key, run_id, log_file, self._baseline_key(cell))
 
     # --- the store, reachable or not -------------------------------------------------------
     def _store_ready(self, force: bool = False) -> bool:

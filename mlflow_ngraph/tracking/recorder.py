@@ -137,12 +137,20 @@ class CellRecorder:
             journal.logged(key, b)
         return sent
 
-    def close(self, journal: Journal, key: str, run_id: str, log_file: Path | None) -> None:
+    def close(
+        self,
+        journal: Journal,
+        key: str,
+        run_id: str,
+        log_file: Path | None,
+        baseline: str | None = None,
+    ) -> None:
         """End cell ``key``'s run with what the journal holds: its worker log, relative
-        metrics and final status; the journal then marks the cell closed."""
+        metrics (against ``baseline``, see :meth:`relative_from`) and final status; the
+        journal then marks the cell closed."""
         if log_file is not None:
             self.log_file(run_id, log_file, "logs")
-        self.relative_from(journal, key, run_id)
+        self.relative_from(journal, key, run_id, baseline)
         self.finish(run_id, *cell_status(journal.cell(key)))
         journal.closed(key)
 
