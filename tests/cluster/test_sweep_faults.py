@@ -114,7 +114,8 @@ def _finished_cells(uri: str, device: str) -> int:
             return 0
         runs = client.search_runs(
             [exp.experiment_id],
-            f"tags.`ngraph.device` = '{device}' and attributes.status = 'FINISHED'",
+            f"tags.`ngraph.role` = 'cell' and tags.`ngraph.device` = '{device}' "
+            "and attributes.status = 'FINISHED'",
         )
     except Exception:  # the store is being created by a device task
         return 0
