@@ -116,3 +116,70 @@ def test_a_run_leaves_no_worker_behind(run_cli, tracking_uri):
     code, out, err = _run(run_cli, tracking_uri, [HEALTHY], "--compiler", "onnxruntime")
     assert code == 0, err
     assert _workers() == []
+
+
+# --- reference outputs kept in the home -----------------------------------------------------
+def _reference(tmp_path, name="conv_block", params=None, b=2):
+    from mlflow_ngraph import worker
+    from mlflow_ngraph.models.registry import load_model
+    from mlflow_ngraph.supply import EngineSupply
+
+    worker._REFERENCES.clear()  # a fresh worker: nothing in memory
+    params = {"width": 8, "depth": 1, "image_size": 32} if params is None else params
+    model = load_model(name, dict(params))
+    supply = EngineSupply(tmp_path, "cpu", "cpu", "throughput")
+    return worker.reference_outputs(model, supply, b)
+
+
+def _never_compiled(monkeypatch):
+    from mlflow_ngraph.compilers.identity import IdentityCompiler
+
+    def compile_(*args, **kwargs):
+        raise AssertionError("the reference engine ran although its outputs were stored")
+
+    monkeypatch.setattr(IdentityCompiler, "compile", compile_)
+
+
+def test_reference_outputs_are_computed_once_and_read_back_identical(tmp_path, monkeypatch):
+    import numpy as np
+
+    x, y, label = _reference(tmp_path)
+    files = list((tmp_path / "references").glob("*.npz"))
+    assert len(files) == 1 and label == "pytorch-eager"
+    _never_compiled(monkeypatch)  # the next worker reads the file
+    x2, y2, label2 = _reference(tmp_path)
+    assert np.array_equal(x, x2) and label2 == label
+    assert y2.dtype == y.dtype and np.array_equal(y, y2)
+    # another batch size is another entry, not a read of this one
+    monkeypatch.undo()
+    _reference(tmp_path, b=1)
+    assert len(list((tmp_path / "references").glob("*.npz"))) == 2
+
+
+def test_several_outputs_are_stored_and_read_back_as_a_tuple(tmp_path, monkeypatch):
+    import numpy as np
+
+    two_heads = "tests.fixtures.multi_output:two_heads"
+    _, y, _ = _reference(tmp_path, two_heads, params={"input_shape": 4})
+    _never_compiled(monkeypatch)
+    _, y2, _ = _reference(tmp_path, two_heads, params={"input_shape": 4})
+    assert isinstance(y, tuple) and isinstance(y2, tuple) and len(y2) == len(y) == 2
+    assert all(np.array_equal(a, b) for a, b in zip(y, y2))
+
+
+@pytest.mark.parametrize("damage", ["torn", "other input"])
+def test_a_corrupt_or_stale_reference_entry_is_ignored_and_rewritten(tmp_path, damage):
+    import numpy as np
+
+    from mlflow_ngraph import worker
+
+    _, y, _ = _reference(tmp_path)
+    (path,) = (tmp_path / "references").glob("*.npz")
+    if damage == "torn":
+        path.write_bytes(path.read_bytes()[:100])
+    else:  # stored for an input the model draws no longer: wrong outputs under the same key
+        np.savez(path, input_sha256=np.array("0" * 64), count=np.array(1),
+                 is_list=np.array(False), output_0=np.zeros_like(y))  # fmt: skip
+    _, y2, _ = _reference(tmp_path)
+    assert np.array_equal(y, y2)
+    assert worker._read_reference(path, _reference(tmp_path)[0]) is not None  # rewritten whole
