@@ -12,7 +12,9 @@ Starting a worker costs seconds (a Python process importing PyTorch, timm and th
 current cell runs, as a spare that imports what every cell imports and then waits for its
 task. Its imports must never compete with a measurement: the spare is stopped (SIGSTOP)
 while the current worker measures and continued (SIGCONT) when it leaves that phase. A
-spare serves one cell only and is killed when the run ends.
+spare serves one cell only and is killed when the run ends. A worker that has sent its
+cell's last event is killed with its children rather than left to exit: the teardown of
+PyTorch and the runtimes takes seconds on a loaded host and has nothing left to give.
 """
 
 from __future__ import annotations
@@ -36,16 +38,18 @@ from mlflow_ngraph.worker import CellTask
 
 log = logging.getLogger("mlflow_ngraph.worker")
 
-#: seconds a finished worker gets to exit before it is killed
-EXIT_GRACE_S = 30.0
 #: what a spare imports before its task comes: what every cell imports (no engine state);
 #: a runtime only some cells use (timm, ONNX Runtime, OpenVINO) is left to the cell
 PRELOAD = (
     "numpy",
     "torch",
+    "scipy.stats",  # the throughput interval of every measurement (seconds to import)
     "mlflow_ngraph.worker",
     "mlflow_ngraph.compilers.registry",
     "mlflow_ngraph.models.registry",
+    "mlflow_ngraph.supply",
+    "mlflow_ngraph.measure.harness",
+    "mlflow_ngraph.measure.stability",
 )
 #: warning categories and words that bear on the validity of a result (counted per cell)
 VALIDITY_WORDS = ("precision", "fallback", "fall back", "tracer", "fp16", "bf16")
@@ -164,13 +168,15 @@ def run_isolated(
                 done = True
             else:
                 on_event(kind, payload)
-        proc.join(EXIT_GRACE_S if done else 5.0)
+        if done:  # every result is in: the runtimes' teardown (seconds under load) is cut
+            _kill_tree(proc.pid)
+            proc.join()
+            return None
+        proc.join(5.0)
         if proc.exitcode is None:
             _kill_tree(proc.pid)
             proc.join()
-            if done:
-                return None
-        return None if done and proc.exitcode == 0 else _death_reason(proc.exitcode)
+        return _death_reason(proc.exitcode)
     except BaseException:
         _kill_tree(proc.pid)
         proc.join()
@@ -275,6 +281,8 @@ def _worker_main(task: CellTask, conn) -> None:
         send(kind, payload)
 
     measure_cell(task, emit)
+    sys.stdout.flush()  # the log file is whole before the runner kills this process
+    sys.stderr.flush()
     send("done", None)
     conn.close()
 
