@@ -76,7 +76,7 @@ def measure_cell(task: CellTask, emit: Emit) -> None:
     pending = list(task.batch_sizes)
     try:
         emit("phase", (pending[0], "build"))
-        model = _load_model(task.model_name, task.model_params)
+        model = load_cell_model(task.model_name, task.model_params)
         emit("model", model_info(model))
         compiler = get_compiler(task.compiler)
     except Exception as exc:  # the model or compiler cannot be had: every batch fails
@@ -244,8 +244,9 @@ _MODEL: dict[str, Any] = {}
 _REFERENCES: dict[tuple[str, int], tuple[np.ndarray, Any, str]] = {}
 
 
-def _load_model(name: str, params: dict[str, Any]):
-    """The model, built once for consecutive cells of the same model in one process."""
+def load_cell_model(name: str, params: dict[str, Any]):
+    """The model, built once for consecutive cells of the same model in one process (and
+    by a spare worker before its cell's task comes)."""
     from mlflow_ngraph.config import ModelSpec
     from mlflow_ngraph.models.registry import load_model
 

@@ -3,6 +3,8 @@ own cells with the reason, and the healthy model of the same run is measured."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 HEALTHY = "conv_block:width=8,depth=1,image_size=32"
@@ -71,21 +73,26 @@ def _workers() -> list:
     ]
 
 
+def _task(tmp_path, model="conv_block", params=None, min_duration=0.5):
+    from mlflow_ngraph.config import MeasureSettings
+    from mlflow_ngraph.worker import CellTask
+
+    return CellTask(
+        name="cell", model_name=model, model_params=params or {"width": 8, "depth": 1},
+        compiler="identity", flags={}, batch_sizes=[1], device="cpu", device_kind="cpu",
+        home=str(tmp_path), tolerance=1e-3, log_file=str(tmp_path / "worker.log"),
+        measure=MeasureSettings(warmup=1, repetitions=3, min_duration_s=min_duration),
+    )  # fmt: skip
+
+
 def test_the_spare_worker_is_stopped_while_a_cell_measures_and_gone_after(tmp_path):
     """The next cell's worker imports while the current cell builds, never while it
     measures; a run leaves no worker behind."""
     import psutil
 
     from mlflow_ngraph import isolation
-    from mlflow_ngraph.config import MeasureSettings
-    from mlflow_ngraph.worker import CellTask
 
-    task = CellTask(
-        name="cell", model_name="conv_block", model_params={"width": 8, "depth": 1},
-        compiler="identity", flags={}, batch_sizes=[1], device="cpu", device_kind="cpu",
-        home=str(tmp_path), measure=MeasureSettings(warmup=1, repetitions=3, min_duration_s=0.5),
-        tolerance=1e-3, log_file=str(tmp_path / "worker.log"),
-    )  # fmt: skip
+    task = _task(tmp_path)
     seen = []
 
     def on_event(kind, payload):
@@ -110,6 +117,35 @@ def test_the_spare_worker_is_stopped_while_a_cell_measures_and_gone_after(tmp_pa
     finally:
         isolation.shutdown()
     assert _workers() == []
+
+
+def test_the_spare_builds_the_next_cells_model_and_its_cell_uses_it(tmp_path):
+    """With the next cell named (``Ahead``), its worker builds the model before the task
+    comes, and the cell measures that model instead of building it again."""
+    from mlflow_ngraph import isolation
+
+    log = tmp_path / "builds.txt"
+    logged = {"log": str(log), "input_shape": "4"}
+    ahead = isolation.Ahead("tests.fixtures.models:build_logged", "identity", logged)
+    records = []
+
+    def on_event(kind, payload):
+        if kind == "record":
+            records.append(payload[1]["status"])
+
+    try:
+        assert isolation.run_isolated(_task(tmp_path), on_event, 300, ahead=ahead) is None
+        spare_pid = isolation._spare.proc.pid
+        deadline = time.monotonic() + 120
+        while not (log.is_file() and log.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)  # the spare builds the model before it has its task
+        assert log.read_text().split() == [str(spare_pid)]
+        nxt = _task(tmp_path, "tests.fixtures.models:build_logged", logged, min_duration=0)
+        assert isolation.run_isolated(nxt, on_event, 300, prestart=False) is None
+    finally:
+        isolation.shutdown()
+    assert records == ["OK", "OK"]
+    assert log.read_text().split() == [str(spare_pid)]  # not built again by its cell
 
 
 def test_a_run_leaves_no_worker_behind(run_cli, tracking_uri):
