@@ -273,6 +273,9 @@ def _spare_main(conn, ahead: Ahead | None = None) -> None:
             task = conn.recv()
         except (EOFError, OSError):  # the run ended before this spare got a cell
             return
+        prepared = ahead and (ahead.model_name, ahead.model_params)
+        if counted and prepared != (task.model_name, task.model_params):
+            counted[0] = 0  # warnings of a model this cell does not measure
         if task.log_file:
             _redirect_output(task.log_file, early)
         else:
