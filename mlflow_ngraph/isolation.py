@@ -8,11 +8,15 @@ sent (batch sizes measured before the crash) is kept. Its stdout and stderr (thi
 chatter) go to a log file, and the package's log records are forwarded to the runner.
 
 Starting a worker costs seconds (a Python process importing PyTorch, timm and the runtimes:
-4-8 s on a 2-core host), once per cell. So the next cell's worker is started while the
-current cell runs, as a spare that imports what every cell imports and then waits for its
-task. Its imports must never compete with a measurement: the spare is stopped (SIGSTOP)
-while the current worker measures and continued (SIGCONT) when it leaves that phase. A
-spare serves one cell only and is killed when the run ends.
+4-8 s on a 2-core host, more under load), once per cell. So the next cell's worker is
+started while the current cell runs, as a spare that imports what every cell imports and,
+when the runner says what the next cell is (:class:`Ahead`), that cell's compiler modules
+and model library, and builds its model; then it waits for its task. Its work must never
+compete with a measurement: the spare is stopped (SIGSTOP) while the current worker
+measures and continued (SIGCONT) when it leaves that phase. A spare serves one cell only
+and is killed when the run ends. A worker that has sent its cell's last event is killed
+with its children rather than left to exit: the teardown of PyTorch and the runtimes takes
+seconds on a loaded host and has nothing left to give.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlflow_ngraph.tracking import schema as S
@@ -36,17 +41,32 @@ from mlflow_ngraph.worker import CellTask
 
 log = logging.getLogger("mlflow_ngraph.worker")
 
-#: seconds a finished worker gets to exit before it is killed
-EXIT_GRACE_S = 30.0
 #: what a spare imports before its task comes: what every cell imports (no engine state);
-#: a runtime only some cells use (timm, ONNX Runtime, OpenVINO) is left to the cell
+#: a runtime only some cells use (timm, ONNX Runtime, OpenVINO) comes with :class:`Ahead`
 PRELOAD = (
     "numpy",
     "torch",
+    "scipy.stats",  # the throughput interval of every measurement (seconds to import)
     "mlflow_ngraph.worker",
     "mlflow_ngraph.compilers.registry",
     "mlflow_ngraph.models.registry",
+    "mlflow_ngraph.supply",
+    "mlflow_ngraph.measure.harness",
+    "mlflow_ngraph.measure.stability",
 )
+
+
+@dataclass
+class Ahead:
+    """The cell a spare will most likely get: it imports the compiler's modules and builds
+    the model (what the cell's own first steps would do) before the task comes. A task for
+    another cell only finds that work unused."""
+
+    model_name: str
+    compiler: str
+    model_params: dict[str, Any] = field(default_factory=dict)
+
+
 #: warning categories and words that bear on the validity of a result (counted per cell)
 VALIDITY_WORDS = ("precision", "fallback", "fall back", "tracer", "fp16", "bf16")
 
@@ -54,10 +74,10 @@ VALIDITY_WORDS = ("precision", "fallback", "fall back", "tracer", "fp16", "bf16"
 class _Spare:
     """A spawned worker that imports :data:`PRELOAD`, then waits on its pipe for one task."""
 
-    def __init__(self) -> None:
+    def __init__(self, ahead: Ahead | None = None) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_spare_main, args=(child,), name="ngraph spare worker")
+        self.proc = ctx.Process(target=_spare_main, args=(child, ahead), name="ngraph spare worker")
         self.proc.start()
         child.close()
         self.paused = False
@@ -113,9 +133,9 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
-def _take_worker(prestart: bool) -> _Spare:
+def _take_worker(prestart: bool, ahead: Ahead | None) -> _Spare:
     """The waiting spare (a fresh one if there is none, or it died), and a new spare started
-    for the next cell when ``prestart``."""
+    for the next cell (``ahead``) when ``prestart``."""
     global _spare
     worker, _spare = _spare, None
     if worker is None or not worker.alive():
@@ -124,7 +144,7 @@ def _take_worker(prestart: bool) -> _Spare:
         worker = _Spare()
     worker.resume()
     if prestart:
-        _spare = _Spare()
+        _spare = _Spare(ahead)
     return worker
 
 
@@ -133,20 +153,26 @@ def run_isolated(
     on_event: Callable[[str, Any], None],
     timeout_s: float,
     prestart: bool = True,
+    ahead: Ahead | None = None,
 ) -> str | None:
     """Run ``task`` in a fresh spawned process, passing each event to ``on_event``.
 
-    With ``prestart``, the next cell's worker starts now, paused whenever this cell
-    measures. Returns ``None`` when the worker finished, else why it did not ("worker died
-    with SIGSEGV", "cell timed out after 20 s"). Any exception of the caller (Ctrl-C
-    included) kills the worker, its children and the spare first.
+    With ``prestart``, the next cell's worker starts now (preparing ``ahead``, the next
+    cell, when given), paused whenever this cell measures. Returns ``None`` when the worker
+    finished, else why it did not ("worker died with SIGSEGV", "cell timed out after
+    20 s"). Any exception of the caller (Ctrl-C included) kills the worker, its children
+    and the spare first.
     """
-    worker = _take_worker(prestart)
+    worker = _take_worker(prestart, ahead)
     proc, conn = worker.proc, worker.conn
     deadline = time.monotonic() + timeout_s
     done = False
     try:
-        conn.send(task)
+        try:
+            conn.send(task)
+        except OSError:  # the spare died before its task came (its model's build crashed)
+            proc.join(5.0)
+            return _death_reason(proc.exitcode)
         while not done:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -164,13 +190,15 @@ def run_isolated(
                 done = True
             else:
                 on_event(kind, payload)
-        proc.join(EXIT_GRACE_S if done else 5.0)
+        if done:  # every result is in: the runtimes' teardown (seconds under load) is cut
+            _kill_tree(proc.pid)
+            proc.join()
+            return None
+        proc.join(5.0)
         if proc.exitcode is None:
             _kill_tree(proc.pid)
             proc.join()
-            if done:
-                return None
-        return None if done and proc.exitcode == 0 else _death_reason(proc.exitcode)
+        return _death_reason(proc.exitcode)
     except BaseException:
         _kill_tree(proc.pid)
         proc.join()
@@ -228,33 +256,59 @@ class _Forward(logging.Handler):
         self.send("log", (record.levelno, record.getMessage()))
 
 
-def _spare_main(conn) -> None:
-    """The spawned worker: import what every cell needs, wait for the task, measure the
-    cell, send every event, then ``done``."""
+def _spare_main(conn, ahead: Ahead | None = None) -> None:
+    """The spawned worker: import what every cell needs, prepare the cell ``ahead``, wait
+    for the task, measure the cell, send every event, then ``done``."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
     saved = os.dup(1), os.dup(2)
+    counted = None
     with tempfile.TemporaryFile() as early:
         os.dup2(early.fileno(), 1)  # import chatter stays out of the runner's terminal
         os.dup2(early.fileno(), 2)
-        for name in PRELOAD:
-            if importlib.util.find_spec(name.split(".")[0]) is None:
-                continue
-            with contextlib.suppress(Exception):  # the cell's own import will say why
-                importlib.import_module(name)
+        _import(PRELOAD)
+        if ahead is not None:
+            counted = _prepare(ahead)
         try:
             task = conn.recv()
         except (EOFError, OSError):  # the run ended before this spare got a cell
             return
+        prepared = ahead and (ahead.model_name, ahead.model_params)
+        if counted and prepared != (task.model_name, task.model_params):
+            counted[0] = 0  # warnings of a model this cell does not measure
         if task.log_file:
             _redirect_output(task.log_file, early)
         else:
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)
-    _worker_main(task, conn)
+    _worker_main(task, conn, counted)
 
 
-def _worker_main(task: CellTask, conn) -> None:
+def _import(names) -> None:
+    for name in names:
+        if importlib.util.find_spec(name.split(".")[0]) is None:
+            continue
+        with contextlib.suppress(Exception):  # the cell's own import will say why
+            importlib.import_module(name)
+
+
+def _prepare(ahead: Ahead) -> list[int]:
+    """Import the compiler's modules and build the model of the cell ``ahead`` (kept for
+    the task if it is that cell's); any failure is left for the cell itself to meet and
+    report. Returns the validity-warning counter, counting from the build on."""
+    from mlflow_ngraph.compilers.registry import get_compiler
+    from mlflow_ngraph.worker import load_cell_model
+
+    with contextlib.suppress(Exception):
+        compiler = get_compiler(ahead.compiler)
+        _import((*compiler.packages, *compiler.preload))
+    counted = _count_warnings()
+    with contextlib.suppress(Exception):
+        load_cell_model(ahead.model_name, ahead.model_params)
+    return counted
+
+
+def _worker_main(task: CellTask, conn, counted: list[int] | None = None) -> None:
     """Measure the cell, send every event, then ``done``."""
 
     def send(kind: str, payload: Any) -> None:
@@ -266,7 +320,8 @@ def _worker_main(task: CellTask, conn) -> None:
     root.propagate = False
     for noisy in ("mlflow", "alembic", "torch", "onnxscript", "onnx_ir", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
-    counted = _count_warnings()
+    if counted is None:
+        counted = _count_warnings()
     from mlflow_ngraph.worker import measure_cell
 
     def emit(kind: str, payload: Any) -> None:
@@ -275,6 +330,8 @@ def _worker_main(task: CellTask, conn) -> None:
         send(kind, payload)
 
     measure_cell(task, emit)
+    sys.stdout.flush()  # the log file is whole before the runner kills this process
+    sys.stderr.flush()
     send("done", None)
     conn.close()
 

@@ -537,11 +537,16 @@ class Runner:
         if self.isolation == "none":
             measure_cell(task, on_event)
             return outcome
-        from mlflow_ngraph.isolation import run_isolated
+        from mlflow_ngraph.isolation import Ahead, run_isolated
 
         task.log_file = str(log_file)
-        prestart = os.environ.get("MLFLOW_NGRAPH_SPARE_WORKER", "1") != "0"
-        outcome.death = run_isolated(task, on_event, self.cell_timeout_s, prestart=prestart)
+        # the spare worker prepares the next cell of the plan; none after the last one
+        after = self.plan.cells[self.plan.cells.index(cell) + 1 :][:1]
+        ahead = [Ahead(c.model.name, c.compiler.name, dict(c.model.params)) for c in after]
+        prestart = bool(ahead) and os.environ.get("MLFLOW_NGRAPH_SPARE_WORKER", "1") != "0"
+        outcome.death = run_isolated(
+            task, on_event, self.cell_timeout_s, prestart, ahead[0] if ahead else None
+        )
         if outcome.death:
             log.warning("%s: %s", cell.name, outcome.death)
         return outcome

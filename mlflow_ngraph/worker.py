@@ -17,6 +17,7 @@ Events passed to ``emit(kind, payload)``:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -75,7 +76,7 @@ def measure_cell(task: CellTask, emit: Emit) -> None:
     pending = list(task.batch_sizes)
     try:
         emit("phase", (pending[0], "build"))
-        model = _load_model(task.model_name, task.model_params)
+        model = load_cell_model(task.model_name, task.model_params)
         emit("model", model_info(model))
         compiler = get_compiler(task.compiler)
     except Exception as exc:  # the model or compiler cannot be had: every batch fails
@@ -243,8 +244,9 @@ _MODEL: dict[str, Any] = {}
 _REFERENCES: dict[tuple[str, int], tuple[np.ndarray, Any, str]] = {}
 
 
-def _load_model(name: str, params: dict[str, Any]):
-    """The model, built once for consecutive cells of the same model in one process."""
+def load_cell_model(name: str, params: dict[str, Any]):
+    """The model, built once for consecutive cells of the same model in one process (and
+    by a spare worker before its cell's task comes)."""
     from mlflow_ngraph.config import ModelSpec
     from mlflow_ngraph.models.registry import load_model
 
@@ -259,19 +261,88 @@ def _load_model(name: str, params: dict[str, Any]):
 
 def reference_outputs(model, supply, b: int):
     """(input, the reference engine's outputs, what the reference is) on a fresh random
-    input of batch size ``b``."""
+    input of batch size ``b``.
+
+    The outputs are deterministic (the model's content, the batch size and the seed fix
+    them), so they are kept in the home's ``references`` folder: each cell's worker reads
+    them instead of running the reference engine again. An entry that cannot be read, or
+    whose input differs from the one drawn now, is ignored and written anew.
+    """
     from mlflow_ngraph.compilers.registry import reference_compiler
 
     key = (model.content_hash, b)
     if key not in _REFERENCES:
         compiler, flags, label = reference_compiler(model)
-        engine = compiler.compile(model, flags, supply.context(b))
-        try:
-            x = model.random_input(b, seed=CHECK_SEED + b)
-            _REFERENCES[key] = (x, engine.outputs(x), label)
-        finally:
-            engine.close()
+        seed = CHECK_SEED + b
+        x = model.random_input(b, seed=seed)
+        path = _reference_path(supply.home, model, b, seed, label, compiler.version())
+        outputs = _read_reference(path, x)
+        if outputs is None:
+            engine = compiler.compile(model, flags, supply.context(b))
+            try:
+                outputs = engine.outputs(x)
+            finally:
+                engine.close()
+            _write_reference(path, x, outputs)
+        _REFERENCES[key] = (x, outputs, label)
     return _REFERENCES[key]
+
+
+def _reference_path(home, model, b: int, seed: int, label: str, version: str):
+    import hashlib
+    from pathlib import Path
+
+    key = f"{model.content_hash}|{b}|{seed}|{label}|{version}"
+    return Path(home) / "references" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
+
+
+def _digest(x: np.ndarray) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()
+
+
+def _read_reference(path, x: np.ndarray):
+    """The outputs stored at ``path`` for input ``x``, or ``None`` (missing, unreadable, or
+    stored for another input)."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if str(data["input_sha256"]) != _digest(x):
+                log.info("reference outputs %s were stored for another input: ignored", path.name)
+                return None
+            outputs = [data[f"output_{i}"] for i in range(int(data["count"]))]
+            return tuple(outputs) if bool(data["is_list"]) else outputs[0]
+    except Exception as exc:  # a torn or foreign file: computed again and rewritten
+        log.info("reference outputs %s unreadable (%s): computed again", path.name, one_line(exc))
+        return None
+
+
+def _write_reference(path, x: np.ndarray, outputs) -> None:
+    """Store ``outputs`` atomically (a concurrent reader sees the old file or the new one);
+    a failure to write only costs the next worker a recomputation."""
+    import os
+    import tempfile
+
+    arrays, tmp = _as_list(outputs), None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(
+                handle,
+                input_sha256=np.array(_digest(x)),
+                count=np.array(len(arrays)),
+                is_list=np.array(isinstance(outputs, (tuple, list))),
+                **{f"output_{i}": a for i, a in enumerate(arrays)},
+            )
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.debug("reference outputs not cached (%s)", exc)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def model_info(model) -> dict[str, Any]:

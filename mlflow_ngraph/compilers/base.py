@@ -177,6 +177,9 @@ class Compiler(ABC):
     name: ClassVar[str]
     #: import names of the Python packages this compiler needs
     packages: ClassVar[tuple[str, ...]] = ()
+    #: modules its first compile imports besides ``packages`` (a worker process started
+    #: ahead of its cell imports them while the cell before it runs)
+    preload: ClassVar[tuple[str, ...]] = ()
     #: the distribution whose version identifies the compiler
     distribution: ClassVar[str] = "torch"
     #: the extra that installs it, for error messages

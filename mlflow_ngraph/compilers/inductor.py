@@ -92,6 +92,7 @@ class InductorCompiler(Compiler):
 
     name = "inductor"
     packages = ("torch",)
+    preload = ("torch._dynamo", "torch._inductor.compile_fx")
     distribution = "torch"
     devices = ("cpu", "cuda")
     flags = {
