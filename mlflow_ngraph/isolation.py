@@ -158,10 +158,11 @@ def run_isolated(
     """Run ``task`` in a fresh spawned process, passing each event to ``on_event``.
 
     With ``prestart``, the next cell's worker starts now (preparing ``ahead``, the next
-    cell, when given), paused whenever this cell measures. Returns ``None`` when the worker
-    finished, else why it did not ("worker died with SIGSEGV", "cell timed out after
-    20 s"). Any exception of the caller (Ctrl-C included) kills the worker, its children
-    and the spare first.
+    cell, when given), paused whenever this cell measures. ``timeout_s`` counts from when
+    the worker takes the task up (a worker still importing has as long again to start).
+    Returns ``None`` when the worker finished, else why it did not ("worker died with
+    SIGSEGV", "cell timed out after 20 s"). Any exception of the caller (Ctrl-C included)
+    kills the worker, its children and the spare first.
     """
     worker = _take_worker(prestart, ahead)
     proc, conn = worker.proc, worker.conn
@@ -186,7 +187,9 @@ def run_isolated(
             except (EOFError, OSError):  # the worker is gone
                 break
             _pace_spare(kind, payload)
-            if kind == "done":
+            if kind == "started":  # imports and preparation done: the cell's own time
+                deadline = time.monotonic() + timeout_s
+            elif kind == "done":
                 done = True
             else:
                 on_event(kind, payload)
@@ -271,6 +274,7 @@ def _spare_main(conn, ahead: Ahead | None = None) -> None:
             counted = _prepare(ahead)
         try:
             task = conn.recv()
+            conn.send(("started", None))  # the cell's clock starts now, not at the imports
         except (EOFError, OSError):  # the run ended before this spare got a cell
             return
         prepared = ahead and (ahead.model_name, ahead.model_params)
