@@ -374,6 +374,10 @@ def _run(
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         rows = runner.run()
+    except NgraphError:  # e.g. the server did not come back: what was measured still shows
+        if runner.rows:
+            click.echo(format_summary(runner.rows, spec, experiment=runner.experiment_name))
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
     click.echo(format_summary(rows, spec, experiment=runner.experiment_name))
