@@ -13,6 +13,14 @@ class NgraphError(Exception):
     exit_code = 2
 
 
+class StoreAway(NgraphError):
+    """The tracking server does not answer (at the start, or again before the run's end):
+    what was measured waits in the journal. Its own exit status lets a caller (a sweep's
+    device task) try again later, where a user error (2) would fail the same way."""
+
+    exit_code = 3
+
+
 class CompilerUnavailable(NgraphError):
     """A compiler was asked for but its package or device is missing on this host."""
 

@@ -34,7 +34,7 @@ from mlflow_ngraph.compilers.base import Compiler
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
-from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.errors import NgraphError, StoreAway
 from mlflow_ngraph.estimate import Timings, describe, estimate, timing_key
 from mlflow_ngraph.measure.stability import CV_THRESHOLD, OTHER_CPU_THRESHOLD
 from mlflow_ngraph.models.registry import validate_model_spec
@@ -297,7 +297,7 @@ class Runner:
                     raise
         waiting = sum(len(self.journal.cell(c.key).unlogged()) for c in self.plan.cells)
         unsent = sum(self.journal.cell(c.key).unsent() for c in self.plan.cells)
-        raise NgraphError(
+        raise StoreAway(
             f"tracking server {ml.redact(self.tracking_uri)} did not answer again: "
             f"{waiting} result(s) of {unsent} cell(s) wait in the journal {self.journal.path}; "
             f"send them with 'mlflow-ngraph sync --tracking-uri {ml.redact(self.tracking_uri)} "
@@ -416,6 +416,8 @@ class Runner:
         batch sizes as failed): they are not measured, nor logged, again."""
         measured, failed = ml.stored_results(self.client, run_id, self.spec.batch_sizes)
         for b, record in measured.items():
+            if record.pop("torn", False):  # its metrics landed, its tags did not
+                ml.log_batch(self.client, run_id, tags={f"{S.T_STATUS}.bs{b}": record["status"]})
             self.journal.measured(cell.key, b, record)
             self.journal.logged(cell.key, b)
         for b, reason in failed.items():

@@ -82,3 +82,20 @@ def test_a_fresh_home_measures_only_the_batch_sizes_the_store_lacks(
         assert {"throughput.bs1", "throughput.bs2", "rtr.bs2"} <= set(run.data.metrics)
         history = MlflowClient(tracking_uri).get_metric_history(run.info.run_id, "throughput")
         assert sorted(m.step for m in history) == [1, 2]
+
+
+def test_a_result_whose_tags_never_landed_is_not_measured_again(run_cli, tmp_path, tracking_uri):
+    """A writer killed between the store's commit of a result's metrics and of its tags
+    leaves metrics without a status tag: a fresh home takes the metrics as the result (no
+    value logged twice) and writes the missing tag."""
+    code, _, err = run_cli(*_args(tracking_uri, "1"), "--home", str(tmp_path / "a"))
+    assert code == 0, err
+    client = MlflowClient(tracking_uri)
+    torn = [r.info.run_id for r in _cells_once(tracking_uri)]
+    for run_id in torn:
+        client.delete_tag(run_id, f"{S.T_STATUS}.bs1")
+    code, out, err = run_cli(*_args(tracking_uri, "1"), "--home", str(tmp_path / "b"))
+    assert code == 0, err
+    assert "bs1: compiling" not in err and out.count("(resumed)") == 2
+    for run in _cells_once(tracking_uri):  # every metric still once per batch size
+        assert run.data.tags[f"{S.T_STATUS}.bs1"] == "OK"

@@ -73,7 +73,8 @@ def sweep_command(spec_file, local, address, wait_s, tracking_uri, home) -> None
         sweep, uri, local=local, address=address, wait_s=wait_s, node_homes=homes, echo=click.echo
     )
     click.echo(f"sweep {outcome.sweep_id} finished: comparison across devices")
-    compare = [sys.executable, "-m", "mlflow_ngraph", "compare", "--experiment", sweep.experiment]
+    compare = [sys.executable, "-m", "mlflow_ngraph", "compare", "--experiment", sweep.experiment,
+               "--sweep", outcome.sweep_id]  # fmt: skip
     shown = subprocess.run(
         compare, env={**os.environ, "MLFLOW_TRACKING_URI": uri},
         capture_output=True, text=True,

@@ -11,13 +11,14 @@ or from the tracking server when it lands on a node without one.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ import yaml
 
 from mlflow_ngraph.cluster import ENV_DEVICE_NAME, ENV_SWEEP_ID
 from mlflow_ngraph.cluster.spec import SweepDevice, SweepSpec
-from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.errors import NgraphError, StoreAway
 from mlflow_ngraph.tracking.mlflow_log import redact_uri
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,9 @@ PASSED_ENV = (
     "MLFLOW_TRACKING_INSECURE_TLS",
     "PYTHONPATH",
 )
+#: seconds a device task waits before Ray tries it again when its benchmark found the
+#: tracking server away (exit status of :class:`~mlflow_ngraph.errors.StoreAway`)
+STORE_AWAY_PAUSE_S = 10.0
 
 
 #: with "0", Ray resolves 127.0.0.1 to itself rather than to the host's network address
@@ -80,13 +84,24 @@ class SweepOutcome:
         return all(s.state == "done" for s in self.states.values())
 
 
-def run_device(device: dict[str, Any], env: dict[str, str]) -> dict:
+def sweep_key(sweep: SweepSpec, tracking_uri: str) -> str:
+    """The sweep's id: the same spec into the same store is the same sweep, so a sweep run
+    again after a crash resumes under its id (and ``compare --sweep ID`` shows every cell
+    of it, those measured before the crash too)."""
+    specs = [{"name": d.name, "profile": d.profile, "spec": d.spec} for d in sweep.devices]
+    text = json.dumps([specs, redact_uri(tracking_uri)], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def run_device(device: dict[str, Any]) -> dict:
     """Body of a device's Ray task: benchmark the device on this node (its home, journal
-    and caches are the node's: ``MLFLOW_NGRAPH_HOME`` as the node was started with)."""
+    and caches are the node's: ``MLFLOW_NGRAPH_HOME`` as the node was started with). The
+    tracking URI, credentials, device name and sweep id are in the task's environment
+    (Ray's ``runtime_env``), never in its arguments."""
     import ray
 
     node = ray.get_runtime_context().get_node_id()
-    full_env = {**os.environ, **env}
+    full_env = dict(os.environ)
     full_env.pop("MLFLOW_RUN_ID", None)  # a sweep under `mlflow run`: each device has its own
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = Path(tmp) / "spec.yaml"
@@ -96,6 +111,9 @@ def run_device(device: dict[str, Any], env: dict[str, str]) -> dict:
             command, env=full_env, capture_output=True, text=True, preexec_fn=_die_with_task()
         )
     tail = redact_uri(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "")
+    if done.returncode == StoreAway.exit_code:  # measured into the journal: later, resume
+        time.sleep(STORE_AWAY_PAUSE_S)
+        raise DeviceFailed(f"tracking server away: {tail}")
     if done.returncode not in (0, 2):  # 2 is a user error: retrying cannot help
         raise DeviceFailed(f"benchmark exited with {done.returncode}: {tail}")
     return {
@@ -194,7 +212,7 @@ def run_sweep(
     its journal and caches in ``node_homes/<device>``."""
     import ray
 
-    sweep_id = uuid.uuid4().hex[:12]
+    sweep_id = sweep_key(sweep, tracking_uri)
     outcome = SweepOutcome(sweep_id, {d.name: DeviceState(d) for d in sweep.devices})
     loopback = local or _is_loopback(address)
     if loopback:
@@ -217,10 +235,11 @@ def run_sweep(
         for device in sweep.devices:
             if device.name not in present:
                 continue
-            ref = task.options(resources={device.resource: 1}, num_cpus=0).remote(
-                {"name": device.name, "spec": device.spec},
-                device_env(device, sweep_id, tracking_uri),
-            )
+            ref = task.options(
+                resources={device.resource: 1},
+                num_cpus=0,
+                runtime_env={"env_vars": device_env(device, sweep_id, tracking_uri)},
+            ).remote({"name": device.name, "spec": device.spec})
             pending[ref] = device.name
             outcome.states[device.name].state = "running"
             outcome.states[device.name].started = time.time()

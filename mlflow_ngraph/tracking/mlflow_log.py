@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph.cluster import ENV_DEVICE_NAME, ENV_SWEEP_ID
-from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.errors import NgraphError, StoreAway
 from mlflow_ngraph.tracking import schema as S
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ def _check_http(uri: str) -> None:
     try:
         requests.get(uri.rstrip("/") + "/health", timeout=5)
     except requests.RequestException as exc:
-        raise NgraphError(
+        raise StoreAway(
             f"tracking server {redact_uri(uri)} is unreachable ({type(exc).__name__}); start "
             "it or point --tracking-uri / MLFLOW_TRACKING_URI at a running server"
         ) from None
@@ -470,9 +470,11 @@ def stored_results(
     client, run_id: str, batch_sizes: list[int]
 ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
     """What a cell run already holds, as journal records: ``(measured, failed)``. A batch
-    size is measured when its status tag is OK or INVALID and its throughput is logged
-    (its record: the flat metrics, status, note and stability), failed when its status tag
-    is FAILED (with its error)."""
+    size is measured when its throughput is logged (its record: the flat metrics, status,
+    note and stability), failed when its status tag is FAILED (with its error). A result
+    whose status tag is missing (a writer killed between the store's commit of the metrics
+    and of the tags) takes its status from its ``valid`` metric and is marked ``torn``: its
+    metrics stand, only its tags are to be written."""
     data = client.get_run(run_id).data
     relative = {S.M_SPEEDUP, S.M_RTR, S.M_ASE, S.M_BSR}
     measured: dict[int, dict[str, Any]] = {}
@@ -482,16 +484,20 @@ def stored_results(
         if status == S.STATUS_FAILED:
             failed[b] = data.tags.get(f"{S.T_ERROR}.bs{b}", "FAILED in an earlier run")
             continue
-        if status not in (S.STATUS_OK, S.STATUS_INVALID):
-            continue
         if S.flat_key(S.M_THROUGHPUT, b) not in data.metrics:
             continue
+        torn = status not in (S.STATUS_OK, S.STATUS_INVALID)
+        if torn:
+            valid = data.metrics.get(S.flat_key(S.M_VALID, b))
+            status = S.STATUS_INVALID if valid == 0.0 else S.STATUS_OK
         metrics = {}
         for key, value in data.metrics.items():
             flat = S.parse_flat_key(key)
             if flat and flat[1] == b and flat[0] not in relative:
                 metrics[flat[0]] = value
         record: dict[str, Any] = {"metrics": metrics, "status": status, "from_store": run_id}
+        if torn:
+            record["torn"] = True
         if data.tags.get(f"ngraph.note.bs{b}"):
             record["note"] = data.tags[f"ngraph.note.bs{b}"]
         stability = data.tags.get(f"{S.T_STABILITY}.bs{b}")

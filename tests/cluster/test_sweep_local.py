@@ -83,6 +83,10 @@ def test_the_sweep_measures_every_device_and_compares_them(sweep):
     devices = sorted(r.data.params["device"] for r in cells)
     assert devices == ["cpu-b", "xeon-a"]  # one cell per device, by its name
     assert all("throughput.bs1" in r.data.metrics for r in cells)
+    sweep_id = re.search(r"sweep (\w+) finished", out).group(1)
+    assert {r.data.tags["ngraph.sweep"] for r in cells} == {sweep_id}
+    comparison = out.split("comparison across devices")[1]  # `compare --sweep ID`
+    assert "xeon-a" in comparison and "cpu-b" in comparison
 
 
 def test_every_socket_the_sweep_opened_is_on_loopback(sweep):

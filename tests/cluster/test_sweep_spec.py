@@ -46,3 +46,17 @@ def test_bad_device_lists_are_one_line(devices, message):
 def test_unknown_top_level_key():
     with pytest.raises(NgraphError, match="unknown key 'device'"):
         parse_sweep({**BASE, "device": "cpu", "devices": [{"name": "a", "profile": "cpu"}]})
+
+
+def test_the_same_sweep_into_the_same_store_keeps_its_id():
+    """A sweep run again after a crash resumes under its id (``compare --sweep`` then shows
+    the cells measured before the crash too); another spec or store is another sweep."""
+    from mlflow_ngraph.cluster.sweep import sweep_key
+
+    devices = [{"name": "xeon-a", "profile": "xeon"}]
+    one = parse_sweep({**BASE, "devices": devices})
+    uri = "http://user:secret@127.0.0.1:5000"
+    assert sweep_key(one, uri) == sweep_key(parse_sweep({**BASE, "devices": devices}), uri)
+    assert sweep_key(one, uri) != sweep_key(one, "http://127.0.0.1:5001")
+    other = parse_sweep({**BASE, "devices": devices, "batch_sizes": [1]})
+    assert sweep_key(one, uri) != sweep_key(other, uri)
