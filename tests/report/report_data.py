@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
@@ -88,6 +89,13 @@ def cell_params(cell: Cell) -> list[Param]:
     params.update({f"{S.P_MODEL_PARAM_PREFIX}{k}": v for k, v in cell.model_params.items()})
     params.update({f"{S.P_FLAG_PREFIX}{k}": v for k, v in cell.flags.items()})
     return [Param(k, str(v)) for k, v in params.items()]
+
+
+def new_store(root: Path, experiment: str) -> tuple[str, MlflowClient, str]:
+    """A fresh sqlite store in ``root`` with ``experiment``: (uri, client, experiment id)."""
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    return uri, client, client.create_experiment(experiment, artifact_location=str(root / "art"))
 
 
 def log_benchmark(

@@ -7,8 +7,7 @@ import math
 
 import pytest
 from click.testing import CliRunner
-from mlflow.tracking import MlflowClient
-from report_data import Cell, log_benchmark, one, records_of
+from report_data import Cell, log_benchmark, new_store, one, records_of
 
 from mlflow_ngraph.report import compare
 from mlflow_ngraph.report.tables import tau_interval
@@ -18,10 +17,7 @@ A, B, C = "resnet18", "resnet50", "efficientnet_b3"
 
 @pytest.fixture(scope="module")
 def noisy_store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("noise-store")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    exp = client.create_experiment("noise", artifact_location=str(root / "art"))
+    uri, client, exp = new_store(tmp_path_factory.mktemp("noise-store"), "noise")
     cells = [
         # identity: A 100 [95, 105], B 90 [70, 110] (overlaps A), C 50 [49, 51]
         Cell("cpu", A, "resnet", "identity", {1: 100}, ci={1: (95, 105)}),

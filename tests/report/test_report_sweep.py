@@ -7,19 +7,14 @@ from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
-from report_data import R18, log_benchmark, model_cells, records_of
+from report_data import R18, log_benchmark, model_cells, new_store, records_of
 
 from mlflow_ngraph.report import compare
 
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
-    from mlflow.tracking import MlflowClient
-
-    root = tmp_path_factory.mktemp("sweeps")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    exp = client.create_experiment("swept", artifact_location=str(root / "artifacts"))
+    uri, client, exp = new_store(tmp_path_factory.mktemp("sweeps"), "swept")
     def on(device):
         return [replace(c, device=device) for c in model_cells() if c.model == R18]
 
