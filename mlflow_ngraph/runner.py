@@ -623,9 +623,15 @@ class Runner:
         stability = record.get("stability") or {}
         if stability.get("stable") is False:
             log.warning("%s bs%d UNSTABLE: %s", cell.name, b, stability.get("reason", ""))
-        if b not in self.journal.cell(cell.key).logged:  # else the store had it meanwhile
-            self._to_run(cell, self._send_record, cell, b, record)
+        self._to_run(cell, self._send_unlogged, cell, b, record)
         self._emit(_row(cell, b, record))
+
+    def _send_unlogged(self, run_id: str, cell: Cell, b: int, record: dict) -> None:
+        """:meth:`_send_record` unless the result is logged already: asked inside the write,
+        because the write itself may find the store back and send what the journal holds
+        first, this result included."""
+        if b not in self.journal.cell(cell.key).logged:
+            self._send_record(run_id, cell, b, record)
 
     def _send_record(self, run_id: str, cell: Cell, b: int, record: dict) -> None:
         """One result to the cell's run (and its engine as a logged model), then marked

@@ -16,8 +16,9 @@ from pathlib import Path
 import requests
 from mlflow.tracking import MlflowClient
 
+from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
-from tests._support import PYTHON, REPO
+from tests._support import PYTHON, REPO, TINY
 
 
 def _free_port() -> int:
@@ -228,6 +229,7 @@ def test_server_back_during_the_run_gets_everything_on_the_next_contact(tmp_path
     bench = subprocess.Popen(
         _bench_args(uri, home, depths=(1, 2, 3, 4, 5, 6), min_duration="0.5"), cwd=tmp_path,
         env=_bench_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
     )  # fmt: skip
     err = _Stderr(bench)
     try:
@@ -239,8 +241,14 @@ def test_server_back_during_the_run_gets_everything_on_the_next_contact(tmp_path
         while err.first("is unreachable") is None and bench.poll() is None:
             time.sleep(0.1)
         time.sleep(2)
-        server = _start_server(tmp_path, port)
         assert bench.poll() is None, "the run ended before the server was back"
+        # the run (parent and worker) waits while the server starts again: on a quiet host
+        # the remaining cells would otherwise be measured before the new server answers
+        os.killpg(bench.pid, signal.SIGSTOP)
+        try:
+            server = _start_server(tmp_path, port)
+        finally:
+            os.killpg(bench.pid, signal.SIGCONT)
         measured_while_down = len(_journal_records(home, "measured"))
         bench.wait(timeout=600)
         text = err.text()
@@ -250,5 +258,49 @@ def test_server_back_during_the_run_gets_everything_on_the_next_contact(tmp_path
         assert measured_while_down < 12  # cells remained when it came back
         _assert_complete_and_once(uri, cells=6)
     finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
+
+
+# --- the store answering again at a result's own write ---------------------------------------
+def test_store_back_at_a_results_write_sends_it_once(tmp_path, tracking_uri, run_cli, monkeypatch):
+    """The store drops at bs1's write and answers again at bs2's: that write first sends what
+    the journal holds (bs1 and bs2, just journaled) and must not then send bs2 a second time.
+    The outage is injected (one write fails, one probe unanswered); store and runner are real."""
+    from mlflow_ngraph.tracking.recorder import CellRecorder
+
+    monkeypatch.setattr(ml, "PROBE_EVERY_S", 0.0)
+    state = {"down": False, "failed": False}
+    record, answers = CellRecorder.record, ml.store_answers
+
+    def flaky_record(self, run_id, b, result):
+        if b == 1 and not state["failed"]:
+            state["down"] = state["failed"] = True
+            raise requests.ConnectionError("injected: connection refused")
+        return record(self, run_id, b, result)
+
+    def probe(uri):
+        if state["down"]:
+            state["down"] = False  # the probe of the failed write: unanswered, once
+            return False
+        return answers(uri)
+
+    monkeypatch.setattr(CellRecorder, "record", flaky_record)
+    monkeypatch.setattr(ml, "store_answers", probe)
+    code, _, err = run_cli(
+        "benchmark", *TINY, "--compiler", "identity", "--isolation", "none",
+        "--experiment", "back", "--tracking-uri", tracking_uri,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "is unreachable" in err and "answers again" in err, err
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name("back")
+    (run,) = [
+        r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get(S.T_ROLE) == "cell"
+    ]
+    assert {"throughput.bs1", "throughput.bs2"} <= set(run.data.metrics)
+    for key in run.data.metrics:
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+        assert len(steps) == len(set(steps)), (key, steps)
