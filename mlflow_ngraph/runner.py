@@ -1,19 +1,14 @@
 """The per-device loop: plan the cells, resume from the journal, dispatch each cell to the
-worker step and feed its results to the recorder.
+worker step and hand its results to the store session.
 
 For each model and compiler (a cell), the pending batch sizes are measured by
 :func:`mlflow_ngraph.worker.measure_cell`, by default in a fresh spawned process per cell
 (:mod:`mlflow_ngraph.isolation`; ``--isolation none`` runs it in this process). Each batch
 size's record is written to the journal the moment it arrives, then to MLflow by the
-:class:`~mlflow_ngraph.tracking.recorder.CellRecorder`. A cell that fails (a compiler error,
-a model that cannot be built, a worker that crashed or timed out) is marked FAILED with the
-reason and the loop goes on.
-
-A tracking server that stops answering mid-run is said once and measuring goes on into the
-journal; the server is asked again now and then (:class:`~mlflow_ngraph.tracking.mlflow_log.
-StoreLink`) and, once it answers, everything it lacks is sent. A cell whose run the server
-already holds while the journal knows nothing of it (another host of the same device did
-it) takes the server's results as done and measures only the rest.
+:class:`~mlflow_ngraph.tracking.session.StoreSession` (which keeps measuring going when the
+tracking server is away, and sends what it lacks when it answers again). A cell that fails
+(a compiler error, a model that cannot be built, a worker that crashed or timed out) is
+marked FAILED with the reason and the loop goes on.
 """
 
 from __future__ import annotations
@@ -29,22 +24,20 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph import metrics as M
-from mlflow_ngraph.cluster import ENV_SWEEP_ID
 from mlflow_ngraph.compilers.base import Compiler
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
-from mlflow_ngraph.errors import NgraphError, StoreAway
+from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.estimate import Timings, describe, estimate, timing_key
 from mlflow_ngraph.measure.stability import CV_THRESHOLD, OTHER_CPU_THRESHOLD
 from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.summary import cell_run_name, differing_flags
 from mlflow_ngraph.supply import host_fingerprint
-from mlflow_ngraph.tracking import index
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.journal import Journal
-from mlflow_ngraph.tracking.recorder import CellRecorder
+from mlflow_ngraph.tracking.session import StoreSession
 from mlflow_ngraph.view import PlainView
 from mlflow_ngraph.worker import CHECK_SEED, CellTask, compare_outputs, one_line
 
@@ -67,6 +60,8 @@ class Cell:
     key: str
     #: the short name of its MLflow run (model, compiler, the flags that tell it apart)
     run_name: str = ""
+    #: the cell key of identity on this device and model: the baseline of its speedup
+    baseline: str = ""
 
     @property
     def name(self) -> str:
@@ -128,6 +123,7 @@ def plan(spec: Spec, home: Path | None = None) -> Plan:
         require_available(compiler, profile.kind)
         compilers.append((compiler, flags))
     differing = differing_flags((compiler.name, flags) for compiler, flags in compilers)
+    identity = get_compiler("identity")
     cells = [
         Cell(
             model,
@@ -135,6 +131,7 @@ def plan(spec: Spec, home: Path | None = None) -> Plan:
             flags,
             _cell_key(spec, profile, model, compiler, flags),
             cell_run_name(model.label, compiler.name, flags, differing[compiler.name]),
+            _cell_key(spec, profile, model, identity, {}),
         )
         for model in spec.models
         for compiler, flags in compilers
@@ -204,15 +201,19 @@ class Runner:
         self.max_other_cpu = max_other_cpu
         self.stable_retries = stable_retries
         self.view = view
-        self._current: Cell | None = None  # the cell being measured
-        #: cell key -> its run, once opened by this invocation
-        self._runs: dict[str, str] = {}
-        self.link = ml.StoreLink(tracking_uri)
         self.rows: list[Row] = []
-        #: where the results went (under ``mlflow run``: the project run's experiment)
-        self.experiment_name = plan_.spec.experiment
         #: the experiment was named on the command line (not taken from the spec file)
         self.experiment_explicit = experiment_explicit
+        self.store: StoreSession | None = None  # once run() started
+
+    @property
+    def experiment_name(self) -> str:
+        """Where the results went (under ``mlflow run``: the project run's experiment)."""
+        return self.store.experiment_name if self.store else self.spec.experiment
+
+    @property
+    def experiment_id(self) -> str | None:
+        return getattr(self.store, "experiment_id", None)
 
     def run(self) -> list[Row]:
         from mlflow_ngraph.env import environment
@@ -220,20 +221,19 @@ class Runner:
         self.journal = Journal.for_target(
             self.home, self.tracking_uri, self.spec.experiment, ml.device_name(self.profile.name)
         )
+        self.store = StoreSession(
+            self.tracking_uri,
+            self.home,
+            self.spec,
+            self.profile,
+            self.journal,
+            self.plan.cells,
+            retry_failed=self.retry_failed,
+            experiment_explicit=self.experiment_explicit,
+        )
         if self._finished_before():
             return self.rows
-        self.client = ml.connect(self.tracking_uri)
-        self.experiment_id, self.experiment_name = ml.run_experiment(
-            self.client, self.spec.experiment, self.experiment_explicit
-        )
-        env = self.env = environment(self.profile.name, self.profile.kind, self.home)
-        self.parent_id = ml.parent_run(
-            self.client, self.experiment_id, self.spec, self.profile, env, {S.T_HOST: env["host"]}
-        )
-        self.journal.ensure_store_recorded()
-        self.recorder = CellRecorder(
-            self.client, self.experiment_id, self.parent_id, self.spec.log_engines
-        )
+        self.store.start(environment(self.profile.name, self.profile.kind, self.home))
         self.timings = Timings(self.home)
         todo = [
             (cell.model.label, cell.compiler.name, cell.flags, b)
@@ -249,7 +249,7 @@ class Runner:
             for model_spec in self.spec.models:
                 self._run_model(model_spec, [c for c in self.plan.cells if c.model is model_spec])
         except BaseException as exc:
-            self._killed()
+            self.store.killed()
             if ml.is_store_error(exc):  # the journal holds every measured result
                 raise NgraphError(
                     f"tracking store {ml.redact(self.tracking_uri)} failed ({one_line(exc)}); "
@@ -264,45 +264,8 @@ class Runner:
                 shutdown()  # the spare worker started for a cell that will not come
             if self.view:
                 self.view.stop()
-        self._finish_parent()
+        self.store.finish()
         return self.rows
-
-    def _killed(self) -> None:
-        """Mark the current cell's run and the parent KILLED (not while the store is
-        unreachable: that would only wait for it)."""
-        current = self._runs.get(self._current.key) if self._current else None
-        for run_id in (current, self.parent_id):
-            if run_id is None or self.link.offline:
-                continue
-            try:  # best effort: the store itself may be what failed
-                ml.finish(self.client, run_id, "KILLED")
-            except Exception as finish_exc:
-                log.debug("could not mark run %s KILLED: %s", run_id, finish_exc)
-
-    def _finish_parent(self) -> None:
-        """The results index and the parent's end, once the store holds every cell.
-
-        Raises:
-            NgraphError: the store is still unreachable: how many results wait in the
-                journal and how to send them.
-        """
-        if self._store_ready(force=True):
-            try:
-                self._write_index()
-                self.journal.indexed(self.spec.spec_hash, self.parent_id)
-                ml.finish(self.client, self.parent_id, "FINISHED", announce=True)
-                return
-            except Exception as exc:
-                if not self.link.lost(exc):
-                    raise
-        waiting = sum(len(self.journal.cell(c.key).unlogged()) for c in self.plan.cells)
-        unsent = sum(self.journal.cell(c.key).unsent() for c in self.plan.cells)
-        raise StoreAway(
-            f"tracking server {ml.redact(self.tracking_uri)} did not answer again: "
-            f"{waiting} result(s) of {unsent} cell(s) wait in the journal {self.journal.path}; "
-            f"send them with 'mlflow-ngraph sync --tracking-uri {ml.redact(self.tracking_uri)} "
-            f"--home {self.home}' or by running the same command again"
-        )
 
     def _finished_before(self) -> bool:
         """A re-run of an invocation that finished and indexed every cell, with nothing
@@ -321,30 +284,19 @@ class Runner:
             self._set_row_speedups(cell)
         return True
 
-    def _write_index(self) -> None:
-        """The parent's results index: every cell run of the spec, as the store holds it."""
-        run_ids = [r for r in (self.journal.cell(c.key).run_id for c in self.plan.cells) if r]
-        index.write(self.client, self.parent_id, index.snapshot(self.client, run_ids))
-
     # --- one model ------------------------------------------------------------------------
     def _pending(self, cell: Cell) -> list[int]:
-        return [
-            b
-            for b in self.spec.batch_sizes
-            if not self.journal.done(cell.key, b, self.retry_failed)
-        ]
+        return self.store.pending(cell)
 
     def _run_model(self, model_spec: ModelSpec, cells: list[Cell]) -> None:
-        if self._store_ready():
-            self._catch_up(cells)  # what an earlier run measured while the store was away
+        if self.store.ready():
+            self.store.catch_up(cells)  # what an earlier run measured while the store was away
         if not any(self._pending(c) for c in cells):
             log.info("%s: every cell already measured; skipping", model_spec.label)
             for cell in cells:
                 self._view("cell_started", cell.name)
                 self._rows_from_journal(cell)
-                run_id = self.journal.cell(cell.key).run_id
-                if run_id:  # a baseline measured since may exist
-                    self._write(lambda run_id=run_id, cell=cell: self._log_relative(run_id, cell))
+                self.store.relative(cell)  # a baseline measured since may exist
                 self._set_row_speedups(cell)
                 self._view("cell_done", cell.name)
             return
@@ -354,9 +306,7 @@ class Runner:
     # --- one cell -------------------------------------------------------------------------
     def _run_cell(self, cell: Cell) -> None:
         self._view("cell_started", cell.name)
-        self._current = cell
-        self._describe(cell)
-        self._to_run(cell, self.recorder.tags, self._cell_tags())  # opens the run
+        self.store.begin(cell)  # opens the run
         pending = self._pending(cell)  # after the run's stored results were taken
         for b in self.spec.batch_sizes:
             if b not in pending:
@@ -365,121 +315,13 @@ class Runner:
         if pending:
             outcome = self._dispatch(cell, pending, log_file)
             if outcome.info is None:  # the model never built: the params it can have
-                params = self._cell_params(cell, None)
-                self._describe(cell, params)
-                self._to_run(cell, self.recorder.params, params)
+                self.store.params(cell, None)
             for b in pending:
                 if b not in outcome.seen and outcome.death:
                     self._failed(cell, b, outcome.death)
-        self._to_run(cell, self._close, cell, log_file)
+        self.store.end(cell)
         self._set_row_speedups(cell)
-        self._current = None
         self._view("cell_done", cell.name)
-
-    def _describe(self, cell: Cell, params: dict[str, Any] | None = None) -> None:
-        """Journal what the cell's run needs, for a store that cannot be written now
-        (``params`` None: the params described before, if any)."""
-        if params is None:
-            params = (self.journal.cell(cell.key).description or {}).get("params", {})
-        self.journal.describe(
-            cell.key,
-            cell.run_name or cell.name,
-            params,
-            self._cell_tags(),
-            self.parent_id,
-            batch_sizes=list(self.spec.batch_sizes),
-            baseline=self._baseline_key(cell),
-            log_engines=self.spec.log_engines,
-        )
-
-    def _open(self, cell: Cell) -> str:
-        """The cell's run, found or created on first use. A run the store holds while the
-        journal knows nothing of the cell (a host with a fresh home): its results are done.
-
-        Raises:
-            the store's error.
-        """
-        run_id = self._runs.get(cell.key)
-        if run_id is not None:
-            return run_id
-        state = self.journal.cell(cell.key)
-        fresh = state.run_id is None and not state.measured and not state.failed
-        run_id = self.recorder.open(cell.key, cell.run_name or cell.name, state.run_id)
-        self.journal.set_run(cell.key, run_id)
-        if fresh:
-            self._take_stored(cell, run_id)
-        self._runs[cell.key] = run_id
-        return run_id
-
-    def _take_stored(self, cell: Cell, run_id: str) -> None:
-        """Journal the results run ``run_id`` already holds as measured and logged (FAILED
-        batch sizes as failed): they are not measured, nor logged, again."""
-        measured, failed = ml.stored_results(self.client, run_id, self.spec.batch_sizes)
-        for b, record in measured.items():
-            if record.pop("torn", False):  # its metrics landed, its tags did not
-                ml.log_batch(self.client, run_id, tags={f"{S.T_STATUS}.bs{b}": record["status"]})
-            self.journal.measured(cell.key, b, record)
-            self.journal.logged(cell.key, b)
-        for b, reason in failed.items():
-            self.journal.failed(cell.key, b, reason)
-        if measured or failed:
-            log.info(
-                "%s: the store already holds %d result(s) and %d failure(s) of this cell "
-                "(an earlier run on this device): not measured again",
-                cell.name,
-                len(measured),
-                len(failed),
-            )
-
-    def _close(self, run_id: str, cell: Cell, log_file: Path | None) -> None:
-        self.recorder.close(self.journal, cell.key, run_id, log_file, self._baseline_key(cell))
-
-    # --- the store, reachable or not -------------------------------------------------------
-    def _store_ready(self, force: bool = False) -> bool:
-        """Whether the store can be written now. When it answers again after an outage,
-        what it lacks is sent first (each result once)."""
-        if not self.link.offline:
-            return True
-        return self.link.back(force) and self._catch_up(self.plan.cells)
-
-    def _write(self, write: Callable[[], Any]) -> bool:
-        """Run one write to the store; False when the store is unreachable (said once, the
-        journal keeps what was to be written). An error the store answers with is raised."""
-        if not self._store_ready():
-            return False
-        try:
-            with self.link.watch():
-                write()
-        except Exception as exc:
-            if not self.link.lost(exc):
-                raise
-            return False
-        return True
-
-    def _to_run(self, cell: Cell, write: Callable[..., Any], *args: Any) -> bool:
-        """``write(run_id, *args)`` to ``cell``'s run (opened first if need be)."""
-        return self._write(lambda: write(self._open(cell), *args))
-
-    def _catch_up(self, cells: list[Cell]) -> bool:
-        """Send what the store lacks of ``cells``: their runs, params, tags, results and,
-        for a cell that is done, its final status. True when everything was sent."""
-        for cell in cells:
-            if self.journal.cell(cell.key).unsent():
-                if not self._to_run(cell, self._send_unsent, cell):
-                    return False
-        return True
-
-    def _send_unsent(self, run_id: str, cell: Cell) -> None:
-        def send(run: str, b: int, record: dict) -> None:
-            self._send_record(run, cell, b, record)
-
-        sent = self.recorder.replay(self.journal, cell.key, run_id, send)
-        if sent:
-            log.info(
-                "%s: %d result(s) measured while the store was unreachable sent", cell.name, sent
-            )
-        if cell is not self._current and not self._pending(cell):
-            self._close(run_id, cell, self.home / "logs" / cell.key / "worker.log")
 
     def _view(self, method: str, *args: Any) -> None:
         if self.view is not None:
@@ -499,9 +341,7 @@ class Runner:
                 self._view("phase", *payload)
             elif kind == "model":
                 outcome.info = payload
-                params = self._cell_params(cell, payload)
-                self._describe(cell, params)
-                self._to_run(cell, self.recorder.params, params)
+                self.store.params(cell, payload)
             elif kind == "record":
                 b, record = payload
                 outcome.seen.add(b)
@@ -554,8 +394,7 @@ class Runner:
         return outcome
 
     def _failed(self, cell: Cell, b: int, reason: str) -> None:
-        self.journal.failed(cell.key, b, reason)
-        self._to_run(cell, self.recorder.failed, b, reason)
+        self.store.failed(cell, b, reason)
         self._emit(
             Row(
                 cell.model.label,
@@ -567,116 +406,12 @@ class Runner:
             )
         )
 
-    # --- logging --------------------------------------------------------------------------
-    def _cell_params(self, cell: Cell, info: dict[str, Any] | None) -> dict[str, Any]:
-        """The cell's params; ``info`` (what the worker says of the built model) adds the
-        model's family, size and hash."""
-        m = self.spec.measure
-        params = {
-            S.P_DEVICE: ml.device_name(self.profile.name),
-            "device_profile": self.profile.name,
-            S.P_MODEL: info["name"] if info else cell.model.name,
-            S.P_COMPILER: cell.compiler.name,
-            S.P_SCENARIO: m.scenario,
-            "warmup": m.warmup,
-            "repetitions": m.repetitions,
-            "min_duration_s": m.min_duration_s,
-            "max_duration_s": m.max_duration_s,
-            "tolerance": self.spec.tolerance,
-            "atol": "default" if self.spec.atol is None else self.spec.atol,
-            "rtol": self.spec.rtol,
-            "compiler_version": cell.compiler.version(),
-            "device_kind": self.profile.kind,
-        }
-        if info:
-            params.update(
-                {
-                    S.P_FAMILY: info["family"],
-                    S.P_PARAMETER_COUNT: info["parameter_count"],
-                    "model_sha256": info["content_hash"],
-                }
-            )
-        model_params = info["params"] if info else cell.model.params
-        params.update({f"{S.P_MODEL_PARAM_PREFIX}{k}": v for k, v in model_params.items()})
-        params.update({f"{S.P_FLAG_PREFIX}{k}": v for k, v in cell.flags.items()})
-        return params
-
-    def _cell_tags(self) -> dict[str, str]:
-        """Where and with what a cell was measured (the latest invocation's values)."""
-        tags = {
-            S.T_LAST_PARENT: self.parent_id,
-            S.T_DEVICE: ml.device_name(self.profile.name),
-            "ngraph.device_profile": self.profile.name,
-            S.T_DEVICE_KIND: self.profile.kind,
-            S.T_HOST: self.env["host"],
-            "ngraph.device_fingerprint": host_fingerprint(),
-            S.T_SPEC_HASH: self.spec.spec_hash,
-        }
-        versions = {k: v for k, v in self.env.items() if k.startswith("version.")}
-        tags.update({f"ngraph.{k}": str(v) for k, v in versions.items()})
-        sweep = os.environ.get(ENV_SWEEP_ID)
-        if sweep:
-            tags[S.T_SWEEP] = sweep
-        return tags
-
     def _log_record(self, cell: Cell, b: int, record: dict) -> None:
         stability = record.get("stability") or {}
         if stability.get("stable") is False:
             log.warning("%s bs%d UNSTABLE: %s", cell.name, b, stability.get("reason", ""))
-        self._to_run(cell, self._send_unlogged, cell, b, record)
+        self.store.record(cell, b, record)
         self._emit(_row(cell, b, record))
-
-    def _send_unlogged(self, run_id: str, cell: Cell, b: int, record: dict) -> None:
-        """:meth:`_send_record` unless the result is logged already: asked inside the write,
-        because the write itself may find the store back and send what the journal holds
-        first, this result included."""
-        if b not in self.journal.cell(cell.key).logged:
-            self._send_record(run_id, cell, b, record)
-
-    def _send_record(self, run_id: str, cell: Cell, b: int, record: dict) -> None:
-        """One result to the cell's run (and its engine as a logged model), then marked
-        logged in the journal."""
-        self.recorder.record(run_id, b, record)
-        if (
-            self.spec.log_models
-            and self.spec.log_engines
-            and record.get("engine_dir")
-            and record["status"] == S.STATUS_OK
-        ):
-            self._log_model(cell, run_id, b, record)
-        self.journal.logged(cell.key, b)
-
-    def _log_model(self, cell: Cell, run_id: str, b: int, record: dict) -> None:
-        """The engine as an MLflow logged model of its cell run (``--log-models``), so
-        ``mlflow.search_logged_models`` ranks engines by their metrics."""
-        from mlflow_ngraph.deploy.register import log_engine_model
-        from mlflow_ngraph.deploy.select import Candidate
-
-        manifest = json.loads((Path(record["engine_dir"]) / "manifest.json").read_text())
-        if not manifest.get("files"):
-            return  # runs in-process only (eager, torch.compile JIT): nothing to deploy
-        candidate = Candidate(
-            run_id=run_id,
-            experiment_id=self.experiment_id,
-            device=self.profile.name,
-            model=cell.model.label,
-            compiler=cell.compiler.name,
-            flags="",
-            batch_size=b,
-            metrics={
-                k: float(v)
-                for k, v in record["metrics"].items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
-            },
-        )
-        try:
-            log_engine_model(Path(record["engine_dir"]), candidate, self.tracking_uri)
-        except NgraphError as exc:  # the result stands; only its model is missing
-            log.warning("%s bs%d: not logged as a model: %s", cell.name, b, exc)
-
-    def _log_relative(self, run_id: str, cell: Cell) -> None:
-        """speedup, RTR, ASE and BSR once this cell's and identity's throughputs exist."""
-        self.recorder.relative_from(self.journal, cell.key, run_id, self._baseline_key(cell))
 
     def _set_row_speedups(self, cell: Cell) -> None:
         own, identity = self._throughputs(cell.key), self._identity_throughputs(cell) or {}
@@ -694,11 +429,7 @@ class Runner:
     def _identity_throughputs(self, cell: Cell) -> dict[int, float] | None:
         """Identity's throughputs for this device and model, from this run or an earlier one
         with the same measurement settings (its cell key is the same)."""
-        return self._throughputs(self._baseline_key(cell)) or None
-
-    def _baseline_key(self, cell: Cell) -> str:
-        """The cell key of identity on this device and model: ``cell``'s baseline."""
-        return _cell_key(self.spec, self.profile, cell.model, get_compiler("identity"), {})
+        return self._throughputs(cell.baseline) or None
 
     def _rows_from_journal(self, cell: Cell, only: int | None = None) -> None:
         state = self.journal.cell(cell.key)

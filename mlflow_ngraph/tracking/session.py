@@ -1,0 +1,386 @@
+"""One benchmark invocation's side of the tracking store: the parent run, and every write to
+the cells' runs, whether the store answers or not.
+
+The runner hands it cells and plain records; it journals what a run needs before writing
+it, writes through the :class:`~mlflow_ngraph.tracking.recorder.CellRecorder`, and keeps the
+:class:`~mlflow_ngraph.tracking.mlflow_log.StoreLink`: the first write that finds the store
+unreachable is said once and later writes are skipped (the journal holds them) until the
+store answers a probe again; then what it lacks is sent first, each result once. A cell's
+run the store already holds while the journal knows nothing of it (another host of the same
+device, or a fresh home) is found by its cell key and its results are taken as done.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mlflow_ngraph.cluster import ENV_SWEEP_ID
+from mlflow_ngraph.errors import NgraphError, StoreAway
+from mlflow_ngraph.supply import host_fingerprint
+from mlflow_ngraph.tracking import index
+from mlflow_ngraph.tracking import mlflow_log as ml
+from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tracking.journal import Journal
+from mlflow_ngraph.tracking.recorder import CellRecorder
+
+if TYPE_CHECKING:
+    from mlflow_ngraph.config import Spec
+    from mlflow_ngraph.devices import DeviceProfile
+    from mlflow_ngraph.runner import Cell
+
+log = logging.getLogger(__name__)
+
+
+class StoreSession:
+    """The tracking store of one invocation of the benchmark on one device.
+
+    Args:
+        cells: every cell of the plan (the catch-up sends what the store lacks of any).
+        retry_failed: FAILED batch sizes are measured again (a cell with one is pending).
+        experiment_explicit: the experiment was named on the command line (under
+            ``mlflow run`` it then wins over the project run's experiment).
+    """
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        home: Path,
+        spec: Spec,
+        profile: DeviceProfile,
+        journal: Journal,
+        cells: Sequence[Cell],
+        retry_failed: bool = False,
+        experiment_explicit: bool = False,
+    ) -> None:
+        self.tracking_uri = tracking_uri
+        self.home = Path(home)
+        self.spec = spec
+        self.profile = profile
+        self.journal = journal
+        self.cells = list(cells)
+        self.retry_failed = retry_failed
+        self.experiment_explicit = experiment_explicit
+        #: where the results go (under ``mlflow run``: the project run's experiment)
+        self.experiment_name = spec.experiment
+        self.link = ml.StoreLink(tracking_uri)
+        #: the cell being measured: the catch-up does not end its run
+        self.current: Cell | None = None
+        self.parent_id: str | None = None
+        self._runs: dict[str, str] = {}  # cell key -> its run, once opened here
+
+    def start(self, env: dict[str, Any]) -> None:
+        """Connect, find or create the experiment, and open the parent run.
+
+        Raises:
+            NgraphError: the store is unreachable or refuses (one line).
+        """
+        self.env = env
+        self.client = ml.connect(self.tracking_uri)
+        self.experiment_id, self.experiment_name = ml.run_experiment(
+            self.client, self.spec.experiment, self.experiment_explicit
+        )
+        self.parent_id = ml.parent_run(
+            self.client,
+            self.experiment_id,
+            self.spec,
+            self.profile,
+            env,
+            {S.T_HOST: env["host"]},
+        )
+        self.journal.ensure_store_recorded()
+        self.recorder = CellRecorder(
+            self.client, self.experiment_id, self.parent_id, self.spec.log_engines
+        )
+
+    # --- the store, reachable or not -------------------------------------------------------
+    def ready(self, force: bool = False) -> bool:
+        """Whether the store can be written now. When it answers again after an outage,
+        what it lacks is sent first (each result once)."""
+        if not self.link.offline:
+            return True
+        return self.link.back(force) and self.catch_up(self.cells)
+
+    def write(self, write: Callable[[], Any]) -> bool:
+        """Run one write to the store; False when the store is unreachable (said once, the
+        journal keeps what was to be written). An error the store answers with is raised."""
+        if not self.ready():
+            return False
+        try:
+            with self.link.watch():
+                write()
+        except Exception as exc:
+            if not self.link.lost(exc):
+                raise
+            return False
+        return True
+
+    def to_run(self, cell: Cell, write: Callable[..., Any], *args: Any) -> bool:
+        """``write(run_id, *args)`` to ``cell``'s run (opened first if need be)."""
+        return self.write(lambda: write(self.open(cell), *args))
+
+    def catch_up(self, cells: Sequence[Cell]) -> bool:
+        """Send what the store lacks of ``cells``: their runs, params, tags, results and,
+        for a cell that is done, its final status. True when everything was sent."""
+        for cell in cells:
+            if self.journal.cell(cell.key).unsent():
+                if not self.to_run(cell, self._send_unsent, cell):
+                    return False
+        return True
+
+    def _send_unsent(self, run_id: str, cell: Cell) -> None:
+        def send(run: str, b: int, record: dict) -> None:
+            self._send_record(run, cell, b, record)
+
+        sent = self.recorder.replay(self.journal, cell.key, run_id, send)
+        if sent:
+            log.info(
+                "%s: %d result(s) measured while the store was unreachable sent", cell.name, sent
+            )
+        if cell is not self.current and not self.pending(cell):
+            self._close(run_id, cell)
+
+    # --- a cell's run ----------------------------------------------------------------------
+    def pending(self, cell: Cell) -> list[int]:
+        """The batch sizes of ``cell`` still to measure, as the journal says."""
+        return [
+            b
+            for b in self.spec.batch_sizes
+            if not self.journal.done(cell.key, b, self.retry_failed)
+        ]
+
+    def open(self, cell: Cell) -> str:
+        """The cell's run, found or created on first use. A run the store holds while the
+        journal knows nothing of the cell (a host with a fresh home): its results are done.
+
+        Raises:
+            the store's error.
+        """
+        run_id = self._runs.get(cell.key)
+        if run_id is not None:
+            return run_id
+        state = self.journal.cell(cell.key)
+        fresh = state.run_id is None and not state.measured and not state.failed
+        run_id = self.recorder.open(cell.key, cell.run_name or cell.name, state.run_id)
+        self.journal.set_run(cell.key, run_id)
+        if fresh:
+            self._take_stored(cell, run_id)
+        self._runs[cell.key] = run_id
+        return run_id
+
+    def _take_stored(self, cell: Cell, run_id: str) -> None:
+        """Journal the results run ``run_id`` already holds as measured and logged (FAILED
+        batch sizes as failed): they are not measured, nor logged, again."""
+        measured, failed = ml.stored_results(self.client, run_id, self.spec.batch_sizes)
+        for b, record in measured.items():
+            if record.pop("torn", False):  # its metrics landed, its tags did not
+                ml.log_batch(self.client, run_id, tags={f"{S.T_STATUS}.bs{b}": record["status"]})
+            self.journal.measured(cell.key, b, record)
+            self.journal.logged(cell.key, b)
+        for b, reason in failed.items():
+            self.journal.failed(cell.key, b, reason)
+        if measured or failed:
+            log.info(
+                "%s: the store already holds %d result(s) and %d failure(s) of this cell "
+                "(an earlier run on this device): not measured again",
+                cell.name,
+                len(measured),
+                len(failed),
+            )
+
+    def describe(self, cell: Cell, params: dict[str, Any] | None = None) -> None:
+        """Journal what the cell's run needs, for a store that cannot be written now
+        (``params`` None: the params described before, if any)."""
+        if params is None:
+            params = (self.journal.cell(cell.key).description or {}).get("params", {})
+        self.journal.describe(
+            cell.key,
+            cell.run_name or cell.name,
+            params,
+            self.cell_tags(),
+            self.parent_id,
+            batch_sizes=list(self.spec.batch_sizes),
+            baseline=cell.baseline,
+            log_engines=self.spec.log_engines,
+        )
+
+    def begin(self, cell: Cell) -> None:
+        """``cell`` is measured next: describe it and open its run with its tags."""
+        self.current = cell
+        self.describe(cell)
+        self.to_run(cell, self.recorder.tags, self.cell_tags())
+
+    def params(self, cell: Cell, info: dict[str, Any] | None) -> None:
+        """The cell's params (``info``: what the worker says of the built model)."""
+        params = self.cell_params(cell, info)
+        self.describe(cell, params)
+        self.to_run(cell, self.recorder.params, params)
+
+    def record(self, cell: Cell, b: int, record: dict) -> None:
+        """One measured batch size, journaled first by the caller."""
+        self.to_run(cell, self._send_unlogged, cell, b, record)
+
+    def failed(self, cell: Cell, b: int, reason: str) -> None:
+        self.journal.failed(cell.key, b, reason)
+        self.to_run(cell, self.recorder.failed, b, reason)
+
+    def end(self, cell: Cell) -> None:
+        """The cell is done: its log, relative metrics and final status."""
+        self.to_run(cell, self._close, cell)
+        self.current = None
+
+    def relative(self, cell: Cell) -> None:
+        """The relative metrics of a cell measured earlier (a baseline may exist since)."""
+        run_id = self.journal.cell(cell.key).run_id
+        if run_id:
+            self.write(
+                lambda: self.recorder.relative_from(self.journal, cell.key, run_id, cell.baseline)
+            )
+
+    def _close(self, run_id: str, cell: Cell) -> None:
+        log_file = self.home / "logs" / cell.key / "worker.log"
+        self.recorder.close(self.journal, cell.key, run_id, log_file, cell.baseline)
+
+    def _send_unlogged(self, run_id: str, cell: Cell, b: int, record: dict) -> None:
+        """:meth:`_send_record` unless the result is logged already: asked inside the write,
+        because the write itself may find the store back and send what the journal holds
+        first, this result included."""
+        if b not in self.journal.cell(cell.key).logged:
+            self._send_record(run_id, cell, b, record)
+
+    def _send_record(self, run_id: str, cell: Cell, b: int, record: dict) -> None:
+        """One result to the cell's run (and its engine as a logged model), then marked
+        logged in the journal."""
+        self.recorder.record(run_id, b, record)
+        if (
+            self.spec.log_models
+            and self.spec.log_engines
+            and record.get("engine_dir")
+            and record["status"] == S.STATUS_OK
+        ):
+            self._log_model(cell, run_id, b, record)
+        self.journal.logged(cell.key, b)
+
+    def _log_model(self, cell: Cell, run_id: str, b: int, record: dict) -> None:
+        """The engine as an MLflow logged model of its cell run (``--log-models``), so
+        ``mlflow.search_logged_models`` ranks engines by their metrics."""
+        from mlflow_ngraph.deploy.register import log_engine_model
+        from mlflow_ngraph.deploy.select import Candidate
+
+        manifest = json.loads((Path(record["engine_dir"]) / "manifest.json").read_text())
+        if not manifest.get("files"):
+            return  # runs in-process only (eager, torch.compile JIT): nothing to deploy
+        candidate = Candidate(
+            run_id=run_id,
+            experiment_id=self.experiment_id,
+            device=self.profile.name,
+            model=cell.model.label,
+            compiler=cell.compiler.name,
+            flags="",
+            batch_size=b,
+            metrics={
+                k: float(v)
+                for k, v in record["metrics"].items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            },
+        )
+        try:
+            log_engine_model(Path(record["engine_dir"]), candidate, self.tracking_uri)
+        except NgraphError as exc:  # the result stands; only its model is missing
+            log.warning("%s bs%d: not logged as a model: %s", cell.name, b, exc)
+
+    # --- what a cell's run says of itself ---------------------------------------------------
+    def cell_params(self, cell: Cell, info: dict[str, Any] | None) -> dict[str, Any]:
+        """The cell's params; ``info`` (what the worker says of the built model) adds the
+        model's family, size and hash."""
+        m = self.spec.measure
+        params = {
+            S.P_DEVICE: ml.device_name(self.profile.name),
+            "device_profile": self.profile.name,
+            S.P_MODEL: info["name"] if info else cell.model.name,
+            S.P_COMPILER: cell.compiler.name,
+            S.P_SCENARIO: m.scenario,
+            "warmup": m.warmup,
+            "repetitions": m.repetitions,
+            "min_duration_s": m.min_duration_s,
+            "max_duration_s": m.max_duration_s,
+            "tolerance": self.spec.tolerance,
+            "atol": "default" if self.spec.atol is None else self.spec.atol,
+            "rtol": self.spec.rtol,
+            "compiler_version": cell.compiler.version(),
+            "device_kind": self.profile.kind,
+        }
+        if info:
+            params.update(
+                {
+                    S.P_FAMILY: info["family"],
+                    S.P_PARAMETER_COUNT: info["parameter_count"],
+                    "model_sha256": info["content_hash"],
+                }
+            )
+        model_params = info["params"] if info else cell.model.params
+        params.update({f"{S.P_MODEL_PARAM_PREFIX}{k}": v for k, v in model_params.items()})
+        params.update({f"{S.P_FLAG_PREFIX}{k}": v for k, v in cell.flags.items()})
+        return params
+
+    def cell_tags(self) -> dict[str, str]:
+        """Where and with what a cell was measured (the latest invocation's values)."""
+        tags = {
+            S.T_LAST_PARENT: self.parent_id,
+            S.T_DEVICE: ml.device_name(self.profile.name),
+            "ngraph.device_profile": self.profile.name,
+            S.T_DEVICE_KIND: self.profile.kind,
+            S.T_HOST: self.env["host"],
+            "ngraph.device_fingerprint": host_fingerprint(),
+            S.T_SPEC_HASH: self.spec.spec_hash,
+        }
+        versions = {k: v for k, v in self.env.items() if k.startswith("version.")}
+        tags.update({f"ngraph.{k}": str(v) for k, v in versions.items()})
+        sweep = os.environ.get(ENV_SWEEP_ID)
+        if sweep:
+            tags[S.T_SWEEP] = sweep
+        return tags
+
+    # --- the invocation's end ----------------------------------------------------------------
+    def killed(self) -> None:
+        """Mark the current cell's run and the parent KILLED (not while the store is
+        unreachable: that would only wait for it)."""
+        current = self._runs.get(self.current.key) if self.current else None
+        for run_id in (current, self.parent_id):
+            if run_id is None or self.link.offline:
+                continue
+            try:  # best effort: the store itself may be what failed
+                ml.finish(self.client, run_id, "KILLED")
+            except Exception as finish_exc:
+                log.debug("could not mark run %s KILLED: %s", run_id, finish_exc)
+
+    def finish(self) -> None:
+        """The results index and the parent's end, once the store holds every cell.
+
+        Raises:
+            StoreAway: the store is still unreachable: how many results wait in the
+                journal and how to send them.
+        """
+        if self.ready(force=True):
+            try:
+                run_ids = [r for r in (self.journal.cell(c.key).run_id for c in self.cells) if r]
+                index.write(self.client, self.parent_id, index.snapshot(self.client, run_ids))
+                self.journal.indexed(self.spec.spec_hash, self.parent_id)
+                ml.finish(self.client, self.parent_id, "FINISHED", announce=True)
+                return
+            except Exception as exc:
+                if not self.link.lost(exc):
+                    raise
+        waiting = sum(len(self.journal.cell(c.key).unlogged()) for c in self.cells)
+        unsent = sum(self.journal.cell(c.key).unsent() for c in self.cells)
+        uri = ml.redact(self.tracking_uri)
+        raise StoreAway(
+            f"tracking server {uri} did not answer again: {waiting} result(s) of {unsent} "
+            f"cell(s) wait in the journal {self.journal.path}; send them with "
+            f"'mlflow-ngraph sync --tracking-uri {uri} --home {self.home}' or by running the "
+            "same command again"
+        )
