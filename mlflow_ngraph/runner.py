@@ -311,7 +311,7 @@ class Runner:
         for b in self.spec.batch_sizes:
             if b not in pending:
                 self._rows_from_journal(cell, only=b)
-        log_file = self.home / "logs" / cell.key / "worker.log"
+        log_file = self.store.log_file(cell)
         if pending:
             outcome = self._dispatch(cell, pending, log_file)
             if outcome.info is None:  # the model never built: the params it can have

@@ -242,8 +242,11 @@ class StoreSession:
             )
 
     def _close(self, run_id: str, cell: Cell) -> None:
-        log_file = self.home / "logs" / cell.key / "worker.log"
-        self.recorder.close(self.journal, cell.key, run_id, log_file, cell.baseline)
+        self.recorder.close(self.journal, cell.key, run_id, self.log_file(cell), cell.baseline)
+
+    def log_file(self, cell: Cell) -> Path:
+        """Where the cell's worker writes its log (an artifact of the cell's run)."""
+        return self.home / "logs" / cell.key / "worker.log"
 
     def _send_unlogged(self, run_id: str, cell: Cell, b: int, record: dict) -> None:
         """:meth:`_send_record` unless the result is logged already: asked inside the write,
