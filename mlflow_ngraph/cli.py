@@ -227,11 +227,20 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
     help="Seconds a cell's worker may run before it is killed and the cell FAILED.",
 )
 @click.option(
-    "--cv-threshold",
+    "--max-interval",
     type=float,
-    default=0.10,
+    default=0.05,
     show_default=True,
-    help="A batch size whose repetition times vary more (CV) is UNSTABLE.",
+    help="A measurement whose speedup's 95% interval (identity: its throughput's) is wider "
+    "than +-X of it is UNSTABLE.",
+)
+@click.option(
+    "--precision",
+    type=float,
+    default=0.02,
+    show_default=True,
+    help="Measure in rounds until the 95% interval of each speedup (identity: throughput) "
+    "is within +-X, or --max-duration.",
 )
 @click.option(
     "--max-other-cpu",
@@ -243,9 +252,10 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
 @click.option(
     "--stable-retries",
     type=int,
-    default=0,
+    default=2,
     show_default=True,
-    help="Measure an UNSTABLE batch size again up to K times; the steadiest attempt is kept.",
+    help="Measure an UNSTABLE batch size (with its baseline) again up to K times after a "
+    "pause; the last attempt is kept.",
 )
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
@@ -271,7 +281,8 @@ def benchmark(
     log_models,
     isolation,
     cell_timeout,
-    cv_threshold,
+    max_interval,
+    precision,
     max_other_cpu,
     stable_retries,
     verbose,
@@ -307,7 +318,7 @@ def benchmark(
         retry_failed,
         isolation,
         cell_timeout,
-        stability=(cv_threshold, max_other_cpu, stable_retries),
+        stability=(max_interval, max_other_cpu, stable_retries, precision),
         quiet=quiet,
         experiment_explicit=experiment is not None,
     )
@@ -319,14 +330,15 @@ def _run(
     retry_failed: bool,
     isolation: str = "process",
     cell_timeout: float = 1800.0,
-    stability: tuple[float, float, int] = (0.10, 25.0, 0),
+    stability: tuple[float, float, int, float] = (0.05, 25.0, 2, 0.02),
     quiet: bool = False,
     experiment_explicit: bool = False,
 ) -> None:
     """Validate the merged settings, run every cell and print the summary.
 
-    ``stability`` is (CV threshold, percent of the CPU other processes may use, retries of
-    an UNSTABLE batch size)."""
+    ``stability`` is (the widest relative half-width of a STABLE figure's interval, percent
+    of the CPU other processes may use, retries of an UNSTABLE batch size, the stop rule's
+    target half-width)."""
     from mlflow_ngraph.config import build_spec, check_home, check_tracking_uri
     from mlflow_ngraph.runner import Runner, plan
     from mlflow_ngraph.summary import format_summary
@@ -338,9 +350,11 @@ def _run(
         raise NgraphError(
             f"cell-timeout must be a finite number of seconds > 0, got {cell_timeout}"
         )
-    cv_threshold, max_other_cpu, stable_retries = stability
-    if not (math.isfinite(cv_threshold) and cv_threshold > 0):
-        raise NgraphError(f"cv-threshold must be a finite number > 0, got {cv_threshold}")
+    max_interval, max_other_cpu, stable_retries, precision = stability
+    if not (math.isfinite(max_interval) and 0 < max_interval < 1):
+        raise NgraphError(f"max-interval must be a fraction in (0, 1), got {max_interval}")
+    if not (math.isfinite(precision) and 0 < precision < 1):
+        raise NgraphError(f"precision must be a fraction in (0, 1), got {precision}")
     if not (math.isfinite(max_other_cpu) and 0 <= max_other_cpu <= 100):
         raise NgraphError(f"max-other-cpu must be a percent in 0..100, got {max_other_cpu}")
     if stable_retries < 0:
@@ -365,9 +379,10 @@ def _run(
         retry_failed=retry_failed,
         isolation=isolation,
         cell_timeout_s=cell_timeout,
-        cv_threshold=cv_threshold,
+        max_interval=max_interval,
         max_other_cpu=max_other_cpu,
         stable_retries=stable_retries,
+        precision=precision,
         view=make_view(len(work.cells), quiet),
         experiment_explicit=experiment_explicit,
     )

@@ -128,6 +128,7 @@ def shutdown() -> None:
     if _spare is not None:
         spare, _spare = _spare, None
         spare.kill()
+    shutdown_spares()
 
 
 atexit.register(shutdown)
@@ -333,11 +334,59 @@ def _worker_main(task: CellTask, conn, counted: list[int] | None = None) -> None
             payload[1]["metrics"][S.M_VALIDITY_WARNINGS] = float(counted[0])
         send(kind, payload)
 
-    measure_cell(task, emit)
+    if task.extra.get("group"):
+        gate, measurer = _group_hooks(conn, task)
+        measure_cell(task, emit, measurer, gate)
+    else:
+        measure_cell(task, emit)
     sys.stdout.flush()  # the log file is whole before the runner kills this process
     sys.stderr.flush()
     send("done", None)
     conn.close()
+
+
+def _group_hooks(conn, task: CellTask):
+    """The gate and measurer of a worker in an interleaved group: it prepares a batch size
+    when the coordinator says so, then warms up, runs windows and judges its figures on
+    command (:func:`run_group`)."""
+    from mlflow_ngraph.measure.harness import Meter, finish
+    from mlflow_ngraph.worker import judge, one_line
+
+    gpu = task.device_kind == "cuda"
+
+    def gate(b: int) -> bool:
+        conn.send(("gate", b))
+        command, _ = conn.recv()
+        return command == "prepare"
+
+    def measurer(task_: CellTask, engine, b: int):
+        conn.send(("ready", b))
+        meter = result = stability = None
+        attempts = 0
+        while True:
+            command, arg = conn.recv()
+            if command in ("warm", "window"):
+                try:
+                    if command == "warm":
+                        meter = Meter(engine, b, task_.measure, gpu)
+                        attempts += 1
+                        conn.send(("warmed", b))
+                    else:
+                        conn.send(("window", meter.window(arg)))
+                except Exception as exc:  # the batch size fails; the coordinator drops it
+                    conn.send(("window_error", one_line(exc)))
+                    raise
+            elif command == "judge":
+                figures, paired = arg
+                result = finish(meter, figures)
+                stability = judge(task_, result, paired)
+                conn.send(("judged", (stability.stable, stability.reason)))
+            elif command == "keep":
+                return result, stability, attempts
+            else:
+                raise RuntimeError("the run stopped before this batch size was measured")
+
+    return gate, measurer
 
 
 def _count_warnings() -> list[int]:
@@ -381,3 +430,295 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+# --- an interleaved group: the engines of one model, each in its own worker ---------------
+#: seconds between a group's UNSTABLE attempt and the next (a burst of other work may pass)
+GROUP_RETRY_PAUSE_S = 2.0
+
+
+@dataclass
+class GroupCell:
+    """One cell of a group: its task, where its events go and, after the run, why its
+    worker ended early (``None``: it finished)."""
+
+    name: str
+    task: CellTask
+    on_event: Callable[[str, Any], None]
+    death: str | None = None
+    # the coordinator's view of the worker
+    worker: _Spare | None = None
+    state: str = "starting"  # starting, busy, gate, ready, done, dead
+    at: int | None = None  # the batch size of its gate or readiness
+    deadline: float = 0.0
+
+
+class _Proxy:
+    """A group member's worker as the rounds see it: one window on command."""
+
+    def __init__(self, group: _Group, cell: GroupCell) -> None:
+        self.group, self.cell = group, cell
+
+    def window(self, seconds: float):
+        kind, payload = self.group.ask(self.cell, ("window", seconds), ("window", "window_error"))
+        if kind != "window":
+            raise RuntimeError(payload or self.cell.death or "the worker is gone")
+        return payload
+
+
+class _Group:
+    def __init__(self, cells: list[GroupCell], timeout_s: float) -> None:
+        self.cells = cells
+        self.timeout_s = timeout_s
+
+    # --- messages -----------------------------------------------------------------------
+    def _receive(self, cell: GroupCell) -> tuple[str, Any] | None:
+        """One message of ``cell``'s worker, handled; the message if the coordinator waits
+        for its kind, else ``None`` (events go to the cell's runner)."""
+        try:
+            kind, payload = cell.worker.conn.recv()
+        except (EOFError, OSError):
+            self._died(cell)
+            return None
+        _pace_spare(kind, payload)
+        if kind == "started":
+            cell.deadline = time.monotonic() + self.timeout_s
+        elif kind in ("gate", "ready"):
+            cell.state, cell.at = kind, payload
+        elif kind == "done":
+            cell.state = "done"
+        elif kind in ("warmed", "window", "window_error", "judged"):
+            return kind, payload
+        else:
+            cell.on_event(kind, payload)
+        return None
+
+    def _died(self, cell: GroupCell, reason: str | None = None) -> None:
+        proc = cell.worker.proc
+        if reason is None:
+            proc.join(5.0)
+            if proc.exitcode is None:
+                _kill_tree(proc.pid)
+                proc.join()
+            reason = _death_reason(proc.exitcode)
+        else:
+            _kill_tree(proc.pid)
+            proc.join()
+        cell.state, cell.death = "dead", reason
+        log.warning("%s: %s", cell.name, reason)
+
+    def settle(self, cells: list[GroupCell], states: tuple[str, ...]) -> None:
+        """Handle messages until every cell of ``cells`` is in one of ``states``, done or
+        dead; a worker past its time limit is killed."""
+        from multiprocessing.connection import wait
+
+        while True:
+            waiting = [c for c in cells if c.state not in (*states, "done", "dead")]
+            if not waiting:
+                return
+            now = time.monotonic()
+            for cell in waiting:
+                if cell.state != "starting" and now > cell.deadline:
+                    self._died(
+                        cell,
+                        f"cell timed out after {self.timeout_s:g} s "
+                        "(raise --cell-timeout to allow more)",
+                    )
+            by_conn = {c.worker.conn: c for c in waiting if c.state != "dead"}
+            for conn in wait(list(by_conn), timeout=1.0):
+                self._receive(by_conn[conn])
+
+    def ask(self, cell: GroupCell, command: tuple[str, Any], kinds: tuple[str, ...]):
+        """Send ``command`` to ``cell``'s worker and wait for a reply of one of ``kinds``
+        (``(None, reason)`` when the worker dies first)."""
+        if cell.state == "dead":
+            return None, cell.death
+        try:
+            cell.worker.conn.send(command)
+        except OSError:
+            self._died(cell)
+            return None, cell.death
+        while cell.state != "dead":
+            got = self._receive(cell)
+            if got is not None and got[0] in kinds:
+                return got
+        return None, cell.death
+
+    def send(self, cell: GroupCell, command: tuple[str, Any]) -> None:
+        try:
+            cell.worker.conn.send(command)
+        except OSError:
+            self._died(cell)
+
+    def extend(self, seconds: float) -> None:
+        """Time a worker spends waiting on the others is not its cell's time."""
+        for cell in self.cells:
+            cell.deadline += seconds
+
+
+def run_group(
+    cells: list[GroupCell],
+    order: list[int],
+    baseline: str | None,
+    settings,
+    policy,
+    retries: int,
+    timeout_s: float,
+    ahead: list[Ahead] | None = None,
+) -> None:
+    """Measure the cells of one model interleaved: each cell in its own worker, all alive
+    at once. At each batch size (in ``order``) every worker that has it pending prepares
+    (builds its engine, checks its outputs) at the same time; then, with every worker idle,
+    each warms up in turn and the engines are measured in rounds
+    (:func:`mlflow_ngraph.measure.rounds.run_rounds`), speedups paired with ``baseline``
+    (a cell name) when it is among them. A group with an UNSTABLE figure is measured again,
+    all of it, up to ``retries`` times after a pause: every speedup of the kept attempt
+    comes from the same rounds as its baseline. The last attempt is kept.
+
+    Workers for the cells ``ahead`` (the next model's) start as spares, stopped while
+    this group measures. Each cell's ``death`` says why its worker ended early, if it did.
+    """
+    from mlflow_ngraph.measure.rounds import run_rounds
+
+    group = _Group(cells, timeout_s)
+    try:
+        for cell in cells:
+            cell.worker = _take_spare(cell.task)
+            cell.task.extra["group"] = True
+            cell.deadline = time.monotonic() + timeout_s
+            try:
+                cell.worker.conn.send(cell.task)
+            except OSError:
+                group._died(cell)
+        _start_spares(ahead or [])
+        while True:
+            group.settle(cells, ("gate",))
+            gated = [c for c in cells if c.state == "gate"]
+            if not gated:
+                break
+            b = min((c.at for c in gated), key=lambda v: order.index(v) if v in order else v)
+            members = [c for c in gated if c.at == b]
+            for cell in members:
+                cell.state = "busy"
+                group.send(cell, ("prepare", b))
+            group.settle(members, ("ready", "gate"))
+            ready = [c for c in members if c.state == "ready" and c.at == b]
+            if ready:
+                began = time.monotonic()
+                _measure_group(group, ready, b, baseline, settings, policy, retries, run_rounds)
+                group.extend(time.monotonic() - began)
+        for cell in cells:
+            if cell.state == "done":
+                _kill_tree(cell.worker.proc.pid)
+                cell.worker.proc.join()
+    except BaseException:
+        for cell in cells:
+            if cell.worker is not None:
+                _kill_tree(cell.worker.proc.pid)
+                cell.worker.proc.join()
+        shutdown()
+        raise
+    finally:
+        _resume_spares()
+        for cell in cells:
+            if cell.worker is not None:
+                cell.worker.conn.close()
+
+
+def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rounds) -> None:
+    attempt = 0
+    while True:
+        attempt += 1
+        _pause_spares()
+        warmed = []
+        for cell in ready:
+            kind, _ = group.ask(cell, ("warm", None), ("warmed", "window_error"))
+            if kind == "warmed":
+                warmed.append(cell)
+            else:
+                cell.state = "busy"  # its batch size failed: it goes on to its next gate
+        names = {cell.name: cell for cell in warmed}
+        base = baseline if baseline in names else None
+        figures = run_rounds(
+            {n: _Proxy(group, c) for n, c in names.items()}, settings, base, policy
+        )
+        _resume_spares()
+        judged, unstable = [], []
+        for name, cell in names.items():
+            if name not in figures:  # its window failed: the worker reports the batch size
+                cell.state = "busy"
+                continue
+            paired = base is not None and name != base
+            kind, verdict = group.ask(cell, ("judge", (figures[name], paired)), ("judged",))
+            if kind != "judged":
+                continue
+            judged.append(cell)
+            if not verdict[0]:
+                unstable.append((cell, verdict[1]))
+        ready = judged
+        if not unstable or attempt > retries:
+            break
+        log.info(
+            "bs%d: %s UNSTABLE (%s): measuring the group again, attempt %d of %d",
+            b,
+            ", ".join(c.name for c, _ in unstable),
+            unstable[0][1].split(":")[0],
+            attempt + 1,
+            retries + 1,
+        )
+        time.sleep(GROUP_RETRY_PAUSE_S)
+    for cell in ready:
+        cell.state = "busy"
+        group.send(cell, ("keep", None))
+
+
+# --- spares for a group: one per cell of the next model -----------------------------------
+_spares: list[tuple[Ahead | None, _Spare]] = []
+
+
+def _take_spare(task: CellTask) -> _Spare:
+    """The spare prepared for ``task``'s cell, else any spare, else a fresh worker."""
+    for i, (ahead, spare) in enumerate(_spares):
+        if ahead and (ahead.model_name, ahead.compiler, ahead.model_params) == (
+            task.model_name,
+            task.compiler,
+            task.model_params,
+        ):
+            _spares.pop(i)
+            if spare.alive():
+                spare.resume()
+                return spare
+            spare.kill()
+    while _spares:
+        _, spare = _spares.pop(0)
+        if spare.alive():
+            spare.resume()
+            return spare
+        spare.kill()
+    return _Spare()
+
+
+def _start_spares(ahead: list[Ahead]) -> None:
+    if os.environ.get("MLFLOW_NGRAPH_SPARE_WORKER", "1") == "0":
+        return
+    for item in ahead:
+        _spares.append((item, _Spare(item)))
+
+
+def _pause_spares() -> None:
+    for _, spare in _spares:
+        spare.pause()
+
+
+def _resume_spares() -> None:
+    for _, spare in _spares:
+        spare.resume()
+
+
+def shutdown_spares() -> None:
+    while _spares:
+        _, spare = _spares.pop()
+        spare.kill()
+
+
+atexit.register(shutdown_spares)

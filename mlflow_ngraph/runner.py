@@ -30,7 +30,8 @@ from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.estimate import Timings, describe, estimate, timing_key
-from mlflow_ngraph.measure.stability import CV_THRESHOLD, OTHER_CPU_THRESHOLD
+from mlflow_ngraph.measure.rounds import PRECISION
+from mlflow_ngraph.measure.stability import MAX_INTERVAL, OTHER_CPU_THRESHOLD
 from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.summary import cell_run_name, differing_flags
 from mlflow_ngraph.supply import host_fingerprint
@@ -39,7 +40,13 @@ from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.journal import Journal
 from mlflow_ngraph.tracking.session import StoreSession
 from mlflow_ngraph.view import PlainView
-from mlflow_ngraph.worker import CHECK_SEED, CellTask, compare_outputs, one_line
+from mlflow_ngraph.worker import (
+    CHECK_SEED,
+    STABLE_RETRIES,
+    CellTask,
+    compare_outputs,
+    one_line,
+)
 
 __all__ = ["CHECK_SEED", "Cell", "Plan", "Row", "Runner", "compare_outputs", "plan"]
 
@@ -92,6 +99,9 @@ class Row:
     flags: dict[str, Any] = field(default_factory=dict)
     #: whether the measurement is STABLE (None: not judged, e.g. FAILED or an old record)
     stable: bool | None = None
+    speedup_ci_low: float | None = None  # the speedup's 95% interval (paired rounds)
+    speedup_ci_high: float | None = None
+    drift: float | None = None  # the host's drift during the rounds (sd of log rate)
 
 
 @dataclass
@@ -180,9 +190,10 @@ class Runner:
         on_row: Callable[[Row], None] | None = None,
         isolation: str = "process",
         cell_timeout_s: float = DEFAULT_CELL_TIMEOUT_S,
-        cv_threshold: float = CV_THRESHOLD,
+        max_interval: float = MAX_INTERVAL,
         max_other_cpu: float = OTHER_CPU_THRESHOLD,
-        stable_retries: int = 0,
+        stable_retries: int = STABLE_RETRIES,
+        precision: float = PRECISION,
         view: PlainView | None = None,
         experiment_explicit: bool = False,
     ) -> None:
@@ -197,9 +208,10 @@ class Runner:
         self.on_row = on_row or (lambda row: None)
         self.isolation = isolation
         self.cell_timeout_s = cell_timeout_s
-        self.cv_threshold = cv_threshold
+        self.max_interval = max_interval
         self.max_other_cpu = max_other_cpu
         self.stable_retries = stable_retries
+        self.precision = precision
         self.view = view
         self.rows: list[Row] = []
         #: the experiment was named on the command line (not taken from the spec file)
@@ -300,6 +312,9 @@ class Runner:
                 self._set_row_speedups(cell)
                 self._view("cell_done", cell.name)
             return
+        if self.isolation == "process":
+            self._run_group(cells)
+            return
         for cell in cells:
             self._run_cell(cell)
 
@@ -319,20 +334,14 @@ class Runner:
             for b in pending:
                 if b not in outcome.seen and outcome.death:
                     self._failed(cell, b, outcome.death)
-        self.store.end(cell)
-        self._set_row_speedups(cell)
-        self._view("cell_done", cell.name)
+        self._close_cell(cell)
 
     def _view(self, method: str, *args: Any) -> None:
         if self.view is not None:
             getattr(self.view, method)(*args)
 
-    def _dispatch(self, cell: Cell, pending: list[int], log_file: Path):
-        """Measure ``pending`` batch sizes of ``cell``; results are journaled and logged as
-        they arrive. Returns what was seen and why the worker ended early, if it did."""
-        from mlflow_ngraph.worker import measure_cell
-
-        outcome = _Outcome()
+    def _events(self, cell: Cell, outcome: _Outcome) -> Callable[[str, Any], None]:
+        """Where a cell's worker events go: each result is journaled, then logged."""
 
         def on_event(kind: str, payload: Any) -> None:
             if kind == "log":
@@ -358,7 +367,10 @@ class Runner:
                 outcome.seen.add(b)
                 self._failed(cell, b, reason)
 
-        task = CellTask(
+        return on_event
+
+    def _task(self, cell: Cell, pending: list[int]) -> CellTask:
+        return CellTask(
             name=cell.name,
             model_name=cell.model.name,
             model_params=dict(cell.model.params),
@@ -372,26 +384,80 @@ class Runner:
             tolerance=self.spec.tolerance,
             atol=self.spec.atol,
             rtol=self.spec.rtol,
-            cv_threshold=self.cv_threshold,
+            max_interval=self.max_interval,
             max_other_cpu=self.max_other_cpu,
             stable_retries=self.stable_retries,
+            precision=self.precision,
         )
-        if self.isolation == "none":
-            measure_cell(task, on_event)
-            return outcome
-        from mlflow_ngraph.isolation import Ahead, run_isolated
 
-        task.log_file = str(log_file)
-        # the spare worker prepares the next cell of the plan; none after the last one
-        after = self.plan.cells[self.plan.cells.index(cell) + 1 :][:1]
-        ahead = [Ahead(c.model.name, c.compiler.name, dict(c.model.params)) for c in after]
-        prestart = bool(ahead) and os.environ.get("MLFLOW_NGRAPH_SPARE_WORKER", "1") != "0"
-        outcome.death = run_isolated(
-            task, on_event, self.cell_timeout_s, prestart, ahead[0] if ahead else None
-        )
-        if outcome.death:
-            log.warning("%s: %s", cell.name, outcome.death)
+    def _dispatch(self, cell: Cell, pending: list[int], log_file: Path):
+        """Measure ``pending`` batch sizes of ``cell`` in this process (``--isolation
+        none``: one engine at a time, windows back to back); results are journaled and
+        logged as they arrive."""
+        from mlflow_ngraph.worker import measure_cell
+
+        outcome = _Outcome()
+        measure_cell(self._task(cell, pending), self._events(cell, outcome))
         return outcome
+
+    def _run_group(self, cells: list[Cell]) -> None:
+        """The cells of one model, each in its own worker, measured interleaved
+        (:func:`mlflow_ngraph.isolation.run_group`); speedups are paired with the model's
+        identity cell when it is measured in the same group."""
+        from mlflow_ngraph.isolation import Ahead, GroupCell, run_group
+
+        jobs: list[tuple[Cell, list[int], _Outcome, GroupCell]] = []
+        for cell in cells:
+            self._view("cell_started", cell.name)
+            self.store.begin(cell)  # opens the run
+            pending = self._pending(cell)  # after the run's stored results were taken
+            for b in self.spec.batch_sizes:
+                if b not in pending:
+                    self._rows_from_journal(cell, only=b)
+            if not pending:
+                self._close_cell(cell)
+                continue
+            outcome = _Outcome()
+            task = self._task(cell, pending)
+            task.log_file = str(self.store.log_file(cell))
+            jobs.append(
+                (cell, pending, outcome, GroupCell(cell.key, task, self._events(cell, outcome)))
+            )
+        if not jobs:
+            return
+        # the next model's workers start as spares (stopped while this group measures)
+        models = self.spec.models
+        index = next(i for i, m in enumerate(models) if m is cells[0].model)
+        following = [
+            c for c in self.plan.cells if index + 1 < len(models) and c.model is models[index + 1]
+        ]
+        ahead = [Ahead(c.model.name, c.compiler.name, dict(c.model.params)) for c in following]
+        baseline = next((c.key for c, *_ in jobs if c.compiler.name == "identity"), None)
+        if len(jobs) == 1:
+            log.info("%s: one engine to measure: its windows run back to back", jobs[0][0].name)
+        run_group(
+            [job[3] for job in jobs],
+            list(self.spec.batch_sizes),
+            baseline,
+            self.spec.measure,
+            jobs[0][3].task.policy(),
+            self.stable_retries,
+            self.cell_timeout_s,
+            ahead,
+        )
+        for cell, pending, outcome, member in jobs:
+            outcome.death = member.death
+            if outcome.info is None:  # the model never built: the params it can have
+                self.store.params(cell, None)
+            for b in pending:
+                if b not in outcome.seen and outcome.death:
+                    self._failed(cell, b, outcome.death)
+            self._close_cell(cell)
+
+    def _close_cell(self, cell: Cell) -> None:
+        self.store.end(cell)
+        self._set_row_speedups(cell)
+        self._view("cell_done", cell.name, [r for r in self.rows if _row_of(r, cell)])
 
     def _failed(self, cell: Cell, b: int, reason: str) -> None:
         self.store.failed(cell, b, reason)
@@ -416,11 +482,7 @@ class Runner:
     def _set_row_speedups(self, cell: Cell) -> None:
         own, identity = self._throughputs(cell.key), self._identity_throughputs(cell) or {}
         for row in self.rows:
-            if (
-                row.model == cell.model.label
-                and row.compiler == cell.compiler.name
-                and row.flags == cell.flags
-            ):
+            if _row_of(row, cell):
                 row.speedup = M.speedup(own.get(row.batch_size), identity.get(row.batch_size))
 
     def _throughputs(self, key: str) -> dict[int, float]:
@@ -469,6 +531,14 @@ class _Outcome:
     last: float = field(default_factory=time.perf_counter)
 
 
+def _row_of(row: Row, cell: Cell) -> bool:
+    return (
+        row.model == cell.model.label
+        and row.compiler == cell.compiler.name
+        and row.flags == cell.flags
+    )
+
+
 def _row(cell: Cell, b: int, record: dict) -> Row:
     m = record["metrics"]
     return Row(
@@ -487,4 +557,7 @@ def _row(cell: Cell, b: int, record: dict) -> Row:
         note=record.get("note") or ("untuned" if m.get("tuned") == 0.0 else ""),
         flags=dict(cell.flags),
         stable=(record.get("stability") or {}).get("stable"),
+        speedup_ci_low=m.get(S.M_SPEEDUP_CI_LOW),
+        speedup_ci_high=m.get(S.M_SPEEDUP_CI_HIGH),
+        drift=m.get(S.M_HOST_DRIFT),
     )

@@ -12,15 +12,16 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _interval(low: float | None, high: float | None) -> str:
-    """The throughput's 95% interval, ``-`` where it was not measured (fewer than three
-    repetitions, or a record from before intervals)."""
-    return "-" if low is None or high is None else f"{low:.1f}-{high:.1f}"
+def _interval(low: float | None, high: float | None, digits: int = 1) -> str:
+    """A 95% interval, ``-`` where there is none (fewer than three windows, no paired
+    baseline, or a record from before intervals)."""
+    return "-" if low is None or high is None else f"{low:.{digits}f}-{high:.{digits}f}"
 
 
 def _stability(stable: bool | None) -> str:
-    """``yes``, ``UNSTABLE`` (its CV or other processes' CPU over the thresholds: a number
-    to re-measure) or ``-`` (not judged: FAILED, or a record from before the check)."""
+    """``yes``, ``UNSTABLE`` (its interval too wide, other processes took the CPU or the
+    host drifted: a number to re-measure) or ``-`` (not judged: FAILED, or a record from
+    before the check)."""
     return "-" if stable is None else ("yes" if stable else "UNSTABLE")
 
 
@@ -82,9 +83,12 @@ def winners(rows) -> list[dict[str, Any]]:
         rest = [r for r in ranked if r is not best]
         second = rest[0] if rest else None
         baseline = next((r for r in ranked if r.compiler == "identity"), None)
-        beyond = None
-        if second is not None and None not in (best.ci_low, second.ci_high):
-            beyond = best.ci_low > second.ci_high
+        beyond = _beyond(best, second)
+        unstable = [
+            role
+            for role, r in (("own", best), ("next", second), ("baseline", baseline))
+            if r is not None and getattr(r, "stable", None) is False
+        ]
         judged = [
             r.stable for r in (best, second, baseline) if getattr(r, "stable", None) is not None
         ]
@@ -101,9 +105,27 @@ def winners(rows) -> list[dict[str, Any]]:
                 else None,
                 "beyond": beyond,
                 "stable": False if False in judged else (True if judged else None),
+                "unstable": unstable,
             }
         )
     return out
+
+
+def _beyond(best, second) -> bool | None:
+    """Whether ``best`` leads ``second`` beyond noise: judged on the speedups' 95% intervals
+    (paired with identity in the same rounds: the host's drift cancels), the throughputs'
+    where a speedup has none. ``None`` when neither can say."""
+    if second is None:
+        return None
+    low = getattr(best, "speedup_ci_low", None)
+    if second.compiler == "identity" and low is not None:
+        return low > 1.0
+    high = getattr(second, "speedup_ci_high", None)
+    if low is not None and high is not None:
+        return low > high
+    if None not in (best.ci_low, second.ci_high):
+        return best.ci_low > second.ci_high
+    return None
 
 
 def _winners_table(best: list[dict[str, Any]]) -> str:
@@ -111,8 +133,17 @@ def _winners_table(best: list[dict[str, Any]]) -> str:
         return {True: "beyond noise", False: "within noise", None: "-"}[w["beyond"]]
 
     return format_table(
-        ["model", "bs", "compiler", "samples/s", "speedup", "lead over", "lead", "95% CIs",
-         "stable"],  # fmt: skip
+        [
+            "model",
+            "bs",
+            "compiler",
+            "samples/s",
+            "speedup",
+            "lead over",
+            "lead",
+            "95% CIs",
+            "stable",
+        ],  # fmt: skip
         [
             [
                 w["model"],
@@ -123,7 +154,8 @@ def _winners_table(best: list[dict[str, Any]]) -> str:
                 w["next"] or "-",
                 f"{w['lead']:.2f}x" if w["lead"] is not None else "-",
                 noise(w),
-                _stability(w["stable"]),
+                _stability(w["stable"])
+                + (f" ({', '.join(w['unstable'])})" if w.get("unstable") else ""),
             ]
             for w in best
         ],
@@ -151,6 +183,8 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
         "p50 ms",
         "CPU %",
         "speedup",
+        "speedup CI",
+        "drift %",
         "compile s",
         "status",
         "stable",
@@ -169,6 +203,10 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
                 _num(r.latency_p50_ms, 2),
                 _num(r.cpu_percent),
                 _num(r.speedup, 2),
+                _interval(
+                    getattr(r, "speedup_ci_low", None), getattr(r, "speedup_ci_high", None), 2
+                ),
+                _num(100 * r.drift if getattr(r, "drift", None) is not None else None),
                 _num(r.compile_s, 2),
                 r.status,
                 _stability(getattr(r, "stable", None)),
@@ -187,10 +225,10 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
     unstable = sum(1 for r in rows if getattr(r, "stable", None) is False)
     if unstable:
         out.append(
-            f"{unstable} of {len(rows)} measurements UNSTABLE (repetition times spread over "
-            "the CV threshold, or other processes took the CPU): read their numbers, and the "
-            "speedups built on them, as noise; measure again on a quiet host or with "
-            "--stable-retries 2"
+            f"{unstable} of {len(rows)} measurements UNSTABLE after their re-measurements "
+            "(interval wider than --max-interval, other processes took the CPU, or the host "
+            "drifted; the log says which): read their numbers, and the speedups built on "
+            "them, as noise; measure again on a quiet host"
         )
     best = winners(rows)
     if best:

@@ -68,10 +68,12 @@ class PlainView:
             return None
         return (time.monotonic() - self.began) / self.done * (self.total - self.done)
 
-    def cell_done(self, name: str) -> None:
+    def cell_done(self, name: str, rows=None) -> None:
+        """``rows``: the cell's own results (cells measured together share the view)."""
         self.done += 1
         left = self.left_s()
-        results = ", ".join(_result(r) for r in self.rows) or "nothing to measure"
+        results = ", ".join(_result(r) for r in (self.rows if rows is None else rows))
+        results = results or "nothing to measure"
         tail = f"; about {_duration(left)} left" if left is not None and left > 0 else ""
         self._write(
             f"[{self.done}/{self.total}] {name}: {results} "
@@ -133,9 +135,10 @@ class LiveView(PlainView):
         super().phase(batch_size, phase)
         self._refresh()
 
-    def cell_done(self, name: str) -> None:
+    def cell_done(self, name: str, rows=None) -> None:
         self.done += 1
-        results = ", ".join(_result(r) for r in self.rows) or "nothing to measure"
+        results = ", ".join(_result(r) for r in (self.rows if rows is None else rows))
+        results = results or "nothing to measure"
         self.last.append(f"{name}: {results}")
         self.console.print(f"[{self.done}/{self.total}] {name}: {results}")
         self._refresh()

@@ -28,7 +28,8 @@ import numpy as np
 
 from mlflow_ngraph.config import MeasureSettings
 from mlflow_ngraph.errors import CompileFailed
-from mlflow_ngraph.measure.stability import CV_THRESHOLD, OTHER_CPU_THRESHOLD
+from mlflow_ngraph.measure.rounds import PRECISION, WINDOW_S
+from mlflow_ngraph.measure.stability import MAX_INTERVAL, OTHER_CPU_THRESHOLD
 from mlflow_ngraph.tracking import schema as S
 
 log = logging.getLogger(__name__)
@@ -37,11 +38,15 @@ log = logging.getLogger(__name__)
 #: runs on a fresh random batch the engine has not seen.
 CHECK_SEED = 1234
 
+#: default of ``--stable-retries``: an UNSTABLE measurement is measured again this many times
+STABLE_RETRIES = 2
+
 #: every per-batch metric the schema names: a field of the harness's measurement whose key
 #: is one of these is logged, so a new measured quantity needs no runner change
 SCHEMA_METRICS = S.METRICS
 
 Emit = Callable[[str, Any], None]
+Measurer = Callable[..., tuple[Any, Any, int]]
 
 
 @dataclass
@@ -62,14 +67,34 @@ class CellTask:
     log_file: str | None = None  # process isolation: the worker's stdout/stderr go here
     atol: float | None = None  # None: tolerance x the output's largest reference magnitude
     rtol: float = 0.0
-    cv_threshold: float = CV_THRESHOLD
+    max_interval: float = MAX_INTERVAL  # the widest STABLE relative half-width
     max_other_cpu: float = OTHER_CPU_THRESHOLD  # percent of all cores
-    stable_retries: int = 0
+    stable_retries: int = STABLE_RETRIES
+    precision: float = PRECISION  # the stop rule's target relative half-width
+    window_s: float = WINDOW_S
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def policy(self):
+        from mlflow_ngraph.measure.rounds import RoundPolicy
 
-def measure_cell(task: CellTask, emit: Emit) -> None:
-    """Measure every pending batch size of ``task``; failures become ``failed`` events."""
+        return RoundPolicy(window_s=self.window_s, precision=self.precision)
+
+
+def measure_cell(
+    task: CellTask,
+    emit: Emit,
+    measurer: Measurer | None = None,
+    gate: Callable[[int], bool] | None = None,
+) -> None:
+    """Measure every pending batch size of ``task``; failures become ``failed`` events.
+
+    ``measurer(task, engine, b)`` measures a prepared engine and returns (measurement,
+    stability, attempts): :func:`measure_alone` by default; a worker of an interleaved
+    group passes one that takes its windows from the group's coordinator
+    (:mod:`mlflow_ngraph.isolation`). ``gate(b)``, when given, is asked before each batch
+    size's work starts (the group's coordinator lets every worker prepare at once, never
+    while another measures); ``False`` stops the cell there."""
+    measurer = measurer or measure_alone
     from mlflow_ngraph.compilers.registry import get_compiler
     from mlflow_ngraph.supply import EngineSupply
 
@@ -90,8 +115,12 @@ def measure_cell(task: CellTask, emit: Emit) -> None:
         if engine is not None and not compiler.batch_agnostic:
             engine.close()
             engine = None
+        if gate is not None and not gate(b):
+            break
         try:
-            engine, record = _measure_batch(task, supply, compiler, model, b, engine, emit)
+            engine, record = _measure_batch(
+                task, supply, compiler, model, b, engine, emit, measurer
+            )
         except Exception as exc:  # one failing batch size never stops the others
             reason = one_line(exc)
             log.warning("%s bs%d FAILED: %s", task.name, b, reason)
@@ -105,9 +134,7 @@ def measure_cell(task: CellTask, emit: Emit) -> None:
         engine.close()
 
 
-def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit):
-    from mlflow_ngraph.measure.harness import measure
-
+def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit, measurer):
     emit("phase", (b, "reference"))
     x_ref, y_ref, reference = reference_outputs(model, supply, b)
     emit("phase", (b, "engine"))
@@ -129,7 +156,7 @@ def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit):
     engine.infer()
     first_ms = 1000 * (time.perf_counter() - t0)
     emit("phase", (b, "measure"))
-    result, stability, attempts = _steadiest(task, engine, b, measure)
+    result, stability, attempts = measurer(task, engine, b)
     record = {
         "metrics": {
             **measurement_metrics(result),
@@ -165,51 +192,46 @@ def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit):
 RETRY_PAUSE_S = 2.0
 
 
-def _steadiest(task: CellTask, engine, b: int, measure):
-    """Measure; while UNSTABLE and retries are left, pause and measure again. Returns the
-    steadiest attempt (a stable one first, then the lowest CV), its stability and how many
-    attempts were made."""
+def judge(task: CellTask, result, baseline_paired: bool):
+    """The stability of a measurement, on the figure the user compares: its speedup when it
+    was paired with the baseline, else its throughput."""
     from mlflow_ngraph.measure.stability import assess
 
-    def judged(result):
-        data = result.to_dict()
-        return assess(
-            data.get(S.M_CV),
-            data.get(S.M_HOST_OTHER_CPU),
-            task.cv_threshold,
-            task.max_other_cpu,
-        )
+    paired = baseline_paired and result.speedup_halfwidth is not None
+    return assess(
+        result.speedup_halfwidth if paired else result.throughput_halfwidth,
+        result.host_other_cpu_percent,
+        result.host_drift if result.interleaved else None,
+        task.max_interval,
+        task.max_other_cpu,
+        what="speedup" if paired else "throughput",
+    )
+
+
+def measure_alone(task: CellTask, engine, b: int):
+    """Measure one engine without interleaving (``--isolation none``): windows back to
+    back; while UNSTABLE and attempts are left, pause and measure again. The last attempt
+    is kept: choosing the steadiest would select on luck."""
+    from mlflow_ngraph.measure.harness import measure
 
     gpu = task.device_kind == "cuda"
-    best = measure(engine, b, task.measure, gpu=gpu)
-    best_stability, attempts = judged(best), 1
-    while not best_stability.stable and attempts <= task.stable_retries:
+    attempts = 1
+    result = measure(engine, b, task.measure, gpu=gpu, policy=task.policy())
+    stability = judge(task, result, False)
+    while not stability.stable and attempts <= task.stable_retries:
         log.info(
             "%s bs%d UNSTABLE (%s): measuring again, attempt %d of %d",
             task.name,
             b,
-            best_stability.reason.split(":")[0],
+            stability.reason.split(":")[0],
             attempts + 1,
             task.stable_retries + 1,
         )
         time.sleep(RETRY_PAUSE_S)
-        result = measure(engine, b, task.measure, gpu=gpu)
+        result = measure(engine, b, task.measure, gpu=gpu, policy=task.policy())
         attempts += 1
-        stability = judged(result)
-        # a stable attempt beats an unstable one (a low CV on a busy host is luck); among
-        # attempts judged alike, the lowest CV
-        if (stability.stable, -result.cv) > (best_stability.stable, -best.cv):
-            best, best_stability = result, stability
-    if attempts > 1:
-        log.info(
-            "%s bs%d: kept the steadiest of %d attempts (CV %.3f, %s)",
-            task.name,
-            b,
-            attempts,
-            best.cv,
-            "STABLE" if best_stability.stable else "still UNSTABLE",
-        )
-    return best, best_stability, attempts
+        stability = judge(task, result, False)
+    return result, stability, attempts
 
 
 def measurement_metrics(result) -> dict[str, float]:

@@ -218,3 +218,93 @@ class ResourceSampler:
         # CLOCK_PROCESS_CPUTIME_ID: every thread of the process, nanosecond resolution (psutil's
         # cpu_times() ticks at 10 ms, which reads 0% on a window of a few milliseconds).
         return time.process_time()
+
+
+class WindowSampler:
+    """:class:`ResourceSampler` summed over several windows of one engine (``begin`` /
+    ``end`` around each), leaving out the time between them (another engine's windows when
+    engines are measured in rounds). ``result`` judges the host over the windows' total
+    time, so short windows together reach :data:`HOST_MIN_WINDOW_S`."""
+
+    def __init__(self, gpu: bool = False) -> None:
+        self._process = psutil.Process(os.getpid())
+        self._cores = psutil.cpu_count(logical=True) or 1
+        self._gpu = gpu
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._peak_rss = 0
+        self._wall = self._cpu = self._busy = self._steal = self._own = 0.0
+        self._host_ok = True
+        self._freqs: list[float] = []
+        self._throttle: float | None = 0.0
+        self._gpu_samples: list[dict] = []
+        self._gpu_sampler = None
+
+    def _poll(self) -> None:
+        while not self._stop.wait(RSS_POLL_S):
+            self._peak_rss = max(self._peak_rss, self._process.memory_info().rss)
+
+    def begin(self) -> None:
+        self._peak_rss = max(self._peak_rss, self._process.memory_info().rss)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._poll, name="ngraph-rss", daemon=True)
+        self._thread.start()
+        if self._gpu:
+            from mlflow_ngraph.measure.nvml import NvmlSampler
+
+            self._gpu_sampler = NvmlSampler()
+            self._gpu_sampler.start()
+        self._stat0 = _proc_stat()
+        self._own0 = _tree_cpu_seconds(self._process)
+        self._throttle0 = _throttle_count()
+        self._cpu0 = time.process_time()
+        self._wall0 = time.perf_counter()
+
+    def end(self) -> None:
+        wall = time.perf_counter() - self._wall0
+        cpu = time.process_time() - self._cpu0
+        stat1, own1, throttle1 = _proc_stat(), _tree_cpu_seconds(self._process), _throttle_count()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._peak_rss = max(self._peak_rss, self._process.memory_info().rss)
+        if self._gpu_sampler is not None:
+            self._gpu_samples.append(self._gpu_sampler.stop())
+            self._gpu_sampler = None
+        self._wall += wall
+        self._cpu += cpu
+        if self._stat0 is None or stat1 is None:
+            self._host_ok = False
+        else:
+            self._busy += stat1[0] - self._stat0[0]
+            self._steal += stat1[1] - self._stat0[1]
+            self._own += own1 - self._own0
+        if throttle1 is None or self._throttle0 is None or self._throttle is None:
+            self._throttle = None
+        else:
+            self._throttle += throttle1 - self._throttle0
+        mhz = _frequency_mhz()
+        if mhz is not None:
+            self._freqs.append(mhz)
+
+    def result(self) -> ResourceUsage:
+        wall = self._wall
+        percent = 100.0 * self._cpu / wall / self._cores if wall > 0 else 0.0
+        host = HostNoise(
+            load_avg=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            cpu_freq_mhz=sum(self._freqs) / len(self._freqs) if self._freqs else None,
+            throttle_events=self._throttle,
+        )
+        if self._host_ok and wall >= HOST_MIN_WINDOW_S:
+            capacity = wall * self._cores
+            other = max(0.0, self._busy - self._own)
+            host.other_cpu_percent = min(100.0, 100.0 * other / capacity)
+            host.steal_percent = min(100.0, 100.0 * self._steal / capacity)
+        gpu = self._gpu_samples[-1] if self._gpu_samples else {}
+        return ResourceUsage(
+            cpu_percent=min(percent, 100.0),
+            peak_rss_mb=self._peak_rss / 2**20,
+            wall_s=wall,
+            gpu=gpu,
+            host=host,
+        )

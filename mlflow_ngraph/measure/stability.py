@@ -1,8 +1,19 @@
-"""Whether a measurement can be trusted: its own spread and what the host did meanwhile.
+"""Whether a measurement can be trusted, judged on the figure the user compares.
 
-A measurement is UNSTABLE when the coefficient of variation of its repetitions exceeds
-``cv_threshold`` or other processes used more than ``other_cpu_threshold`` percent of the
-machine's CPU time during its window. Pure: it names no MLflow key.
+A measurement is UNSTABLE when
+
+- the 95% interval of its speedup over identity (paired rounds) is wider than
+  ``max_interval`` of the speedup (relative half-width; default +-5%); identity itself, and
+  an engine measured without a baseline, are judged the same way on their throughput;
+- it has too few windows for an interval (fewer than 3);
+- other processes used more than ``other_cpu_threshold`` percent of the machine's CPU time
+  during its windows;
+- or the host drifted beyond what its rounds cover: the baseline's window rates spread by
+  more than ``drift_limit`` (sd of log rate) across the rounds, so that even paired
+  windows, seconds apart, saw different machines.
+
+It is not judged on the spread of single requests: a 1 ms request's CV measures timer and
+scheduler jitter, not the number the user reads. Pure: it names no MLflow key.
 """
 
 from __future__ import annotations
@@ -10,9 +21,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-#: defaults of ``--cv-threshold`` and ``--max-other-cpu``
-CV_THRESHOLD = 0.10
-OTHER_CPU_THRESHOLD = 25.0  # percent of all logical cores
+#: default of ``--max-interval``: the widest relative half-width of a STABLE figure's 95%
+#: interval
+MAX_INTERVAL = 0.05
+#: default of ``--max-other-cpu``, percent of all logical cores
+OTHER_CPU_THRESHOLD = 25.0
+#: the baseline's spread across rounds (sd of log rate) beyond which the host is said to
+#: have drifted: 0.15 is a window-to-window swing of about +-15%, three times what a quiet
+#: 2-core VM shows between 100 ms windows
+DRIFT_LIMIT = 0.15
 
 
 @dataclass(frozen=True)
@@ -21,30 +38,35 @@ class Stability:
     reason: str = ""  # why not, with the fix, when unstable
 
 
+def _given(value: float | None) -> bool:
+    return value is not None and not math.isnan(value)
+
+
 def assess(
-    cv: float | None,
+    halfwidth: float | None,
     other_cpu_percent: float | None,
-    cv_threshold: float = CV_THRESHOLD,
+    drift: float | None = None,
+    max_interval: float = MAX_INTERVAL,
     other_cpu_threshold: float = OTHER_CPU_THRESHOLD,
+    what: str = "throughput",
+    drift_limit: float = DRIFT_LIMIT,
 ) -> Stability:
-    """Judge one measurement; a quantity that was not measured (None/NaN) is not held
-    against it."""
+    """Judge one measurement. ``halfwidth`` is the relative half-width of the 95% interval
+    of ``what`` (``speedup`` or ``throughput``), ``None`` when there was too little to
+    make one; a host quantity that was not measured (None/NaN) is not held against it."""
     causes = []
-    if cv is not None and not math.isnan(cv) and cv > cv_threshold:
-        causes.append(f"CV {cv:.2f} > {cv_threshold:g}")
-    if (
-        other_cpu_percent is not None
-        and not math.isnan(other_cpu_percent)
-        and other_cpu_percent > other_cpu_threshold
-    ):
+    if not _given(halfwidth):
+        causes.append(f"too few windows for a {what} interval")
+    elif halfwidth > max_interval:
         causes.append(
-            f"other processes used {other_cpu_percent:.0f}% of the CPU "
-            f"(> {other_cpu_threshold:g}%)"
+            f"{what} interval +-{100 * halfwidth:.1f}% is wider than +-{100 * max_interval:.3g}%"
         )
+    if _given(other_cpu_percent) and other_cpu_percent > other_cpu_threshold:
+        causes.append(
+            f"other processes used {other_cpu_percent:.1f}% of the CPU (> {other_cpu_threshold:g}%)"
+        )
+    if _given(drift) and drift > drift_limit:
+        causes.append(f"the host drifted: baseline windows spread {100 * drift:.1f}% across rounds")
     if not causes:
         return Stability(True)
-    return Stability(
-        False,
-        "; ".join(causes)
-        + ": measure on a quiet host, or re-measure with --stable-retries K",
-    )
+    return Stability(False, "; ".join(causes) + ": measure on a quiet host")

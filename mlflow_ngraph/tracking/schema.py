@@ -54,8 +54,18 @@ M_LATENCY_STD = "latency_std_ms"
 M_LATENCY_P50 = "latency_p50_ms"
 M_LATENCY_P90 = "latency_p90_ms"
 M_LATENCY_P99 = "latency_p99_ms"
-M_CV = "cv"  # coefficient of variation of the repetition times
-M_REPETITIONS = "repetitions"
+M_CV = "cv"  # coefficient of variation of the windows' rates
+M_REPETITIONS = "repetitions"  # requests measured (one inference of one batch each)
+M_WINDOWS = "windows"  # windows measured (one per round when interleaved)
+M_WINDOW_S = "window_s"  # the windows' target length
+M_THROUGHPUT_HALFWIDTH = "throughput_halfwidth"  # relative half-width of its 95% interval
+M_LATENCY_SAMPLES = "latency_samples"  # per-request latencies behind the percentiles
+M_INTERLEAVED = "interleaved"  # 1: measured in rounds with the model's other engines
+M_HOST_DRIFT = "host_drift"  # the baseline's spread across rounds (sd of log rate)
+# the speedup's 95% interval: paired rounds with identity, else from both intervals
+M_SPEEDUP_CI_LOW = "speedup_ci_low"
+M_SPEEDUP_CI_HIGH = "speedup_ci_high"
+M_SPEEDUP_HALFWIDTH = "speedup_halfwidth"
 M_DURATION = "duration_s"
 M_CPU = "cpu_percent"  # process CPU time / wall time / logical cores * 100
 M_RSS = "peak_rss_mb"
@@ -114,6 +124,8 @@ FLAT_METRICS = frozenset(
         M_MAX_REL_ERROR,
         M_VALID,
         M_SPEEDUP,
+        M_SPEEDUP_CI_LOW,
+        M_SPEEDUP_CI_HIGH,
         M_RTR,
         M_ASE,
         M_BSR,

@@ -21,6 +21,7 @@ from mlflow_ngraph.measure.harness import (
     REQUESTS_PER_SLOT,
     measure,
 )
+from mlflow_ngraph.measure.rounds import RoundPolicy
 from mlflow_ngraph.models.registry import load_model
 
 BATCH = 2
@@ -80,24 +81,34 @@ def settings(**kwargs) -> MeasureSettings:
     return MeasureSettings(**{**base, **kwargs})
 
 
-def test_throughput_scenario_runs_every_repetition_through_run_many(model):
+#: short windows and few rounds keep these tests fast; the defaults are tested in test_rounds
+FAST = RoundPolicy(window_s=0.01, min_rounds=3, precision=0.5)
+
+
+def run(engine, scenario="throughput", policy=FAST, **kwargs):
+    return measure(engine, BATCH, settings(scenario=scenario, **kwargs), policy=policy)
+
+
+def test_throughput_scenario_runs_every_call_through_run_many(model):
     engine = counting_engine(model, parallel_requests=3)
-    result = measure(engine, BATCH, settings(scenario="throughput"))
+    result = run(engine)
     per_rep = 3 * REQUESTS_PER_SLOT
     assert result.requests_per_repetition == per_rep
-    assert engine.run_many_counts == [per_rep] * (2 + result.repetitions)
+    assert engine.run_many_counts == [per_rep] * (2 + result.repetitions // per_rep)
+    assert result.repetitions % per_rep == 0
     assert engine.infer_calls == 0
 
 
 def test_one_slot_engine_is_calibrated_before_the_warm_up(model):
-    """Up to CALIBRATION_CALLS single requests, then every repetition the same count."""
+    """Up to CALIBRATION_CALLS single requests, then every call the same count."""
     engine = counting_engine(model, parallel_requests=1)
-    result = measure(engine, BATCH, settings(scenario="throughput"))
+    result = run(engine)
     per_rep, calls = result.requests_per_repetition, engine.run_many_counts
-    calibration = calls[: len(calls) - 2 - result.repetitions]
+    measured_calls = result.repetitions // per_rep
+    calibration = calls[: len(calls) - 2 - measured_calls]
     assert 1 <= len(calibration) <= CALIBRATION_CALLS
     assert set(calibration) == {1}
-    assert calls[len(calibration) :] == [per_rep] * (2 + result.repetitions)
+    assert calls[len(calibration) :] == [per_rep] * (2 + measured_calls)
     assert 1 <= per_rep <= MAX_REQUESTS_PER_REPETITION
     assert engine.infer_calls == 0
 
@@ -110,48 +121,50 @@ class SlowEngine(CountingEngine):
         super().run_many(count, stamps)
 
 
-def test_one_slot_engine_slower_than_a_repetition_runs_one_request_each(model):
+def test_one_slot_engine_slower_than_a_call_runs_one_request_each(model):
     engine = counting_engine(model, parallel_requests=1, kind=SlowEngine)
-    result = measure(engine, BATCH, settings(scenario="throughput"))
+    result = run(engine)
     assert result.requests_per_repetition == 1
     assert engine.run_many_counts == [1] * (1 + 2 + result.repetitions)  # one calibration call
 
 
-def test_throughput_scenario_never_drains_an_engine_that_can_stream(model):
-    """Repetitions follow each other with requests in flight; one drain ends the window."""
+def test_an_engine_that_can_stream_is_drained_once_per_window(model):
+    """Calls follow each other with requests in flight; one drain ends each window, and a
+    call starts one request per slot (not eight: the paper's unit is one inference)."""
     engine = counting_engine(model, parallel_requests=2, kind=StreamingEngine)
-    result = measure(engine, BATCH, settings(scenario="throughput"))
-    per_rep = 2 * REQUESTS_PER_SLOT
-    assert engine.start_many_counts == [per_rep] * (2 + result.repetitions)
+    result = run(engine)
+    assert result.requests_per_repetition == 2
+    assert engine.start_many_counts == [2] * (2 + result.repetitions // 2)
     assert engine.run_many_counts == []
-    assert engine.synchronize_calls == 2  # after the warm-up, and at the end of the window
+    assert engine.synchronize_calls == 1 + result.windows  # after the warm-up, each window
 
 
 def test_one_slot_engine_is_not_streamed(model):
     engine = counting_engine(model, parallel_requests=1, kind=StreamingEngine)
-    measure(engine, BATCH, settings(scenario="throughput"))
+    run(engine)
     assert engine.start_many_counts == []
 
 
-def test_latency_scenario_times_one_infer_per_repetition(model):
+def test_latency_scenario_times_one_infer_per_request(model):
     engine = counting_engine(model, parallel_requests=3)
-    result = measure(engine, BATCH, settings(scenario="latency"))
+    result = run(engine, scenario="latency")
     assert result.requests_per_repetition == 1
     assert engine.run_many_counts == []
     assert engine.infer_calls == 2 + result.repetitions
+    assert result.latency_samples == result.repetitions
 
 
 @pytest.mark.parametrize("scenario", ["throughput", "latency"])
 def test_throughput_is_samples_over_measured_seconds(model, scenario):
-    """Not the mean of per-repetition rates, which over-reports whenever repetitions vary."""
+    """Not the mean of per-window rates, which over-reports whenever windows vary."""
     engine = counting_engine(model, parallel_requests=1)
-    result = measure(engine, BATCH, settings(scenario=scenario, repetitions=20))
-    samples = result.repetitions * result.requests_per_repetition * BATCH
+    result = run(engine, scenario=scenario, repetitions=20)
+    samples = result.repetitions * BATCH
     assert result.throughput == pytest.approx(samples / result.duration_s, rel=1e-9)
     assert result.throughput_overall == result.throughput
     # one request at a time: the mean per-request latency and the throughput describe the
-    # same window (the stamps miss only the harness's last clock read)
-    assert result.throughput == pytest.approx(BATCH / (result.latency_mean_ms / 1000), rel=1e-2)
+    # same windows (the stamps miss only the harness's last clock read of each window)
+    assert result.throughput == pytest.approx(BATCH / (result.latency_mean_ms / 1000), rel=2e-2)
 
 
 class BurstyEngine(CountingEngine):
@@ -171,41 +184,49 @@ class BurstyEngine(CountingEngine):
 
 
 def test_throughput_percentiles_are_per_request(model):
-    """A repetition's mean would hide the slow request: p50 near 1 ms, p99 near 20 ms."""
+    """A window's mean would hide the slow request: p50 near 1 ms, p99 near 20 ms."""
     engine = counting_engine(model, parallel_requests=1, kind=BurstyEngine)
-    result = measure(engine, BATCH, settings(scenario="throughput", repetitions=30, warmup=0))
-    assert result.requests_per_repetition == 1  # each 1 ms request fills a repetition
+    result = run(engine, repetitions=60, warmup=0)
+    assert result.requests_per_repetition == 1  # each 1 ms request fills a call
     assert 0.9 < result.latency_p50_ms < 10
     assert result.latency_p99_ms > 19
+    assert result.latency_samples == result.repetitions
 
 
 def test_overlapping_requests_have_no_percentiles(model):
     """Several requests in flight without a per-request timer: no latency is reported
     rather than the inverse throughput under its name."""
     engine = counting_engine(model, parallel_requests=2)
-    result = measure(engine, BATCH, settings(scenario="throughput"))
+    result = run(engine)
     assert result.latency_p50_ms is None and result.latency_p99_ms is None
     assert result.latency_mean_ms is None and result.throughput > 0
+    assert result.latency_samples == 0
 
 
-def test_stop_reason_repetitions(model):
-    result = measure(counting_engine(model), BATCH, settings(repetitions=4))
-    assert (result.stop_reason, result.repetitions) == ("repetitions", 4)
+def test_windows_last_at_least_the_window_length(model):
+    engine = counting_engine(model)
+    result = run(engine, policy=RoundPolicy(window_s=0.05, min_rounds=4, precision=0.5))
+    assert result.windows >= 4
+    assert result.duration_s >= 0.05 * result.windows
+    assert result.window_s == 0.05
 
 
-def test_stop_reason_min_duration(model):
-    # 0.5 s: many calls of a 16x16 conv block even on a machine loaded many times over
-    result = measure(counting_engine(model), BATCH, settings(repetitions=1, min_duration_s=0.5))
-    assert result.stop_reason == "min_duration"
-    assert result.repetitions > 1
-    assert result.duration_s >= 0.5
+def test_repetitions_are_a_floor_of_requests(model):
+    """``--repetitions 100`` counts the paper's unit: 100 inferences, not 100 calls."""
+    engine = counting_engine(model, parallel_requests=1, kind=SlowEngine)
+    result = run(engine, repetitions=30, policy=RoundPolicy(0.001, 3, precision=10.0))
+    assert 30 <= result.repetitions < 30 + 3
+
+
+def test_stop_reason_precision(model):
+    result = run(counting_engine(model), repetitions=1, policy=RoundPolicy(0.01, 3, precision=10.0))
+    assert result.stop_reason == "precision" and result.windows == 3
 
 
 def test_stop_reason_max_duration_caps_the_count(model):
-    result = measure(
-        counting_engine(model), BATCH, settings(repetitions=10**9, max_duration_s=1e-9)
-    )
-    assert (result.stop_reason, result.repetitions) == ("max_duration", 1)
+    result = run(counting_engine(model), repetitions=10**9, max_duration_s=1e-9)
+    assert (result.stop_reason, result.windows) == ("max_duration", 1)
+    assert result.throughput_ci_low is None  # one window: no interval
 
 
 def test_openvino_throughput_keeps_every_infer_request_busy(model, tmp_path):
@@ -239,17 +260,19 @@ def test_openvino_throughput_keeps_every_infer_request_busy(model, tmp_path):
     engine = Recording(compiled.compiled, compiled.device)
     engine.prepare(model.random_input(BATCH))
     try:
-        result = measure(engine, BATCH, settings(scenario="throughput", repetitions=3))
+        result = run(engine, repetitions=3)
         assert all(request.wait_for(0) for request in engine.queue)  # nothing left running
     finally:
         engine.close()
     slots = engine.parallel_requests
-    assert result.requests_per_repetition == (slots * REQUESTS_PER_SLOT if slots > 1 else 1)
     if slots > 1:
-        streamed = ["start_many"] * 2 + ["synchronize"] + ["start_many"] * result.repetitions
-        assert engine.calls == streamed + ["synchronize"]
+        assert result.requests_per_repetition == slots
+        assert engine.calls[:3] == ["start_many"] * 2 + ["synchronize"]
+        windows = "".join("S" if c == "synchronize" else "s" for c in engine.calls[3:])
+        assert windows.count("S") == result.windows and windows.endswith("S")
+        assert "SS" not in windows and not windows.startswith("S")
     assert result.throughput * result.duration_s == pytest.approx(
-        result.repetitions * result.requests_per_repetition * BATCH, rel=1e-9
+        result.repetitions * BATCH, rel=1e-9
     )
     # per-request latencies from the runtime's own timer, under full load
     assert 0 < result.latency_p50_ms <= result.latency_p99_ms

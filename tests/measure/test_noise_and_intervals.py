@@ -105,7 +105,7 @@ def test_a_competing_load_makes_the_cell_unstable(run_cli, tracking_uri, tmp_pat
     with cpu_hog(tmp_path, processes=2):
         code, out, err = run_cli(
             "benchmark", *args, "--compiler", "identity", "--experiment", "hog",
-            "--tracking-uri", tracking_uri, "--cv-threshold", "1000",
+            "--tracking-uri", tracking_uri, "--max-interval", "0.99", "--stable-retries", "0",
         )  # fmt: skip
     assert code == 0, err
     run = _cell(tracking_uri, "hog")

@@ -1,0 +1,169 @@
+"""Rounds: the order of engines, paired speedups on a drifting host, the stop rule and the
+intervals' coverage, and what makes a figure UNSTABLE.
+
+The engines here are arithmetic: each window's rate is an engine's own speed times the
+host's speed at that moment, so every assertion is exact or statistical, never timed."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from mlflow_ngraph.config import MeasureSettings
+from mlflow_ngraph.measure.harness import Window
+from mlflow_ngraph.measure.rounds import (
+    RoundPolicy,
+    log_halfwidth,
+    order,
+    run_rounds,
+    throughput_figures,
+)
+from mlflow_ngraph.measure.stability import assess
+
+
+class Host:
+    """The host's speed, changing at every window (a drifting shared VM)."""
+
+    def __init__(self, speeds) -> None:
+        self.speeds = list(speeds)
+        self.windows = 0
+        self.log: list[str] = []
+
+    def speed(self) -> float:
+        value = self.speeds[self.windows % len(self.speeds)]
+        self.windows += 1
+        return value
+
+
+class FakeMeter:
+    def __init__(self, name: str, rate: float, host: Host, noise=None) -> None:
+        self.name, self.rate, self.host, self.noise = name, rate, host, noise
+
+    def window(self, seconds: float) -> Window:
+        self.host.log.append(self.name)
+        speed = self.host.speed() * (self.noise() if self.noise else 1.0)
+        samples = max(1, round(self.rate * speed * seconds))
+        return Window(samples, samples, samples / (self.rate * speed))
+
+
+def settings(**kwargs) -> MeasureSettings:
+    return MeasureSettings(**{"warmup": 0, "repetitions": 1, "min_duration_s": 0.0, **kwargs})
+
+
+def test_the_order_rotates_so_no_engine_always_follows_another():
+    names = ["identity", "onnxruntime", "openvino"]
+    rounds = [order(names, r) for r in range(3)]
+    assert rounds == [
+        ["identity", "onnxruntime", "openvino"],
+        ["onnxruntime", "openvino", "identity"],
+        ["openvino", "identity", "onnxruntime"],
+    ]
+    followers = {(a[i], a[i + 1]) for a in rounds for i in range(2)}
+    assert ("identity", "onnxruntime") in followers and ("onnxruntime", "identity") not in {
+        (r[0], r[1]) for r in rounds[:1]
+    }
+    host = Host([1.0])
+    meters = {n: FakeMeter(n, 100.0, host) for n in names}
+    run_rounds(meters, settings(), "identity", RoundPolicy(min_rounds=3, precision=1.0))
+    assert host.log[:9] == [n for r in rounds for n in r]
+
+
+def test_a_paired_speedup_holds_while_the_host_drifts_2x():
+    """Throughput swings 2x from round to round; the speedup, paired within each round, is
+    exact and its interval tight; each throughput's interval is as wide as the host makes it."""
+    host = Host([1.0, 1.0, 0.5, 0.5, 1.4, 1.4, 0.7, 0.7, 1.0, 1.0, 0.6, 0.6])
+    meters = {"identity": FakeMeter("identity", 1000.0, host), "x": FakeMeter("x", 2500.0, host)}
+    figures = run_rounds(meters, settings(), "identity", RoundPolicy(min_rounds=6, precision=0.01))
+    x = figures["x"]
+    assert x.speedup == pytest.approx(2.5, rel=2e-3)
+    assert x.speedup_ci[0] <= x.speedup <= x.speedup_ci[1]
+    assert x.speedup_halfwidth < 0.01
+    assert x.halfwidth > 0.05  # the throughput's own interval carries the drift
+    # identity's throughput cannot be known to 1% on this host: it ran to the cap, and the
+    # speedups with it (the rounds go on while any engine is not done)
+    assert figures["identity"].stop_reason == "max_duration"
+    assert x.interleaved and x.drift > 0.3  # identity's spread across rounds, logged
+    assert figures["identity"].speedup is None
+
+
+def test_the_stop_rule_ends_on_precision_after_the_floors():
+    host = Host([1.0])
+    meters = {"identity": FakeMeter("identity", 1000.0, host), "x": FakeMeter("x", 500.0, host)}
+    policy = RoundPolicy(window_s=0.1, min_rounds=5, precision=0.02)
+    figures = run_rounds(meters, settings(repetitions=1), "identity", policy)
+    assert {f.stop_reason for f in figures.values()} == {"precision"}
+    assert figures["x"].rounds == 5
+    # floors: 40 requests of x at 50 per 0.1 s window needs a sixth window? no: 5 x 50 >= 40;
+    # 400 requests need 8 windows
+    host.windows = 0
+    figures = run_rounds(meters, settings(repetitions=400), "identity", policy)
+    assert figures["x"].rounds == 8
+
+
+def test_a_noisy_engine_stops_at_the_cap_and_says_so():
+    rng = np.random.default_rng(1)
+    host = Host([1.0])
+    meters = {"x": FakeMeter("x", 1000.0, host, noise=lambda: rng.lognormal(0, 0.3))}
+    figures = run_rounds(meters, settings(), None, RoundPolicy(window_s=0.1, precision=0.001))
+    assert figures["x"].stop_reason == "max_duration"
+    assert figures["x"].halfwidth is not None and figures["x"].halfwidth > 0.001
+
+
+def test_an_explicit_max_duration_caps_the_floors_but_the_default_cap_does_not():
+    host = Host([1.0])
+    meters = {"x": FakeMeter("x", 10.0, host)}  # one request per 0.1 s window
+    figures = run_rounds(meters, settings(repetitions=200), None, RoundPolicy(precision=0.5))
+    assert figures["x"].rounds >= 200 and figures["x"].stop_reason == "precision"
+    figures = run_rounds(
+        meters, settings(repetitions=200, max_duration_s=1.0), None, RoundPolicy(precision=0.5)
+    )
+    assert figures["x"].stop_reason == "max_duration" and figures["x"].rounds in (10, 11)
+
+
+def test_an_engine_that_fails_is_dropped_and_the_rest_go_on():
+    host = Host([1.0])
+
+    class Breaking(FakeMeter):
+        def window(self, seconds):
+            if self.host.windows > 4:
+                raise RuntimeError("engine crashed")
+            return super().window(seconds)
+
+    meters = {"identity": FakeMeter("identity", 100.0, host), "x": Breaking("x", 50.0, host)}
+    figures = run_rounds(meters, settings(), "identity", RoundPolicy(precision=0.5))
+    assert set(figures) == {"identity"}
+    assert figures["identity"].stop_reason == "precision"
+
+
+def test_one_window_has_no_interval():
+    throughput, ci, width, cv = throughput_figures([Window(10, 20, 1.0)])
+    assert throughput == 20 and ci is None and width is None and cv == 0.0
+    assert log_halfwidth([0.1, 0.2]) is None
+
+
+@pytest.mark.parametrize("k", [3, 5, 10])
+def test_the_interval_covers_95_percent_at_few_windows(k):
+    """Student's t over window means covers its mean 95% of the time even at 3 windows
+    (the bootstrap over 1 ms repetitions covered 71% at n = 3)."""
+    rng = np.random.default_rng(k)
+    trials, hits = 2000, 0
+    for _ in range(trials):
+        logs = rng.normal(0.0, 0.1, size=k)
+        h = log_halfwidth(logs)
+        hits += abs(float(np.mean(logs))) <= h
+    assert 0.93 <= hits / trials <= 0.97
+
+
+def test_stability_is_judged_on_the_interval_and_names_its_cause():
+    assert assess(0.03, 5.0, 0.02).stable
+    wide = assess(0.1036, 5.0, None, what="speedup")
+    assert not wide.stable and "speedup interval +-10.4% is wider than +-5%" in wide.reason
+    busy = assess(0.01, 40.0)
+    assert not busy.stable and "other processes used 40.0% of the CPU" in busy.reason
+    drifted = assess(0.01, 1.0, 0.3)
+    assert not drifted.stable and "host drifted" in drifted.reason
+    few = assess(None, 1.0)
+    assert not few.stable and "too few windows" in few.reason
+    assert assess(math.nan, None).stable is False
