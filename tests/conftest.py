@@ -97,3 +97,8 @@ def run_cli(home: Path, capsys, monkeypatch):
 
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+# The suite checks what the tool does, not how fast the host is: its benchmarks stop at the
+# fewest rounds (a +-50% target) and never measure an UNSTABLE figure again, unless a test
+# sets these itself (the options' environment variables, as a user may set them).
+os.environ.setdefault("MLFLOW_NGRAPH_BENCHMARK_PRECISION", "0.5")
+os.environ.setdefault("MLFLOW_NGRAPH_BENCHMARK_STABLE_RETRIES", "0")

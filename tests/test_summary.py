@@ -102,8 +102,15 @@ def test_winner_lead_beyond_or_within_noise_and_its_stability():
     assert "within noise" in line
     base.stable = False  # the speedup's denominator is noise: the winner's line says so
     out, line = _winner_line([base, ov, ort])
-    assert line.split()[-1] == "UNSTABLE"
-    assert "1 of 3 measurements UNSTABLE" in out and "--stable-retries" in out
+    assert line.endswith("UNSTABLE (baseline)")
+    assert "1 of 3 measurements UNSTABLE after their re-measurements" in out
+    base.stable, ov.speedup_ci_low, ov.speedup_ci_high = True, 1.15, 1.25
+    ort.speedup_ci_low, ort.speedup_ci_high = 1.18, 1.22  # paired: the speedups overlap
+    _, line = _winner_line([base, ov, ort])
+    assert "within noise" in line
+    ort.speedup_ci_high = 1.12  # separate, though the throughput intervals overlap
+    _, line = _winner_line([base, ov, ort])
+    assert "beyond noise" in line
 
 
 def test_names_show_only_the_flags_that_differ():
