@@ -247,8 +247,12 @@ def run_records(run: RunData, metrics: Collection[str] | None = None) -> list[di
             per_batch.setdefault(parsed[1], {})[parsed[0]] = value
     stepped = {name for values in per_batch.values() for name in values}
     # a stepped metric's run-level value is only its highest step: never spread it to rows
+    # (nor a per-batch metric of the schema that this run logged stepped only, without its
+    # flat copies: e.g. ``repetitions`` before it was logged flat)
     shared = {
-        k: v for k, v in run_level.items() if k not in stepped and (metrics is None or k in metrics)
+        k: v
+        for k, v in run_level.items()
+        if k not in stepped and k not in schema.METRICS and (metrics is None or k in metrics)
     }
     if not per_batch:
         return [{**base, **shared, "batch_size": None}]

@@ -107,6 +107,7 @@ FLAT_METRICS = frozenset(
         M_LATENCY_P50,
         M_LATENCY_P99,
         M_CV,
+        M_REPETITIONS,  # what an interval of the mean needs (report/tables.py's fallback)
         M_CPU,
         M_COMPILE,
         M_CACHE_HIT,
