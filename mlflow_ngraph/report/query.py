@@ -257,7 +257,15 @@ def run_records(run: RunData, metrics: Collection[str] | None = None) -> list[di
     if not per_batch:
         return [{**base, **shared, "batch_size": None}]
     return [
-        {**base, **shared, **values, "batch_size": b, "stability": _stability(run.tags, b)}
+        {
+            **base,
+            **shared,
+            **values,
+            "batch_size": b,
+            "stability": _stability(run.tags, b),
+            # each batch size's own status (the run's says FAILED or INVALID if any was)
+            "status": run.tags.get(f"{schema.T_STATUS}.bs{b}") or base["status"],
+        }
         for b, values in per_batch.items()
     ]
 

@@ -30,8 +30,6 @@ BLOCK_DEFAULTS = {"conv_block": {"width": 64, "depth": 1}, "mha_block": {"width"
 DEFAULT_RANGES = ((2, 4), (8, 16))
 #: the paper's Tables VII/VIII report batch sizes 8 and 16
 DEFAULT_DEPTH_BATCHES = (8, 16)
-#: results that are not results: an engine whose outputs were wrong, or no engine at all
-NOT_RESULTS = (schema.STATUS_INVALID, schema.STATUS_FAILED)
 #: the paper's family order (Table IV), then any other family alphabetically
 FAMILY_ORDER = ("resnet", "efficientnet", "deit", "swin", "convnext", *BLOCK_FAMILIES)
 
@@ -57,6 +55,7 @@ MIN_INTERVAL_REPETITIONS = 3
 #: draws of the parametric bootstrap of Kendall's tau
 TAU_DRAWS = 2000
 NO_THROUGHPUT = "no throughput measured"
+NOT_USABLE = "no relative metrics: not an OK measurement"
 CPU_STD = f"{schema.M_CPU}_std"  # not in the schema yet: used when a runner logs it
 #: every metric the tables read (the query keeps only these)
 READ_METRICS = frozenset((*METRIC_COLUMNS, CPU_STD))
@@ -142,10 +141,12 @@ def drop_undefined_spreads(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def add_validity(frame: pd.DataFrame) -> pd.DataFrame:
-    """``status`` per row: the run's tag, INVALID where that batch's output check failed,
-    UNKNOWN where the runner set no status."""
+    """``status`` per row: the batch size's tag (else the run's), INVALID where that batch's
+    output check failed, OK where no status was written but the check passed (a result whose
+    tags a kill tore off, or a cell still running), UNKNOWN otherwise."""
     out = frame.copy()
     status = out["status"].fillna("").astype(str).replace("", "UNKNOWN")
+    status = status.where(~((status == "UNKNOWN") & (out[schema.M_VALID] == 1)), schema.STATUS_OK)
     out["status"] = status.where(~(out[schema.M_VALID] == 0), schema.STATUS_INVALID)
     return out
 
@@ -170,10 +171,13 @@ def _identity_runs(frame: pd.DataFrame) -> dict[str, str]:
 def add_relative_metrics(frame: pd.DataFrame) -> pd.DataFrame:
     """speedup, RTR, ASE, BSR, the identity's throughput and CPU, CPU reduction, ``missing``.
 
-    Recomputed from the logged throughputs (logged relative metrics are ignored).
+    Recomputed from the logged throughputs (logged relative metrics are ignored), of OK
+    measurements only (:func:`is_result`, ``schema.is_usable``: the rule the logged values
+    follow too): an INVALID or FAILED row is no baseline and gets no relative metric.
     """
-    tput = _series_by_run(frame, schema.M_THROUGHPUT)
-    cpu = _series_by_run(frame, schema.M_CPU)
+    usable = frame[is_result(frame)]
+    tput = _series_by_run(usable, schema.M_THROUGHPUT)
+    cpu = _series_by_run(usable, schema.M_CPU)
     baseline = _identity_runs(frame)
     rel = {
         run: metrics.relative_metrics(series, tput.get(baseline.get(key, ""), None))
@@ -188,10 +192,13 @@ def add_relative_metrics(frame: pd.DataFrame) -> pd.DataFrame:
             strict=True,
         )
     ]
-    for row, status, error in zip(
-        rows, _list(frame["status"]), _list(frame["error"].fillna("")), strict=True
+    measured = frame[schema.M_THROUGHPUT].notna().tolist()
+    for row, status, error, has_t in zip(
+        rows, _list(frame["status"]), _list(frame["error"].fillna("")), measured, strict=True
     ):
-        if row[-1] == NO_THROUGHPUT and (status != "OK" or error):
+        if row[-1] == NO_THROUGHPUT and has_t:
+            row[-1] = f"{NOT_USABLE} ({status})"
+        elif row[-1] == NO_THROUGHPUT and (status != "OK" or error):
             row[-1] = f"{NO_THROUGHPUT} ({status}{': ' + error if error else ''})"
     columns = [*RELATIVE, "identity_throughput", "identity_cpu_percent", "cpu_reduction_pct"]
     values = pd.DataFrame(rows, columns=[*columns, "missing"], index=frame.index)
@@ -308,11 +315,11 @@ def _missing_reason(tput: dict, run: str, batch: int, key: str, ident_run: str |
     if ident_run is None:
         reasons.append(f"speedup, bsr: no identity run for {model} on {device}")
     elif batch not in ident:
-        reasons.append(f"speedup, bsr: identity not measured at batch {batch}")
+        reasons.append(f"speedup, bsr: identity not measured OK at batch {batch}")
     if 1 not in own:
-        reasons.append("rtr, ase, bsr: no batch-1 throughput")
+        reasons.append("rtr, ase, bsr: no OK batch-1 throughput")
     elif ident_run is not None and 1 not in ident:
-        reasons.append("bsr: identity has no batch-1 throughput")
+        reasons.append("bsr: identity has no OK batch-1 throughput")
     return "; ".join(reasons)
 
 
@@ -339,8 +346,10 @@ def select(
 
 
 def is_result(frame: pd.DataFrame) -> pd.Series:
-    """Rows that hold a usable measurement (valid engine, throughput measured)."""
-    return ~frame["status"].isin(NOT_RESULTS) & frame[schema.M_THROUGHPUT].notna()
+    """Rows that hold a usable measurement (``schema.is_usable``: status OK; throughput
+    measured): the only ones relative metrics, aggregates and rankings are made of."""
+    usable = frame["status"].map(schema.is_usable).astype(bool)
+    return usable & frame[schema.M_THROUGHPUT].notna()
 
 
 def compiler_rank(label: str) -> tuple[int, str]:

@@ -46,6 +46,16 @@ STATUS_OK = "OK"
 STATUS_INVALID = "INVALID"
 STATUS_FAILED = "FAILED"
 
+
+def is_usable(status: str | None) -> bool:
+    """Whether a measurement with this status enters a relative metric (speedup, RTR, ASE,
+    BSR, CPU reduction), on either side of the ratio: only an OK one. An INVALID engine's
+    outputs were wrong, so its throughput is no baseline (identity throughput for speedup,
+    T_c(1) for RTR / ASE, ASE_identity for BSR) and no result; a FAILED one has none. The
+    one rule for the values logged to MLflow (``tracking/journal.py``) and those ``compare``
+    recomputes (``report/tables.py``)."""
+    return status == STATUS_OK
+
 # --- per-batch metrics (stepped by batch size, and flat as "<name>.bs<batch>") -----------
 M_THROUGHPUT = "throughput"  # samples/s: samples measured / seconds measured
 M_THROUGHPUT_STD = "throughput_std"
