@@ -138,6 +138,14 @@ def _thread_key() -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def energy_record(root: Path | None = None) -> dict[str, str]:
+    """``energy.method`` and its domains where RAPL is readable, else ``energy.method`` =
+    ``none`` and ``energy.unavailable`` saying why (measure/energy.py)."""
+    from mlflow_ngraph.measure.energy import POWERCAP_ROOT, environment_record
+
+    return environment_record(POWERCAP_ROOT if root is None else root)
+
+
 def environment(
     profile_name: str, device_kind: str, cache_dir: Path | None = None
 ) -> dict[str, Any]:
@@ -164,6 +172,8 @@ def environment(
     }
     env.update({f"version.{k}": v for k, v in library_versions().items()})
     env.update({f"env.{k}": os.environ[k] for k in _THREAD_VARS if k in os.environ})
+    # energy: RAPL's method and domains, or why nothing is measured (never an estimate)
+    env.update(energy_record())
     if device_kind == "cuda":
         from mlflow_ngraph.measure.nvml import gpu_environment
 

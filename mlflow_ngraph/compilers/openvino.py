@@ -78,6 +78,9 @@ class OpenVinoEngine(Engine):
         self.input_shape = tuple(compiled.input(0).get_shape())
         self.queue: Any = None  # AsyncInferQueue, built in prepare()
         self.request: Any = None  # the synchronous InferRequest of infer()
+        #: ids of the queue's requests started since the window began (reset_latencies):
+        #: only their previous inference is one of the window's
+        self._started: set[int] = set()
 
     def prepare(self, inputs: np.ndarray) -> None:
         from openvino import AsyncInferQueue
@@ -89,6 +92,15 @@ class OpenVinoEngine(Engine):
         # as benchmark_app: copy the data into each request's own input tensor, once
         for request in [self.request, *self.queue]:
             request.get_input_tensor(0).data[:] = inputs
+        self.reset_latencies()
+
+    def reset_latencies(self) -> None:
+        """Begin a measured window: :meth:`start_many` reads no latency of an inference
+        that ran before this call (in the warm-up, or never: a request that has not run
+        reads 0.0 ms). :meth:`synchronize` calls it, so the harness's sync after the
+        warm-up begins the window; with nothing in flight then, no window's inference is
+        lost."""
+        self._started.clear()
 
     def infer(self) -> None:
         self.request.infer()
@@ -105,15 +117,21 @@ class OpenVinoEngine(Engine):
         latencies under full load, as ``benchmark_app`` reports them. A Python completion
         callback would do the same at the cost of the GIL on every completion: it halved
         the throughput of a 30 us model; reading one request in eight cost about 3%.
+        Only an inference started in this window is read (see :meth:`reset_latencies`):
+        each request's first start in it is not, its previous inference being older.
         """
         queue = self.queue
-        if latencies is None:
+        started = self._started
+        if latencies is None:  # nothing read: nothing tracked (a later read is skipped)
             for _ in range(count):
                 queue.start_async()  # blocks until a request is idle; inputs already in place
             return
         for k in range(count):
-            if k % every == 0:
-                latencies.append(queue[queue.get_idle_request_id()].latency / 1000.0)
+            # the request start_async takes next (the same idle list, one starting thread)
+            idle = queue.get_idle_request_id()
+            if k % every == 0 and idle in started:
+                latencies.append(queue[idle].latency / 1000.0)
+            started.add(idle)
             queue.start_async()
 
     def run_many(self, count: int, stamps: list[float] | None = None) -> None:
@@ -130,6 +148,7 @@ class OpenVinoEngine(Engine):
     def synchronize(self) -> None:
         if self.queue is not None:
             self.queue.wait_all()
+        self.reset_latencies()  # nothing in flight: what follows is a new window
 
     def outputs(self, inputs: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
         """Every output, in the model's order (one array when there is one)."""

@@ -9,8 +9,11 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
+
+from mlflow_ngraph.measure.energy import METHOD, POWERCAP_ROOT, RaplReader
 
 #: RSS polling period; 50 ms catches allocation peaks of a request on the models studied
 #: while costing well under 0.1% of one core.
@@ -45,6 +48,11 @@ class ResourceUsage:
     wall_s: float
     gpu: dict
     host: HostNoise = field(default_factory=HostNoise)
+    #: joules per RAPL domain over the window (``package``, ``dram``; energy.py), empty where
+    #: no counter is readable: energy.energy_metrics makes the metrics of it
+    energy_j: dict[str, float] = field(default_factory=dict)
+    #: how ``energy_j`` was measured (energy.METHOD), ``None`` when it was not
+    energy_method: str | None = None
 
 
 def _proc_stat() -> tuple[float, float] | None:
@@ -159,8 +167,9 @@ class ResourceSampler:
     16 logical cores reads 6.25%. On NVIDIA devices the NVML sampler adds GPU utilisation.
     """
 
-    def __init__(self, gpu: bool = False) -> None:
+    def __init__(self, gpu: bool = False, powercap_root: Path = POWERCAP_ROOT) -> None:
         self._process = psutil.Process(os.getpid())
+        self._energy = RaplReader(powercap_root)
         self._cores = psutil.cpu_count(logical=True) or 1
         self._stop = threading.Event()
         self._host = HostSampler()
@@ -179,6 +188,7 @@ class ResourceSampler:
             polls += 1
             if polls % FREQ_EVERY_POLLS == 0:
                 self._host.sample()
+                self._energy.sample()  # a counter wrapping twice in a window is still counted
 
     def start(self) -> None:
         self._peak_rss = self._process.memory_info().rss
@@ -188,12 +198,14 @@ class ResourceSampler:
         if self._gpu_sampler is not None:
             self._gpu_sampler.start()
         self._host.start()
+        self._energy.start()
         self._cpu0 = self._cpu_seconds()
         self._wall0 = time.perf_counter()
 
     def stop(self) -> ResourceUsage:
         wall = time.perf_counter() - self._wall0
         cpu = self._cpu_seconds() - self._cpu0
+        energy = self._energy.stop()  # at the window's end (a lock keeps the poll's out)
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -211,6 +223,8 @@ class ResourceSampler:
             wall_s=wall,
             gpu=gpu,
             host=host,
+            energy_j=energy,
+            energy_method=METHOD if energy else None,
         )
 
     @staticmethod

@@ -53,6 +53,9 @@ BOOTSTRAP_RESAMPLES = 2000
 BCA_MAX_REPETITIONS = 400
 #: resampled values held at once (16 MB of float64)
 BOOTSTRAP_BATCH_VALUES = 2_000_000
+#: the oldest SciPy :func:`rate_interval` runs on: ``scipy.stats.bootstrap`` takes ``rng=``
+#: from 1.15 (SPEC 7); 1.11-1.14 raise ``TypeError`` on it. pyproject.toml's floor is this.
+SCIPY_MIN_VERSION = "1.15"
 
 
 def rate_interval(

@@ -247,13 +247,25 @@ def run_records(run: RunData, metrics: Collection[str] | None = None) -> list[di
             per_batch.setdefault(parsed[1], {})[parsed[0]] = value
     stepped = {name for values in per_batch.values() for name in values}
     # a stepped metric's run-level value is only its highest step: never spread it to rows
+    # (nor a per-batch metric of the schema that this run logged stepped only, without its
+    # flat copies: e.g. ``repetitions`` before it was logged flat)
     shared = {
-        k: v for k, v in run_level.items() if k not in stepped and (metrics is None or k in metrics)
+        k: v
+        for k, v in run_level.items()
+        if k not in stepped and k not in schema.METRICS and (metrics is None or k in metrics)
     }
     if not per_batch:
         return [{**base, **shared, "batch_size": None}]
     return [
-        {**base, **shared, **values, "batch_size": b, "stability": _stability(run.tags, b)}
+        {
+            **base,
+            **shared,
+            **values,
+            "batch_size": b,
+            "stability": _stability(run.tags, b),
+            # each batch size's own status (the run's says FAILED or INVALID if any was)
+            "status": run.tags.get(f"{schema.T_STATUS}.bs{b}") or base["status"],
+        }
         for b, values in per_batch.items()
     ]
 

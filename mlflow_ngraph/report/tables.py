@@ -30,8 +30,6 @@ BLOCK_DEFAULTS = {"conv_block": {"width": 64, "depth": 1}, "mha_block": {"width"
 DEFAULT_RANGES = ((2, 4), (8, 16))
 #: the paper's Tables VII/VIII report batch sizes 8 and 16
 DEFAULT_DEPTH_BATCHES = (8, 16)
-#: results that are not results: an engine whose outputs were wrong, or no engine at all
-NOT_RESULTS = (schema.STATUS_INVALID, schema.STATUS_FAILED)
 #: the paper's family order (Table IV), then any other family alphabetically
 FAMILY_ORDER = ("resnet", "efficientnet", "deit", "swin", "convnext", *BLOCK_FAMILIES)
 
@@ -47,13 +45,17 @@ METRIC_COLUMNS = (
     schema.M_CACHE_HIT,
     schema.M_MAX_ABS_ERROR,
     schema.M_VALID,
+    schema.M_REPETITIONS,
 )
-#: z of a two-sided 95% normal interval: turns a std into an interval where a run logged no
-#: interval of its own, and an interval back into a std for the noise draws
+#: z of a two-sided 95% normal interval: turns an interval back into a std for the noise draws
 Z95 = 1.959963984540054
+#: fewest repetitions behind an interval (the harness logs none below it either): with fewer,
+#: a measurement has no interval anywhere, never a zero-width one
+MIN_INTERVAL_REPETITIONS = 3
 #: draws of the parametric bootstrap of Kendall's tau
 TAU_DRAWS = 2000
 NO_THROUGHPUT = "no throughput measured"
+NOT_USABLE = "no relative metrics: not an OK measurement"
 CPU_STD = f"{schema.M_CPU}_std"  # not in the schema yet: used when a runner logs it
 #: every metric the tables read (the query keeps only these)
 READ_METRICS = frozenset((*METRIC_COLUMNS, CPU_STD))
@@ -73,7 +75,7 @@ def prepare(raw: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """
     frame = add_labels(raw)
     frame, superseded = latest_per_cell(frame)
-    frame = add_validity(frame)
+    frame = add_validity(drop_undefined_spreads(frame))
     return add_relative_metrics(frame), superseded
 
 
@@ -129,11 +131,22 @@ def latest_per_cell(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return kept.reset_index(drop=True), len(runs) - len(latest)
 
 
+def drop_undefined_spreads(frame: pd.DataFrame) -> pd.DataFrame:
+    """``throughput_std`` missing where the run logged one repetition: the spread of a
+    single value is undefined (the harness logs 0), never shown as ``± 0``."""
+    out = frame.copy()
+    single = out[schema.M_REPETITIONS] < 2
+    out[schema.M_THROUGHPUT_STD] = out[schema.M_THROUGHPUT_STD].where(~single.fillna(False))
+    return out
+
+
 def add_validity(frame: pd.DataFrame) -> pd.DataFrame:
-    """``status`` per row: the run's tag, INVALID where that batch's output check failed,
-    UNKNOWN where the runner set no status."""
+    """``status`` per row: the batch size's tag (else the run's), INVALID where that batch's
+    output check failed, OK where no status was written but the check passed (a result whose
+    tags a kill tore off, or a cell still running), UNKNOWN otherwise."""
     out = frame.copy()
     status = out["status"].fillna("").astype(str).replace("", "UNKNOWN")
+    status = status.where(~((status == "UNKNOWN") & (out[schema.M_VALID] == 1)), schema.STATUS_OK)
     out["status"] = status.where(~(out[schema.M_VALID] == 0), schema.STATUS_INVALID)
     return out
 
@@ -158,10 +171,13 @@ def _identity_runs(frame: pd.DataFrame) -> dict[str, str]:
 def add_relative_metrics(frame: pd.DataFrame) -> pd.DataFrame:
     """speedup, RTR, ASE, BSR, the identity's throughput and CPU, CPU reduction, ``missing``.
 
-    Recomputed from the logged throughputs (logged relative metrics are ignored).
+    Recomputed from the logged throughputs (logged relative metrics are ignored), of OK
+    measurements only (:func:`is_result`, ``schema.is_usable``: the rule the logged values
+    follow too): an INVALID or FAILED row is no baseline and gets no relative metric.
     """
-    tput = _series_by_run(frame, schema.M_THROUGHPUT)
-    cpu = _series_by_run(frame, schema.M_CPU)
+    usable = frame[is_result(frame)]
+    tput = _series_by_run(usable, schema.M_THROUGHPUT)
+    cpu = _series_by_run(usable, schema.M_CPU)
     baseline = _identity_runs(frame)
     rel = {
         run: metrics.relative_metrics(series, tput.get(baseline.get(key, ""), None))
@@ -176,10 +192,13 @@ def add_relative_metrics(frame: pd.DataFrame) -> pd.DataFrame:
             strict=True,
         )
     ]
-    for row, status, error in zip(
-        rows, _list(frame["status"]), _list(frame["error"].fillna("")), strict=True
+    measured = frame[schema.M_THROUGHPUT].notna().tolist()
+    for row, status, error, has_t in zip(
+        rows, _list(frame["status"]), _list(frame["error"].fillna("")), measured, strict=True
     ):
-        if row[-1] == NO_THROUGHPUT and (status != "OK" or error):
+        if row[-1] == NO_THROUGHPUT and has_t:
+            row[-1] = f"{NOT_USABLE} ({status})"
+        elif row[-1] == NO_THROUGHPUT and (status != "OK" or error):
             row[-1] = f"{NO_THROUGHPUT} ({status}{': ' + error if error else ''})"
     columns = [*RELATIVE, "identity_throughput", "identity_cpu_percent", "cpu_reduction_pct"]
     values = pd.DataFrame(rows, columns=[*columns, "missing"], index=frame.index)
@@ -190,16 +209,28 @@ def add_relative_metrics(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _bounds(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's 95% throughput interval: the logged one, else throughput -+ 1.96 std,
-    else NaN."""
+    """Each row's 95% throughput interval: the logged one; else, where the run logged its
+    repetition count n >= 3, the interval of the mean, throughput -+ t(0.975, n - 1) x
+    std / sqrt(n) (``throughput_std`` is the spread of one repetition, about sqrt(n) wider
+    than the mean's uncertainty); else NaN. With fewer than 3 repetitions, or no spread,
+    the interval is missing, never zero wide."""
+    from scipy import stats
+
     tput = frame[schema.M_THROUGHPUT].to_numpy(dtype=float, na_value=np.nan)
     std = frame[schema.M_THROUGHPUT_STD].to_numpy(dtype=float, na_value=np.nan)
     low = frame[schema.M_THROUGHPUT_CI_LOW].to_numpy(dtype=float, na_value=np.nan)
     high = frame[schema.M_THROUGHPUT_CI_HIGH].to_numpy(dtype=float, na_value=np.nan)
+    n = frame[schema.M_REPETITIONS].to_numpy(dtype=float, na_value=np.nan)
+    enough = n >= MIN_INTERVAL_REPETITIONS  # False where n is not known
+    count = np.where(enough, n, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        half = stats.t.ppf(0.975, count - 1) * std / np.sqrt(count)
+    half = np.where(std > 0, half, np.nan)
     missing = np.isnan(low) | np.isnan(high)
-    low = np.where(missing, tput - Z95 * std, low)
-    high = np.where(missing, tput + Z95 * std, high)
-    return low, high
+    low = np.where(missing, tput - half, low)
+    high = np.where(missing, tput + half, high)
+    too_few = n < MIN_INTERVAL_REPETITIONS  # a logged count below 3: no interval at all
+    return np.where(too_few, np.nan, low), np.where(too_few, np.nan, high)
 
 
 def add_intervals(frame: pd.DataFrame, baseline: dict[str, str]) -> pd.DataFrame:
@@ -284,11 +315,11 @@ def _missing_reason(tput: dict, run: str, batch: int, key: str, ident_run: str |
     if ident_run is None:
         reasons.append(f"speedup, bsr: no identity run for {model} on {device}")
     elif batch not in ident:
-        reasons.append(f"speedup, bsr: identity not measured at batch {batch}")
+        reasons.append(f"speedup, bsr: identity not measured OK at batch {batch}")
     if 1 not in own:
-        reasons.append("rtr, ase, bsr: no batch-1 throughput")
+        reasons.append("rtr, ase, bsr: no OK batch-1 throughput")
     elif ident_run is not None and 1 not in ident:
-        reasons.append("bsr: identity has no batch-1 throughput")
+        reasons.append("bsr: identity has no OK batch-1 throughput")
     return "; ".join(reasons)
 
 
@@ -315,8 +346,10 @@ def select(
 
 
 def is_result(frame: pd.DataFrame) -> pd.Series:
-    """Rows that hold a usable measurement (valid engine, throughput measured)."""
-    return ~frame["status"].isin(NOT_RESULTS) & frame[schema.M_THROUGHPUT].notna()
+    """Rows that hold a usable measurement (``schema.is_usable``: status OK; throughput
+    measured): the only ones relative metrics, aggregates and rankings are made of."""
+    usable = frame["status"].map(schema.is_usable).astype(bool)
+    return usable & frame[schema.M_THROUGHPUT].notna()
 
 
 def compiler_rank(label: str) -> tuple[int, str]:
@@ -553,14 +586,14 @@ def tau_interval(
     """A 95% interval of Kendall's tau under the measurements' own noise: a parametric
     bootstrap drawing every throughput from a normal with its standard deviation (from its
     logged interval). With a handful of models a resampling of models says little; the
-    question here is whether the two rankings could differ by noise alone. ``None`` when no
-    item has a known spread."""
+    question here is whether the two rankings could differ by noise alone. ``None`` when an
+    item's spread is unknown (taking it as 0 would narrow the interval by a guess)."""
     sd1, sd2 = np.asarray(first_sd, dtype=float), np.asarray(second_sd, dtype=float)
-    if len(first) < 2 or (np.all(np.isnan(sd1)) and np.all(np.isnan(sd2))):
+    if len(first) < 2 or np.any(np.isnan(sd1)) or np.any(np.isnan(sd2)):
         return None
     rng = np.random.default_rng(0)
-    x = rng.normal(first, np.nan_to_num(sd1), size=(draws, len(first)))
-    y = rng.normal(second, np.nan_to_num(sd2), size=(draws, len(second)))
+    x = rng.normal(first, sd1, size=(draws, len(first)))
+    y = rng.normal(second, sd2, size=(draws, len(second)))
     taus = _tau_b(x, y)
     taus = taus[~np.isnan(taus)]
     if not taus.size:
@@ -656,7 +689,8 @@ def flips_table(frame: pd.DataFrame) -> pd.DataFrame:
 def _rankings(part: pd.DataFrame, keys: list[str], column: str) -> dict[tuple, dict]:
     """group key -> the items (values of ``column``) with their identity and compiler
     throughputs and 95% intervals (means over the group's rows of each item: for a family,
-    the mean of its models' throughputs and of their interval ends)."""
+    the mean of its models' throughputs and of their interval ends; an end is missing when
+    any of its models' is, never the end of the others alone)."""
     values = [
         "identity_throughput",
         "identity_ci_low",
@@ -667,7 +701,8 @@ def _rankings(part: pd.DataFrame, keys: list[str], column: str) -> dict[tuple, d
     ]
     low, high = _bounds(part)
     part = part.assign(ci_low=low, ci_high=high)
-    means = part.groupby([*keys, column], dropna=False)[values].mean()
+    grouped = part.groupby([*keys, column], dropna=False)[values]
+    means = grouped.mean().where(grouped.count().eq(grouped.size(), axis=0))
     out: dict[tuple, dict[str, list]] = {}
     for index, row in zip(means.index, means.itertuples(index=False, name=None), strict=True):
         group = out.setdefault(index[:-1], {"names": [], **{v: [] for v in values}})

@@ -89,11 +89,12 @@ class CellState:
         return bool(sizes) and all(b in self.measured or b in self.failed for b in sizes)
 
     def throughputs(self) -> dict[int, float]:
-        """The throughput of every batch size that was measured (not FAILED)."""
+        """The throughput of every batch size measured OK (``S.is_usable``): what relative
+        metrics are made of (an INVALID one is neither a result nor a baseline)."""
         return {
             b: r["metrics"][S.M_THROUGHPUT]
             for b, r in self.measured.items()
-            if r["status"] != S.STATUS_FAILED and r["metrics"].get(S.M_THROUGHPUT) is not None
+            if S.is_usable(r["status"]) and r["metrics"].get(S.M_THROUGHPUT) is not None
         }
 
 

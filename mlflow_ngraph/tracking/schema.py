@@ -46,6 +46,16 @@ STATUS_OK = "OK"
 STATUS_INVALID = "INVALID"
 STATUS_FAILED = "FAILED"
 
+
+def is_usable(status: str | None) -> bool:
+    """Whether a measurement with this status enters a relative metric (speedup, RTR, ASE,
+    BSR, CPU reduction), on either side of the ratio: only an OK one. An INVALID engine's
+    outputs were wrong, so its throughput is no baseline (identity throughput for speedup,
+    T_c(1) for RTR / ASE, ASE_identity for BSR) and no result; a FAILED one has none. The
+    one rule for the values logged to MLflow (``tracking/journal.py``) and those ``compare``
+    recomputes (``report/tables.py``)."""
+    return status == STATUS_OK
+
 # --- per-batch metrics (stepped by batch size, and flat as "<name>.bs<batch>") -----------
 M_THROUGHPUT = "throughput"  # samples/s: samples measured / seconds measured
 M_THROUGHPUT_STD = "throughput_std"
@@ -96,6 +106,12 @@ M_TRIALS = "trials"
 M_TUNED = "tuned"  # 1 when a tuning database covered the engine's tasks
 M_GPU_UTIL = "gpu_util_percent"
 M_GPU_MEM = "gpu_mem_mb"
+# energy over the window, where RAPL is readable (measure/energy.py; the method and, where
+# it is not, why, are in the environment record): package + dram, and per domain as
+# ``<metric>.<domain>`` (``power_w.package``, ``power_w.dram``; see ``domain_key``)
+M_ENERGY_PER_SAMPLE = "energy_j_per_sample"  # joules / samples measured in the window
+M_POWER = "power_w"  # joules / window seconds
+ENERGY_DOMAINS = ("package", "dram")
 # relative metrics (need T_c(1) and the identity baseline of the same device and model)
 M_SPEEDUP = "speedup"
 M_RTR = "rtr"
@@ -117,7 +133,9 @@ FLAT_METRICS = frozenset(
         M_LATENCY_P50,
         M_LATENCY_P99,
         M_CV,
+        M_REPETITIONS,  # what an interval of the mean needs (report/tables.py's fallback)
         M_CPU,
+        M_ENERGY_PER_SAMPLE,
         M_COMPILE,
         M_CACHE_HIT,
         M_MAX_ABS_ERROR,
@@ -145,7 +163,15 @@ def is_schema_metric(key: str) -> bool:
     stem, sep, index = base.rpartition("_out")
     if sep and index.isdigit():
         base = stem
+    stem, sep, domain = base.rpartition(".")
+    if sep and domain in ENERGY_DOMAINS:
+        base = stem
     return base in METRICS
+
+
+def domain_key(metric: str, domain: str) -> str:
+    """``power_w``, ``dram`` -> ``power_w.dram``: one energy domain's share of a metric."""
+    return f"{metric}.{domain}"
 
 
 def flat_key(metric: str, batch_size: int) -> str:

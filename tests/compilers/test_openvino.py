@@ -164,3 +164,39 @@ def test_missing_device_is_a_clear_error(compiler, cache_dir, tmp_path):
 def test_flag_validation(compiler, flags, message):
     with pytest.raises(NgraphError, match=message):
         compiler.resolve_flags(flags)
+
+
+def test_latencies_are_read_only_from_the_windows_own_requests(compiler, case, cache_dir, tmp_path):
+    """start_many reads the previous latency of the request it restarts: at a window's
+    start that is a warm-up inference, or 0.0 ms for a request that never ran. Only the
+    window's own inferences are read: each request's first start in it is not."""
+    model, inputs, _ = case
+    engine = compiler.compile(model, compiler.resolve_flags({}), _ctx(tmp_path, cache_dir))
+    engine.prepare(inputs)
+    slots = engine.parallel_requests
+    count = 4 * slots
+
+    # a fresh queue: no request has run yet, none may be read as 0.0 ms
+    fresh: list[float] = []
+    engine.start_many(count, fresh, 1)
+    engine.queue.wait_all()
+    assert len(fresh) == count - slots
+    assert all(latency > 0 for latency in fresh)
+
+    # as the harness: warm-up, synchronize, then the window (its first round reads nothing)
+    warmup: list[float] = []
+    engine.start_many(count, warmup, 1)
+    engine.synchronize()
+    window: list[float] = []
+    engine.start_many(count, window, 1)
+    engine.start_many(count, window, 1)  # a second repetition reads every start
+    engine.synchronize()
+    assert len(window) == 2 * count - slots
+    assert all(latency > 0 for latency in window)
+
+    # an explicit reset begins a window too
+    engine.reset_latencies()
+    again: list[float] = []
+    engine.start_many(count, again, 2)  # every second start is read
+    engine.close()
+    assert len(again) == len([k for k in range(slots, count) if k % 2 == 0])

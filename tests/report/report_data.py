@@ -45,12 +45,16 @@ class Cell:
     ci: dict[int, tuple[float, float]] = field(default_factory=dict)
     #: ``ngraph.stability.bs<b>`` tags, by batch size
     stability: dict[int, str] = field(default_factory=dict)
+    #: repetitions behind every batch size's throughput (``None``: not logged, as before)
+    repetitions: int | None = 100
+    #: the std of one repetition, as a share of the throughput
+    rep_cv: float = 0.01
 
 
 def _per_batch(cell: Cell) -> dict[str, dict[int, float]]:
     values = {
         S.M_THROUGHPUT: cell.throughput,
-        S.M_THROUGHPUT_STD: {b: t / 100 for b, t in cell.throughput.items()},
+        S.M_THROUGHPUT_STD: {b: t * cell.rep_cv for b, t in cell.throughput.items()},
         S.M_LATENCY_P50: {b: 1000 * b / t for b, t in cell.throughput.items()},
         S.M_CPU: cell.cpu,
         S.M_COMPILE: cell.compile_s,
@@ -59,6 +63,8 @@ def _per_batch(cell: Cell) -> dict[str, dict[int, float]]:
         S.M_SPEEDUP: {b: 999.0 for b in cell.throughput},  # wrong on purpose
         S.M_BSR: {b: 999.0 for b in cell.throughput},
     }
+    if cell.repetitions is not None:
+        values[S.M_REPETITIONS] = {b: cell.repetitions for b in cell.throughput}
     if cell.ci:
         values[S.M_THROUGHPUT_CI_LOW] = {b: low for b, (low, _) in cell.ci.items()}
         values[S.M_THROUGHPUT_CI_HIGH] = {b: high for b, (_, high) in cell.ci.items()}

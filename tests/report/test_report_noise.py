@@ -85,3 +85,60 @@ def test_tau_interval_collapses_without_noise_and_needs_a_spread():
     assert tau_interval([3, 2, 1], [nan] * 3, [1, 2, 3], [nan] * 3) is None
     low, high = tau_interval([3, 2, 1], [5.0] * 3, [1, 2, 3], [5.0] * 3)  # noise >> gaps
     assert low < 0 < high
+
+
+# --- the fallback interval where a run logged none: the mean's, from the repetition count ---
+@pytest.fixture(scope="module")
+def fallback_store(tmp_path_factory):
+    """No logged intervals: throughput_std (one repetition's spread) and the repetition
+    count are all compare has. resnet18: 100 repetitions, CV 0.19 (the issue's example);
+    resnet50: one repetition (std 0); efficientnet: a run from before repetitions were
+    logged."""
+    uri, client, exp = new_store(tmp_path_factory.mktemp("fallback-store"), "fallback")
+    cells = [
+        Cell("cpu", A, "resnet", "identity", {1: 100}, rep_cv=0.19),
+        Cell("cpu", A, "resnet", "openvino", {1: 110}, rep_cv=0.19),
+        Cell("cpu", B, "resnet", "identity", {1: 50}, repetitions=1, rep_cv=0.0),
+        Cell("cpu", B, "resnet", "openvino", {1: 55}, repetitions=1, rep_cv=0.0),
+        Cell("cpu", C, "efficientnet", "identity", {1: 80}, repetitions=None),
+        Cell("cpu", C, "efficientnet", "openvino", {1: 90}, repetitions=None),
+    ]
+    log_benchmark(client, exp, "cpu", cells)
+    return uri
+
+
+def test_fallback_interval_is_the_means_not_one_repetitions(fallback_store):
+    from scipy import stats
+
+    row = one(_json(fallback_store), model=A, compiler="openvino", batch_size=1)
+    half = stats.t.ppf(0.975, 99) * 0.19 / math.sqrt(100)  # relative: t x CV / sqrt(n)
+    # each side +-3.8% (not +-1.96 std = +-37%); their log half-widths add in quadrature
+    width = math.hypot(math.log(1 / (1 - half)), math.log(1 + half))
+    assert row["speedup_ci_low"] == pytest.approx(1.1 * math.exp(-width), rel=1e-9)
+    assert row["speedup_ci_high"] == pytest.approx(1.1 * math.exp(width), rel=1e-9)
+    assert 1.03 < row["speedup_ci_low"] and row["speedup_ci_high"] < 1.17
+
+
+def test_too_few_repetitions_give_no_interval_anywhere(fallback_store):
+    rows = _json(fallback_store)
+    single = one(rows, model=B, compiler="openvino", batch_size=1)
+    assert single["speedup"] == pytest.approx(1.1)
+    # no zero-width "speedup_ci 1.1-1.1", no "± 0"
+    assert single["speedup_ci_low"] is None and single["speedup_ci_high"] is None
+    assert single["throughput_std"] is None
+    # a run that did not log its repetition count: no interval can be made from its std
+    old = one(rows, model=C, compiler="openvino", batch_size=1)
+    assert old["speedup_ci_low"] is None and old["speedup_ci_high"] is None
+    assert old["throughput_std"] == pytest.approx(0.9)  # its spread is still shown
+    result = CliRunner().invoke(compare, ["--tracking-uri", fallback_store])
+    assert result.exit_code == 0, result.output
+    assert "± 0 " not in result.output and "1.1-1.1" not in result.output
+
+
+def test_kendall_interval_needs_every_items_spread(fallback_store):
+    flips = one(_json(fallback_store, "--table", "flips"), compiler="openvino", level="model")
+    assert flips["n"] == 3
+    # resnet50 and efficientnet have no interval: the draws would take them as exact
+    assert flips["tau_ci_low"] is None and flips["tau_ci_high"] is None
+    nan = float("nan")
+    assert tau_interval([3, 2, 1], [1.0, nan, 1.0], [1, 2, 3], [1.0] * 3) is None

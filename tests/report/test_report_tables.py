@@ -85,8 +85,10 @@ def test_newest_run_of_a_cell_wins(cells):
 
 def test_invalid_and_failed_cells_are_shown_with_their_status(cells):
     invalid = one(cells, model=R18, compiler="tvm", batch_size=8)
-    assert invalid["status"] == "INVALID"
-    assert invalid["speedup"] == exact(9000 / 320)
+    assert invalid["status"] == "INVALID" and invalid["throughput"] == exact(9000)
+    # wrong outputs: no relative metric, on either side of a ratio (schema.is_usable)
+    assert invalid["speedup"] is None and invalid["rtr"] is None
+    assert invalid["missing"] == "no relative metrics: not an OK measurement (INVALID)"
     failed = one(cells, model=DEIT, compiler="tvm")
     assert failed["status"] == "FAILED" and failed["batch_size"] is None
     assert failed["throughput"] is None and failed["speedup"] is None
@@ -102,12 +104,12 @@ def test_missing_baseline_is_missing_with_the_reason(cells):
     assert no_batch1["rtr"] is None and no_batch1["ase"] is None
     assert no_batch1["missing"] == (
         "speedup, bsr: no identity run for efficientnet_b3 on gpu; "
-        "rtr, ase, bsr: no batch-1 throughput"
+        "rtr, ase, bsr: no OK batch-1 throughput"
     )
     block = one(cells, model="conv_block:depth=2,width=96", compiler="openvino", batch_size=16)
     assert block["speedup"] is None and block["bsr"] is None
     assert block["rtr"] == exact(120 / 20)
-    assert block["missing"] == "speedup, bsr: identity not measured at batch 16"
+    assert block["missing"] == "speedup, bsr: identity not measured OK at batch 16"
 
 
 def test_family_table_is_table_vi(all_tables):
