@@ -241,6 +241,7 @@ def measurement_metrics(result) -> dict[str, float]:
         if key in SCHEMA_METRICS and _is_number(value):
             out[key] = float(value)
     out.update({k: float(v) for k, v in (result.gpu or {}).items()})
+    out.update({k: float(v) for k, v in (getattr(result, "energy", None) or {}).items()})
     return out
 
 

@@ -29,9 +29,7 @@ TINY_PARAMS = [
 
 
 def _mlflow_run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")
-    }
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env.update(
         # a fresh shell: no virtual environment on PATH, so `python` is not the project's
         PATH="/usr/bin:/bin",

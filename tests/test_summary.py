@@ -16,9 +16,7 @@ LATENCY = "openvino:PERFORMANCE_HINT=LATENCY"
 THROUGHPUT = "openvino:PERFORMANCE_HINT=THROUGHPUT"
 
 
-def test_two_settings_of_one_compiler_are_two_rows_with_their_own_speedups(
-    run_cli, tracking_uri
-):
+def test_two_settings_of_one_compiler_are_two_rows_with_their_own_speedups(run_cli, tracking_uri):
     pytest.importorskip("openvino")
     code, out, err = run_cli(
         "benchmark",

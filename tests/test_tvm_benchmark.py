@@ -25,6 +25,7 @@ def test_untuned_tvm_is_labelled_and_logged(run_cli, tracking_uri):
     run = next(
         r for r in client.search_runs([exp.experiment_id]) if r.data.params.get("compiler") == "tvm"
     )
+
     def at(name, b):  # compile-side figures are stepped by batch size
         return {m.step: m.value for m in client.get_metric_history(run.info.run_id, name)}[b]
 

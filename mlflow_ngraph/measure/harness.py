@@ -50,7 +50,7 @@ import numpy as np
 
 from mlflow_ngraph.compilers.base import Engine
 from mlflow_ngraph.config import MeasureSettings
-from mlflow_ngraph.measure.sampler import WindowSampler
+from mlflow_ngraph.measure.sampler import ResourceSampler
 from mlflow_ngraph.measure.stats import summarize
 
 #: requests per call per parallel slot for a multi-slot engine without ``start_many`` (it
@@ -104,6 +104,8 @@ class Measurement:
     speedup_ci_low: float | None = None  # paired rounds with the identity baseline
     speedup_ci_high: float | None = None
     speedup_halfwidth: float | None = None
+    #: energy_j_per_sample and power_w (total and per RAPL domain), where RAPL is readable
+    energy: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -140,7 +142,7 @@ class Meter:
         self.batch_size = batch_size
         self.scenario = settings.scenario
         self.plan = _plan(engine, settings.scenario)
-        self.sampler = WindowSampler(gpu=gpu)
+        self.sampler = ResourceSampler(gpu=gpu)
         self.windows: list[Window] = []
         self.latencies_s: list[float] = []
         self._warm(settings.warmup)
@@ -282,9 +284,12 @@ def measure(
 def finish(meter: Meter, figures) -> Measurement:
     """The measurement of ``meter`` from its windows and the figures the rounds computed
     (:class:`mlflow_ngraph.measure.rounds.Figures`)."""
+    from mlflow_ngraph.measure.energy import energy_metrics
+
     lat = meter.latency_summary()
     usage = meter.sampler.result()
     host = usage.host
+    samples = sum(w.samples for w in meter.windows)
     return Measurement(
         scenario=meter.scenario,
         batch_size=meter.batch_size,
@@ -320,4 +325,5 @@ def finish(meter: Meter, figures) -> Measurement:
         speedup_ci_low=figures.speedup_ci[0] if figures.speedup_ci else None,
         speedup_ci_high=figures.speedup_ci[1] if figures.speedup_ci else None,
         speedup_halfwidth=figures.speedup_halfwidth,
+        energy=energy_metrics(usage.energy_j, samples, usage.wall_s),
     )

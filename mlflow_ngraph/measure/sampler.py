@@ -111,56 +111,13 @@ def _frequency_mhz() -> float | None:
     return float(freq.current) if freq and freq.current else None
 
 
-class HostSampler:
-    """Reads what the host did over a window: machine-wide CPU time from /proc/stat minus
-    this process tree's own, steal time, the load average, the mean CPU frequency and
-    thermal throttle events."""
-
-    def __init__(self) -> None:
-        self._process = psutil.Process(os.getpid())
-        self._cores = psutil.cpu_count(logical=True) or 1
-        self._freqs: list[float] = []
-
-    def start(self) -> None:
-        self._wall0 = time.perf_counter()
-        self._stat0 = _proc_stat()
-        self._own0 = _tree_cpu_seconds(self._process)
-        self._throttle0 = _throttle_count()
-        self._freqs = []
-        self.sample()
-
-    def sample(self) -> None:
-        """A frequency reading (called by the poll thread now and then)."""
-        mhz = _frequency_mhz()
-        if mhz is not None:
-            self._freqs.append(mhz)
-
-    def stop(self) -> HostNoise:
-        self.sample()
-        wall = time.perf_counter() - self._wall0
-        stat1, own1 = _proc_stat(), _tree_cpu_seconds(self._process)
-        throttle1 = _throttle_count()
-        noise = HostNoise(
-            load_avg=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-            cpu_freq_mhz=sum(self._freqs) / len(self._freqs) if self._freqs else None,
-            throttle_events=(
-                throttle1 - self._throttle0
-                if throttle1 is not None and self._throttle0 is not None
-                else None
-            ),
-        )
-        if self._stat0 is None or stat1 is None or wall < HOST_MIN_WINDOW_S:
-            return noise
-        capacity = wall * self._cores
-        busy = stat1[0] - self._stat0[0]
-        other = max(0.0, busy - (own1 - self._own0))
-        noise.other_cpu_percent = min(100.0, 100.0 * other / capacity)
-        noise.steal_percent = min(100.0, 100.0 * (stat1[1] - self._stat0[1]) / capacity)
-        return noise
-
-
 class ResourceSampler:
-    """Measures the benchmark process's CPU usage and peak RSS between ``start`` and ``stop``.
+    """Measures the benchmark process's CPU usage, peak RSS, what the rest of the host did
+    and (where RAPL is readable) energy over one or more windows of one engine (``begin`` /
+    ``end`` around each), leaving out the time between them: another engine's windows when
+    engines are measured in rounds. :meth:`result` sums the windows, so the host is judged
+    over their total time and short windows together reach :data:`HOST_MIN_WINDOW_S`.
+    ``start`` / ``stop`` measure a single window.
 
     CPU usage is the process's user + system CPU time (all threads, including runtime worker
     threads) over the wall time, as a percentage of all logical cores: one busy thread on
@@ -169,80 +126,8 @@ class ResourceSampler:
 
     def __init__(self, gpu: bool = False, powercap_root: Path = POWERCAP_ROOT) -> None:
         self._process = psutil.Process(os.getpid())
+        self._cores = psutil.cpu_count(logical=True) or 1
         self._energy = RaplReader(powercap_root)
-        self._cores = psutil.cpu_count(logical=True) or 1
-        self._stop = threading.Event()
-        self._host = HostSampler()
-        self._peak_rss = 0
-        self._thread: threading.Thread | None = None
-        self._gpu_sampler = None
-        if gpu:
-            from mlflow_ngraph.measure.nvml import NvmlSampler
-
-            self._gpu_sampler = NvmlSampler()
-
-    def _poll(self) -> None:
-        polls = 0
-        while not self._stop.wait(RSS_POLL_S):
-            self._peak_rss = max(self._peak_rss, self._process.memory_info().rss)
-            polls += 1
-            if polls % FREQ_EVERY_POLLS == 0:
-                self._host.sample()
-                self._energy.sample()  # a counter wrapping twice in a window is still counted
-
-    def start(self) -> None:
-        self._peak_rss = self._process.memory_info().rss
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._poll, name="ngraph-rss", daemon=True)
-        self._thread.start()
-        if self._gpu_sampler is not None:
-            self._gpu_sampler.start()
-        self._host.start()
-        self._energy.start()
-        self._cpu0 = self._cpu_seconds()
-        self._wall0 = time.perf_counter()
-
-    def stop(self) -> ResourceUsage:
-        wall = time.perf_counter() - self._wall0
-        cpu = self._cpu_seconds() - self._cpu0
-        energy = self._energy.stop()  # at the window's end (a lock keeps the poll's out)
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        host = self._host.stop()
-        self._peak_rss = max(self._peak_rss, self._process.memory_info().rss)
-        gpu = self._gpu_sampler.stop() if self._gpu_sampler is not None else {}
-        # The process CPU clock of threads running on other cores is read at their last
-        # accounting update, so on a short window it can overshoot the wall clock times the
-        # cores by a few percent (107% seen on a 2-core VM); no process can use more than all
-        # cores, so the reading is capped there.
-        percent = 100.0 * cpu / wall / self._cores if wall > 0 else 0.0
-        return ResourceUsage(
-            cpu_percent=min(percent, 100.0),
-            peak_rss_mb=self._peak_rss / 2**20,
-            wall_s=wall,
-            gpu=gpu,
-            host=host,
-            energy_j=energy,
-            energy_method=METHOD if energy else None,
-        )
-
-    @staticmethod
-    def _cpu_seconds() -> float:
-        # CLOCK_PROCESS_CPUTIME_ID: every thread of the process, nanosecond resolution (psutil's
-        # cpu_times() ticks at 10 ms, which reads 0% on a window of a few milliseconds).
-        return time.process_time()
-
-
-class WindowSampler:
-    """:class:`ResourceSampler` summed over several windows of one engine (``begin`` /
-    ``end`` around each), leaving out the time between them (another engine's windows when
-    engines are measured in rounds). ``result`` judges the host over the windows' total
-    time, so short windows together reach :data:`HOST_MIN_WINDOW_S`."""
-
-    def __init__(self, gpu: bool = False) -> None:
-        self._process = psutil.Process(os.getpid())
-        self._cores = psutil.cpu_count(logical=True) or 1
         self._gpu = gpu
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -251,12 +136,20 @@ class WindowSampler:
         self._host_ok = True
         self._freqs: list[float] = []
         self._throttle: float | None = 0.0
+        self._joules: dict[str, float] | None = None
         self._gpu_samples: list[dict] = []
         self._gpu_sampler = None
 
     def _poll(self) -> None:
+        polls = 0
         while not self._stop.wait(RSS_POLL_S):
             self._peak_rss = max(self._peak_rss, self._process.memory_info().rss)
+            polls += 1
+            if polls % FREQ_EVERY_POLLS == 0:
+                mhz = _frequency_mhz()
+                if mhz is not None:
+                    self._freqs.append(mhz)
+                self._energy.sample()  # a counter wrapping twice in a window is still counted
 
     def begin(self) -> None:
         self._peak_rss = max(self._peak_rss, self._process.memory_info().rss)
@@ -268,16 +161,18 @@ class WindowSampler:
 
             self._gpu_sampler = NvmlSampler()
             self._gpu_sampler.start()
+        self._energy.start()
         self._stat0 = _proc_stat()
         self._own0 = _tree_cpu_seconds(self._process)
         self._throttle0 = _throttle_count()
-        self._cpu0 = time.process_time()
+        self._cpu0 = time.process_time()  # every thread, ns resolution
         self._wall0 = time.perf_counter()
 
     def end(self) -> None:
         wall = time.perf_counter() - self._wall0
         cpu = time.process_time() - self._cpu0
         stat1, own1, throttle1 = _proc_stat(), _tree_cpu_seconds(self._process), _throttle_count()
+        joules = self._energy.stop()  # at the window's end (a lock keeps the poll's out)
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -300,9 +195,19 @@ class WindowSampler:
         mhz = _frequency_mhz()
         if mhz is not None:
             self._freqs.append(mhz)
+        if joules and self._joules is not False:
+            self._joules = self._joules or {}
+            for domain, value in joules.items():
+                self._joules[domain] = self._joules.get(domain, 0.0) + value
+        elif self._energy.available:
+            self._joules = False  # a window without a reading: no total to speak of
 
     def result(self) -> ResourceUsage:
+        """Everything measured over the windows so far."""
         wall = self._wall
+        # The process CPU clock of threads on other cores is read at their last accounting
+        # update, so on a short window it can overshoot wall x cores by a few percent (107%
+        # seen on a 2-core VM); no process can use more than all cores: capped there.
         percent = 100.0 * self._cpu / wall / self._cores if wall > 0 else 0.0
         host = HostNoise(
             load_avg=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
@@ -314,11 +219,22 @@ class WindowSampler:
             other = max(0.0, self._busy - self._own)
             host.other_cpu_percent = min(100.0, 100.0 * other / capacity)
             host.steal_percent = min(100.0, 100.0 * self._steal / capacity)
-        gpu = self._gpu_samples[-1] if self._gpu_samples else {}
+        energy = self._joules or {}
         return ResourceUsage(
             cpu_percent=min(percent, 100.0),
             peak_rss_mb=self._peak_rss / 2**20,
             wall_s=wall,
-            gpu=gpu,
+            gpu=self._gpu_samples[-1] if self._gpu_samples else {},
             host=host,
+            energy_j=energy,
+            energy_method=METHOD if energy else None,
         )
+
+    def start(self) -> None:
+        """One window (:meth:`begin`)."""
+        self.begin()
+
+    def stop(self) -> ResourceUsage:
+        """The end of one window and what it measured."""
+        self.end()
+        return self.result()

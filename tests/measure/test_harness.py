@@ -219,7 +219,7 @@ def test_repetitions_are_a_floor_of_requests(model):
 
 
 def test_stop_reason_precision(model):
-    result = run(counting_engine(model), repetitions=1, policy=RoundPolicy(0.01, 3, precision=10.0))
+    result = run(counting_engine(model), repetitions=1, policy=RoundPolicy(0.01, 3, precision=1e9))
     assert result.stop_reason == "precision" and result.windows == 3
 
 

@@ -12,7 +12,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from mlflow_ngraph.measure.sampler import HostSampler, _proc_stat
+from mlflow_ngraph.measure.sampler import ResourceSampler, _proc_stat
 from mlflow_ngraph.measure.stats import rate_interval
 from mlflow_ngraph.tracking import schema as S
 from tests._hog import cpu_hog
@@ -26,11 +26,11 @@ def _spin(seconds: float) -> None:
 
 
 def test_other_processes_cpu_is_seen(tmp_path):
-    sampler = HostSampler()
+    sampler = ResourceSampler()
     with cpu_hog(tmp_path, processes=2):
         sampler.start()
         time.sleep(1.0)
-        noise = sampler.stop()
+        noise = sampler.stop().host
     # two busy loops on this machine's cores: well over a quarter of all CPU time
     assert noise.other_cpu_percent is not None and noise.other_cpu_percent > 40
     assert noise.load_avg is not None and noise.steal_percent is not None
@@ -39,11 +39,11 @@ def test_other_processes_cpu_is_seen(tmp_path):
 def test_own_work_is_not_counted_as_other():
     # whatever else the host runs, other = machine busy - own: the spin's CPU is not in it
     cores = psutil.cpu_count(logical=True) or 1
-    sampler = HostSampler()
+    sampler = ResourceSampler()
     busy0, cpu0, wall0 = _proc_stat()[0], time.process_time(), time.perf_counter()
     sampler.start()
     _spin(1.0)  # one core busy with this process (less of one on a busy host)
-    noise = sampler.stop()
+    noise = sampler.stop().host
     busy1, cpu1, wall1 = _proc_stat()[0], time.process_time(), time.perf_counter()
     capacity = (wall1 - wall0) * cores
     busy_percent = 100 * (busy1 - busy0) / capacity
@@ -56,10 +56,26 @@ def test_own_work_is_not_counted_as_other():
     )  # fmt: skip
 
 
+def test_windows_are_summed_and_the_time_between_them_left_out(tmp_path):
+    """Engines measured in rounds: a hog running between this engine's windows (another
+    engine's turn) is not counted, and short windows together reach a judgement."""
+    sampler = ResourceSampler()
+    for _ in range(6):
+        sampler.begin()
+        _spin(0.1)
+        sampler.end()
+        with cpu_hog(tmp_path, processes=2):
+            time.sleep(0.3)  # the other engines' turn
+    usage = sampler.result()
+    assert 0.6 <= usage.wall_s < 1.0  # six windows of 0.1 s, not the 2.4 s between them
+    assert usage.host.other_cpu_percent is not None
+    assert usage.cpu_percent > 20  # the spin, over the windows' time only
+
+
 def test_a_short_window_does_not_judge_the_host():
-    sampler = HostSampler()
+    sampler = ResourceSampler()
     sampler.start()
-    noise = sampler.stop()  # well under HOST_MIN_WINDOW_S: ticks of 10 ms say nothing
+    noise = sampler.stop().host  # well under HOST_MIN_WINDOW_S: ticks of 10 ms say nothing
     assert noise.other_cpu_percent is None and noise.steal_percent is None
 
 

@@ -85,6 +85,5 @@ def test_invalid_results_are_no_denominators_in_mlflow_or_compare(tmp_path):
         stored = {m: logged[f"{m}.bs{b}"] for m in relative if f"{m}.bs{b}" in logged}
         assert computed == stored, b  # one rule: compare recomputes what MLflow holds
     assert one(rows, compiler="openvino", batch_size=8)["missing"] == (
-        "speedup, bsr: identity not measured OK at batch 8; rtr, ase, bsr: no OK batch-1 "
-        "throughput"
+        "speedup, bsr: identity not measured OK at batch 8; rtr, ase, bsr: no OK batch-1 throughput"
     )

@@ -28,7 +28,12 @@ def noisy_store(tmp_path_factory):
         Cell("cpu", A, "resnet", "openvino", {1: 200}, ci={1: (190, 210)}),
         Cell("cpu", B, "resnet", "openvino", {1: 300}, ci={1: (280, 320)}),
         Cell(
-            "cpu", C, "efficientnet", "openvino", {1: 400}, ci={1: (380, 420)},
+            "cpu",
+            C,
+            "efficientnet",
+            "openvino",
+            {1: 400},
+            ci={1: (380, 420)},
             stability={1: "UNSTABLE"},
         ),  # fmt: skip
     ]

@@ -15,6 +15,7 @@ from mlflow_ngraph.report import compare
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     uri, client, exp = new_store(tmp_path_factory.mktemp("sweeps"), "swept")
+
     def on(device):
         return [replace(c, device=device) for c in model_cells() if c.model == R18]
 
@@ -47,6 +48,8 @@ def test_sweep_keeps_its_own_devices(swept, live):
 def test_unknown_sweep_is_one_line(swept):
     result = _run(swept, "--sweep", "nosuchsweep")
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert result.stderr.strip().splitlines()[-1].endswith(
-        "no runs match --sweep nosuchsweep: no run of such a sweep"
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith("no runs match --sweep nosuchsweep: no run of such a sweep")
     )
