@@ -176,8 +176,11 @@ def profile(args, spec: str, home: Path, scratch: Path) -> None:
                 ahead = following and isolation.Ahead(
                     following.model.name, following.compiler.name, dict(following.model.params)
                 )
-                prestart = following is not None
-                isolation.run_isolated(task(cell), on_event, 1800, prestart, ahead or None)
+                one = task(cell)
+                isolation.run_group(
+                    [isolation.GroupCell(cell.name, one, on_event)], list(one.batch_sizes),
+                    None, one.measure, one.policy(), 0, 1800, [ahead] if ahead else [],
+                )  # fmt: skip
             t1 = time.perf_counter()
             split = _phases(events, t0, t1)
             for phase, seconds in split.items():

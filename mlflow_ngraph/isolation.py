@@ -1,22 +1,28 @@
-"""Each cell in its own process: a spawned worker runs :func:`~mlflow_ngraph.worker.measure_cell`
-and streams its events back through a pipe, one batch size at a time.
+"""Each cell in its own process, the cells of a model measured together.
 
-The worker shares nothing with the runner or with other cells (thread pools, allocator
-state, peak RSS). A worker that dies (a segfault, an abort, the kernel's OOM killer) or runs
-past its time limit ends with a reason naming the signal or the limit; what it had already
-sent (batch sizes measured before the crash) is kept. Its stdout and stderr (third-party
-chatter) go to a log file, and the package's log records are forwarded to the runner.
+A spawned worker runs :func:`~mlflow_ngraph.worker.measure_cell` for one cell and streams
+its events back through a pipe. The worker shares nothing with the runner or with other
+cells (thread pools, allocator state, peak RSS). A worker that dies (a segfault, an abort,
+the kernel's OOM killer) or runs past its time limit ends with a reason naming the signal or
+the limit; what it had already sent (batch sizes measured before the crash) is kept. Its
+stdout and stderr (third-party chatter) go to a log file, and the package's log records are
+forwarded to the runner.
+
+:func:`run_group` keeps the workers of one model's cells alive at once, each holding its
+engine warm, so that their engines can be measured interleaved, window by window
+(:mod:`mlflow_ngraph.measure.rounds`): the group's coordinator (this module, in the runner's
+process) lets every worker prepare a batch size at the same time, then, with all of them
+idle, has each warm up and run its windows in turn. Nothing runs beside a window but the
+window's own engine.
 
 Starting a worker costs seconds (a Python process importing PyTorch, timm and the runtimes:
-4-8 s on a 2-core host, more under load), once per cell. So the next cell's worker is
-started while the current cell runs, as a spare that imports what every cell imports and,
-when the runner says what the next cell is (:class:`Ahead`), that cell's compiler modules
-and model library, and builds its model; then it waits for its task. Its work must never
-compete with a measurement: the spare is stopped (SIGSTOP) while the current worker
-measures and continued (SIGCONT) when it leaves that phase. A spare serves one cell only
-and is killed when the run ends. A worker that has sent its cell's last event is killed
-with its children rather than left to exit: the teardown of PyTorch and the runtimes takes
-seconds on a loaded host and has nothing left to give.
+4-8 s on a 2-core host, more under load). So the next model's workers are started while the
+current model's run, as spares that import what every cell imports, their cell's compiler
+modules and model library, and build its model (:class:`Ahead`); then they wait for their
+task. Their work must never compete with a measurement: the spares are stopped (SIGSTOP)
+while the group measures and continued (SIGCONT) after. A worker that has sent its cell's
+last event is killed with its children rather than left to exit: the teardown of PyTorch and
+the runtimes takes seconds on a loaded host and has nothing left to give.
 """
 
 from __future__ import annotations
@@ -106,7 +112,6 @@ class _Spare:
         self.conn.close()
 
 
-_spare: _Spare | None = None
 #: how long a pause waits for the kernel to stop the spare (signals land asynchronously;
 #: the worker is in its warm-up meanwhile, outside the measured window)
 STOP_WAIT_S = 0.5
@@ -123,105 +128,13 @@ def _await_stopped(pid: int) -> None:
 
 
 def shutdown() -> None:
-    """Kill the spare worker, if one is waiting (the end of a run, and at exit)."""
-    global _spare
-    if _spare is not None:
-        spare, _spare = _spare, None
+    """Kill the spare workers, if any wait (the end of a run, and at exit)."""
+    while _spares:
+        _, spare = _spares.pop()
         spare.kill()
-    shutdown_spares()
 
 
 atexit.register(shutdown)
-
-
-def _take_worker(prestart: bool, ahead: Ahead | None) -> _Spare:
-    """The waiting spare (a fresh one if there is none, or it died), and a new spare started
-    for the next cell (``ahead``) when ``prestart``."""
-    global _spare
-    worker, _spare = _spare, None
-    if worker is None or not worker.alive():
-        if worker is not None:
-            worker.kill()
-        worker = _Spare()
-    worker.resume()
-    if prestart:
-        _spare = _Spare(ahead)
-    return worker
-
-
-def run_isolated(
-    task: CellTask,
-    on_event: Callable[[str, Any], None],
-    timeout_s: float,
-    prestart: bool = True,
-    ahead: Ahead | None = None,
-) -> str | None:
-    """Run ``task`` in a fresh spawned process, passing each event to ``on_event``.
-
-    With ``prestart``, the next cell's worker starts now (preparing ``ahead``, the next
-    cell, when given), paused whenever this cell measures. ``timeout_s`` counts from when
-    the worker takes the task up (a worker still importing has as long again to start).
-    Returns ``None`` when the worker finished, else why it did not ("worker died with
-    SIGSEGV", "cell timed out after 20 s"). Any exception of the caller (Ctrl-C included)
-    kills the worker, its children and the spare first.
-    """
-    worker = _take_worker(prestart, ahead)
-    proc, conn = worker.proc, worker.conn
-    deadline = time.monotonic() + timeout_s
-    done = False
-    try:
-        try:
-            conn.send(task)
-        except OSError:  # the spare died before its task came (its model's build crashed)
-            proc.join(5.0)
-            return _death_reason(proc.exitcode)
-        while not done:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                _kill_tree(proc.pid)
-                proc.join()
-                return f"cell timed out after {timeout_s:g} s (raise --cell-timeout to allow more)"
-            if not conn.poll(min(remaining, 1.0)):
-                continue
-            try:
-                kind, payload = conn.recv()
-            except (EOFError, OSError):  # the worker is gone
-                break
-            _pace_spare(kind, payload)
-            if kind == "started":  # imports and preparation done: the cell's own time
-                deadline = time.monotonic() + timeout_s
-            elif kind == "done":
-                done = True
-            else:
-                on_event(kind, payload)
-        if done:  # every result is in: the runtimes' teardown (seconds under load) is cut
-            _kill_tree(proc.pid)
-            proc.join()
-            return None
-        proc.join(5.0)
-        if proc.exitcode is None:
-            _kill_tree(proc.pid)
-            proc.join()
-        return _death_reason(proc.exitcode)
-    except BaseException:
-        _kill_tree(proc.pid)
-        proc.join()
-        shutdown()
-        raise
-    finally:
-        if _spare is not None:
-            _spare.resume()
-        conn.close()
-
-
-def _pace_spare(kind: str, payload: Any) -> None:
-    """Stop the spare while the worker measures; let it import the rest of the time."""
-    if _spare is None:
-        return
-    if kind == "phase" and payload[1] == "measure":
-        _spare.pause()
-    else:
-        _spare.resume()
 
 
 def _death_reason(code: int | None) -> str:
@@ -334,11 +247,8 @@ def _worker_main(task: CellTask, conn, counted: list[int] | None = None) -> None
             payload[1]["metrics"][S.M_VALIDITY_WARNINGS] = float(counted[0])
         send(kind, payload)
 
-    if task.extra.get("group"):
-        gate, measurer = _group_hooks(conn, task)
-        measure_cell(task, emit, measurer, gate)
-    else:
-        measure_cell(task, emit)
+    gate, measurer = _group_hooks(conn, task)
+    measure_cell(task, emit, measurer, gate)
     sys.stdout.flush()  # the log file is whole before the runner kills this process
     sys.stderr.flush()
     send("done", None)
@@ -480,7 +390,6 @@ class _Group:
         except (EOFError, OSError):
             self._died(cell)
             return None
-        _pace_spare(kind, payload)
         if kind == "started":
             cell.deadline = time.monotonic() + self.timeout_s
         elif kind in ("gate", "ready"):
@@ -584,7 +493,6 @@ def run_group(
     try:
         for cell in cells:
             cell.worker = _take_spare(cell.task)
-            cell.task.extra["group"] = True
             cell.deadline = time.monotonic() + timeout_s
             try:
                 cell.worker.conn.send(cell.task)
@@ -713,12 +621,3 @@ def _pause_spares() -> None:
 def _resume_spares() -> None:
     for _, spare in _spares:
         spare.resume()
-
-
-def shutdown_spares() -> None:
-    while _spares:
-        _, spare = _spares.pop()
-        spare.kill()
-
-
-atexit.register(shutdown_spares)

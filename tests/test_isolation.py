@@ -85,67 +85,105 @@ def _task(tmp_path, model="conv_block", params=None, min_duration=0.5):
     )  # fmt: skip
 
 
-def test_the_spare_worker_is_stopped_while_a_cell_measures_and_gone_after(tmp_path):
-    """The next cell's worker imports while the current cell builds, never while it
-    measures; a run leaves no worker behind."""
+def _group(tmp_path, tasks, baseline=None, ahead=None, retries=0, policy=None):
+    """Run ``tasks`` (name -> CellTask) as one group; returns (records, deaths)."""
+    from mlflow_ngraph import isolation
+    from mlflow_ngraph.measure.rounds import RoundPolicy
+
+    records: dict[str, list] = {name: [] for name in tasks}
+
+    def events(name):
+        def on_event(kind, payload):
+            if kind == "record":
+                records[name].append(payload[1])
+
+        return on_event
+
+    cells = [isolation.GroupCell(n, t, events(n)) for n, t in tasks.items()]
+    first = next(iter(tasks.values()))
+    isolation.run_group(
+        cells, [1, 2], baseline, first.measure,
+        policy or RoundPolicy(window_s=0.02, min_rounds=3, precision=0.5),
+        retries, 300, ahead,
+    )  # fmt: skip
+    return records, {c.name: c.death for c in cells}
+
+
+def test_a_group_measures_its_engines_interleaved_and_pairs_the_speedup(tmp_path):
+    tasks = {"id": _task(tmp_path, min_duration=0), "ts": _task(tmp_path, min_duration=0)}
+    tasks["ts"].compiler = "torchscript"
+    tasks["ts"].flags = {"freeze": True, "optimize_for_inference": True}
+    try:
+        records, deaths = _group(tmp_path, tasks, baseline="id")
+    finally:
+        from mlflow_ngraph import isolation
+
+        isolation.shutdown()
+    assert deaths == {"id": None, "ts": None}
+    (base,), (ts,) = records["id"], records["ts"]
+    assert base["status"] == ts["status"] == "OK"
+    m, mb = ts["metrics"], base["metrics"]
+    assert m["interleaved"] == mb["interleaved"] == 1.0
+    assert m["windows"] == mb["windows"] >= 3  # one window each per round
+    assert m["speedup_ci_low"] <= m["throughput"] / mb["throughput"] <= m["speedup_ci_high"]
+    assert "speedup_ci_low" not in mb and m["host_drift"] == mb["host_drift"] >= 0
+    assert _workers() == []
+
+
+def test_an_unstable_group_is_measured_again_with_its_baseline(tmp_path):
+    """A speedup judged UNSTABLE sends the whole group (its baseline too) back to the
+    rounds after a pause; the last attempt is kept."""
+    from mlflow_ngraph import isolation
+
+    tasks = {"id": _task(tmp_path, min_duration=0), "ts": _task(tmp_path, min_duration=0)}
+    tasks["ts"].compiler = "torchscript"
+    tasks["ts"].flags = {"freeze": True, "optimize_for_inference": True}
+    tasks["ts"].max_interval = 1e-12  # no real interval is that narrow
+    isolation.GROUP_RETRY_PAUSE_S = 0.0
+    try:
+        records, _ = _group(tmp_path, tasks, baseline="id", retries=1)
+    finally:
+        isolation.GROUP_RETRY_PAUSE_S = 2.0
+        isolation.shutdown()
+    (base,), (ts,) = records["id"], records["ts"]
+    assert ts["stability"]["stable"] is False and "speedup interval" in ts["stability"]["reason"]
+    assert ts["stability"]["attempts"] == base["stability"]["attempts"] == 2
+
+
+def test_spares_build_the_next_models_cells_and_are_stopped_while_a_group_measures(tmp_path):
+    """The next model's workers import and build while this group prepares, are stopped
+    (SIGSTOP) during its rounds, and its cells then measure the model they built."""
     import psutil
 
     from mlflow_ngraph import isolation
 
-    task = _task(tmp_path)
-    seen = []
-
-    def on_event(kind, payload):
-        if kind == "phase" and payload[1] == "measure" and isolation._spare is not None:
-            seen.append(psutil.Process(isolation._spare.proc.pid).status())
-        if kind == "record":
-            seen.append(payload[1]["status"])
-
-    try:
-        assert isolation.run_isolated(task, on_event, timeout_s=300) is None
-        assert seen == [psutil.STATUS_STOPPED, "OK"]
-        assert isolation._spare is not None and isolation._spare.alive()
-        # the spare serves the next cell
-        spare_pid = isolation._spare.proc.pid
-        seen.clear()
-        assert isolation.run_isolated(task, on_event, timeout_s=300, prestart=False) is None
-        assert seen[-1] == "OK" and isolation._spare is None
-        assert not psutil.pid_exists(spare_pid) or psutil.Process(spare_pid).status() in (
-            psutil.STATUS_ZOMBIE,
-            psutil.STATUS_DEAD,
-        )
-    finally:
-        isolation.shutdown()
-    assert _workers() == []
-
-
-def test_the_spare_builds_the_next_cells_model_and_its_cell_uses_it(tmp_path):
-    """With the next cell named (``Ahead``), its worker builds the model before the task
-    comes, and the cell measures that model instead of building it again."""
-    from mlflow_ngraph import isolation
-
     log = tmp_path / "builds.txt"
     logged = {"log": str(log), "input_shape": "4"}
-    ahead = isolation.Ahead("tests.fixtures.models:build_logged", "identity", logged)
-    records = []
+    ahead = [isolation.Ahead("tests.fixtures.models:build_logged", "identity", logged)]
+    seen = []
+    real = isolation._Proxy.window
 
-    def on_event(kind, payload):
-        if kind == "record":
-            records.append(payload[1]["status"])
+    def window(self, seconds):
+        seen.extend(psutil.Process(s.proc.pid).status() for _, s in isolation._spares)
+        return real(self, seconds)
 
+    isolation._Proxy.window = window
     try:
-        assert isolation.run_isolated(_task(tmp_path), on_event, 300, ahead=ahead) is None
-        spare_pid = isolation._spare.proc.pid
+        _group(tmp_path, {"id": _task(tmp_path, min_duration=0)}, "id", ahead)
+        ((_, spare),) = isolation._spares
+        assert seen and set(seen) == {psutil.STATUS_STOPPED}
         deadline = time.monotonic() + 120
         while not (log.is_file() and log.read_text()) and time.monotonic() < deadline:
             time.sleep(0.1)  # the spare builds the model before it has its task
-        assert log.read_text().split() == [str(spare_pid)]
+        assert log.read_text().split() == [str(spare.proc.pid)]
         nxt = _task(tmp_path, "tests.fixtures.models:build_logged", logged, min_duration=0)
-        assert isolation.run_isolated(nxt, on_event, 300, prestart=False) is None
+        records, deaths = _group(tmp_path, {"next": nxt}, "next")
+        assert deaths == {"next": None} and records["next"][0]["status"] == "OK"
     finally:
+        isolation._Proxy.window = real
         isolation.shutdown()
-    assert records == ["OK", "OK"]
-    assert log.read_text().split() == [str(spare_pid)]  # not built again by its cell
+    assert log.read_text().split() == [str(spare.proc.pid)]  # not built again by its cell
+    assert _workers() == []
 
 
 def test_a_run_leaves_no_worker_behind(run_cli, tracking_uri):
