@@ -46,6 +46,8 @@ METRIC_COLUMNS = (
     schema.M_MAX_ABS_ERROR,
     schema.M_VALID,
     schema.M_REPETITIONS,
+    schema.M_SPEEDUP_CI_LOW,
+    schema.M_SPEEDUP_CI_HIGH,
 )
 #: z of a two-sided 95% normal interval: turns an interval back into a std for the noise draws
 Z95 = 1.959963984540054
@@ -236,7 +238,10 @@ def _bounds(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 def add_intervals(frame: pd.DataFrame, baseline: dict[str, str]) -> pd.DataFrame:
     """The identity's interval beside each row, and a 95% interval of the speedup.
 
-    The two throughputs are independent measurements, so their uncertainties add in log
+    A speedup measured interleaved with its baseline logs its own interval, from the paired
+    rounds (the host's drift cancels within a round): it is kept wherever it holds the
+    speedup the report computes. Otherwise the two throughputs are taken as independent
+    measurements, so their uncertainties add in log
     space: ``log S = log T_c - log T_i``; each side's half-widths of ``log T`` (below and
     above, the intervals need not be symmetric) add in quadrature. Interval arithmetic
     (``low_c / high_i`` to ``high_c / low_i``) would assume both ends at once and is
@@ -259,6 +264,8 @@ def add_intervals(frame: pd.DataFrame, baseline: dict[str, str]) -> pd.DataFrame
     s_low = np.full(len(out), np.nan)
     s_high = np.full(len(out), np.nan)
     speedup = out["speedup"].to_numpy(dtype=float, na_value=np.nan)
+    paired_low = out[schema.M_SPEEDUP_CI_LOW].to_numpy(dtype=float, na_value=np.nan)
+    paired_high = out[schema.M_SPEEDUP_CI_HIGH].to_numpy(dtype=float, na_value=np.nan)
     rows = zip(_list(out["baseline_key"]), _list(out["batch_size"]), _list(out["compiler"]))
     for i, (key, b, compiler) in enumerate(rows):
         j = key_of.get((baseline.get(key, ""), int(b))) if not pd.isna(b) else None
@@ -266,6 +273,9 @@ def add_intervals(frame: pd.DataFrame, baseline: dict[str, str]) -> pd.DataFrame
             continue
         ident_low[i], ident_high[i] = low[j], high[j]
         if compiler == IDENTITY or np.isnan(speedup[i]):
+            continue
+        if paired_low[i] <= speedup[i] <= paired_high[i]:  # NaN compares False
+            s_low[i], s_high[i] = paired_low[i], paired_high[i]
             continue
         down = math.hypot(below[i], above[j])
         up = math.hypot(above[i], below[j])
@@ -698,6 +708,8 @@ def _rankings(part: pd.DataFrame, keys: list[str], column: str) -> dict[tuple, d
         schema.M_THROUGHPUT,
         "ci_low",
         "ci_high",
+        "speedup_ci_low",
+        "speedup_ci_high",
     ]
     low, high = _bounds(part)
     part = part.assign(ci_low=low, ci_high=high)
@@ -718,15 +730,17 @@ def _flip_row(group: dict[str, list]) -> dict | None:
         return None  # a ranking needs two items
     ident, comp = group["identity_throughput"], group[schema.M_THROUGHPUT]
     pairs = _swapped(ident, comp)
-    verdicts = [
-        _noise_verdict(
-            [
-                _separate(group["identity_ci_low"], group["identity_ci_high"], i, j),
-                _separate(group["ci_low"], group["ci_high"], i, j),
-            ]
-        )
-        for i, j in pairs
-    ]
+    # a flip needs the identity order to hold and the speedups to reverse it: the compiled
+    # model that overtakes must have the larger speedup, beyond the speedups' intervals
+    # (paired with identity in their rounds, so the host's drift between models cancels);
+    # the compiler throughputs' intervals where a speedup has none
+    verdicts = []
+    for i, j in pairs:
+        second = _separate(group["speedup_ci_low"], group["speedup_ci_high"], i, j)
+        if second is None:
+            second = _separate(group["ci_low"], group["ci_high"], i, j)
+        ident_side = _separate(group["identity_ci_low"], group["identity_ci_high"], i, j)
+        verdicts.append(_noise_verdict([ident_side, second]))
     sd = {
         side: [(h - lo) / (2 * Z95) for lo, h in zip(group[f"{p}ci_low"], group[f"{p}ci_high"])]
         for side, p in (("identity", "identity_"), ("compiler", ""))

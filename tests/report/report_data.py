@@ -49,6 +49,8 @@ class Cell:
     repetitions: int | None = 100
     #: the std of one repetition, as a share of the throughput
     rep_cv: float = 0.01
+    #: logged 95% intervals of the speedup (paired rounds), by batch size
+    speedup_ci: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
 def _per_batch(cell: Cell) -> dict[str, dict[int, float]]:
@@ -68,6 +70,9 @@ def _per_batch(cell: Cell) -> dict[str, dict[int, float]]:
     if cell.ci:
         values[S.M_THROUGHPUT_CI_LOW] = {b: low for b, (low, _) in cell.ci.items()}
         values[S.M_THROUGHPUT_CI_HIGH] = {b: high for b, (_, high) in cell.ci.items()}
+    if cell.speedup_ci:
+        values[S.M_SPEEDUP_CI_LOW] = {b: low for b, (low, _) in cell.speedup_ci.items()}
+        values[S.M_SPEEDUP_CI_HIGH] = {b: high for b, (_, high) in cell.speedup_ci.items()}
     if cell.compile_s:
         values[S.M_CACHE_HIT] = {b: float(cell.cache_hit) for b in cell.compile_s}
     return values

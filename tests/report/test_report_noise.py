@@ -147,3 +147,29 @@ def test_kendall_interval_needs_every_items_spread(fallback_store):
     assert flips["tau_ci_low"] is None and flips["tau_ci_high"] is None
     nan = float("nan")
     assert tau_interval([3, 2, 1], [1.0, nan, 1.0], [1, 2, 3], [1.0] * 3) is None
+
+
+def test_a_paired_speedup_interval_is_read_and_judges_the_flips(tmp_path):
+    """Speedups measured interleaved log their own interval (paired rounds): compare shows
+    it instead of combining the two throughput intervals, and a flip is beyond noise only
+    when the speedups' intervals separate too."""
+    uri, client, exp = new_store(tmp_path, "paired")
+    cells = [
+        # identity: A 100 [98, 102] is clearly ahead of B 50 [49, 51]
+        Cell("cpu", A, "resnet", "identity", {1: 100}, ci={1: (98, 102)}),
+        Cell("cpu", B, "resnet", "identity", {1: 50}, ci={1: (49, 51)}),
+        # openvino: B overtakes A; the throughputs' intervals separate (a drifting host can
+        # do that between two models measured minutes apart), A's paired speedup is known
+        # to +-1%, B's only to within [1.9, 5.0]: the speedups overlap, the flip is noise
+        Cell("cpu", A, "resnet", "openvino", {1: 200}, ci={1: (195, 202)},
+             speedup_ci={1: (1.98, 2.02)}),
+        Cell("cpu", B, "resnet", "openvino", {1: 210}, ci={1: (205, 215)},
+             speedup_ci={1: (1.9, 5.0)}),
+    ]  # fmt: skip
+    log_benchmark(client, exp, "cpu", cells)
+    row = one(_json(uri), model=A, compiler="openvino", batch_size=1)
+    assert (row["speedup_ci_low"], row["speedup_ci_high"]) == (1.98, 2.02)
+    flips = _json(uri, "--table", "flips")
+    flip = next(f for f in flips if f["compiler"] == "openvino" and f["level"] == "model")
+    assert flip["swapped"] == 1 and flip["beyond_noise"] == 0
+    assert "within noise" in flip["swapped_pairs"]
