@@ -1,0 +1,282 @@
+"""Calibration: do the tool's marks and intervals predict a re-run, and what does it cost?
+
+Five figures, each printed with the 1-minute load average beside it:
+
+1. ``repeat``: the spec measured twice, back to back, into one store (the second run with
+   warm engine caches): the share of measurements marked UNSTABLE over both runs.
+2. over the same two runs: for speedups STABLE in both, the share whose 95% intervals
+   overlap and the median change between the runs; the same overlap share for throughputs;
+   the median relative width of both kinds of interval; and, where the first run called a
+   winner's lead beyond noise, the share of (model, batch size) whose winner is the same.
+3. ``hog``: the spec with a CPU hog on every core: the share marked UNSTABLE.
+4. ``walltime``: the spec with empty caches, this checkout against ``--before REV`` (a git
+   revision, checked out into a temporary worktree), sides alternating.
+5. ``paper``: one OpenVINO cell under the paper's protocol (100 repetitions, 10 warm-up, a
+   1 s floor; conv block w64 d2, batch 1 and 8), this checkout against ``--before``.
+
+    python bench/bench_calibration.py repeat --spec default
+    python bench/bench_calibration.py hog --spec bench/specs/calibration.yaml
+    python bench/bench_calibration.py walltime --before f3ab2ff --spec default
+    python bench/bench_calibration.py paper --before f3ab2ff
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PAPER_CELL = [
+    "--model", "conv_block:width=64,depth=2", "--compiler", "openvino",
+    "--batch-sizes", "1,8", "--repetitions", "100", "--warmup", "10", "--min-duration", "1",
+]  # fmt: skip
+
+
+def load() -> str:
+    return f"{os.getloadavg()[0]:.2f}"
+
+
+def benchmark(args: list[str], home: Path, uri: str, checkout: Path = REPO) -> float:
+    """One ``mlflow-ngraph benchmark`` from ``checkout``; returns its wall seconds."""
+    env = {**os.environ, "MLFLOW_NGRAPH_HOME": str(home), "PYTHONPATH": str(checkout)}
+    for name in list(env):  # the suite's shortcuts must not reach a measured run
+        if name.startswith("MLFLOW_NGRAPH_BENCHMARK_"):
+            env.pop(name)
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "mlflow_ngraph", "benchmark", *args, "--tracking-uri", uri, "-q"],
+        cwd=checkout, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        sys.exit(f"benchmark failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return seconds
+
+
+def records(uri: str, experiment: str) -> dict[tuple, dict]:
+    """(model, compiler label, batch size) -> its record, from ``compare --format json``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "mlflow_ngraph", "compare", "--tracking-uri", uri, "-e",
+         experiment, "--format", "json", "--live"],
+        cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    if done.returncode != 0:
+        sys.exit(f"compare failed:\n{done.stderr[-3000:]}")
+    data = json.loads(done.stdout)
+    rows = data if isinstance(data, list) else data.get("cells", [])
+    return {(r["model_label"], r["compiler_label"], int(r["batch_size"])): r for r in rows}
+
+
+def _overlap(a: dict, b: dict, low: str, high: str) -> bool | None:
+    values = (a.get(low), a.get(high), b.get(low), b.get(high))
+    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
+        return None
+    return a[low] <= b[high] and b[low] <= a[high]
+
+
+def _width(r: dict, low: str, high: str, mid: str) -> float | None:
+    if None in (r.get(low), r.get(high), r.get(mid)) or not r[mid]:
+        return None
+    return (r[high] - r[low]) / 2 / r[mid]
+
+
+def _winners(rows: dict[tuple, dict]) -> dict[tuple, tuple[str, bool]]:
+    """(model, bs) -> (winner, lead beyond noise): the fastest valid non-identity row, beyond
+    noise when its speedup interval separates from the next-fastest's (identity: from 1)."""
+    groups: dict[tuple, list[dict]] = {}
+    for (model, _, b), r in rows.items():
+        if r.get("status") == "OK" and r.get("throughput"):
+            groups.setdefault((model, b), []).append(r)
+    out = {}
+    for key, group in groups.items():
+        ranked = sorted(group, key=lambda r: -r["throughput"])
+        best = next((r for r in ranked if r["compiler"] != "identity"), None)
+        if best is None:
+            continue
+        second = next(r for r in ranked if r is not best) if len(ranked) > 1 else None
+        low = best.get("speedup_ci_low")
+        if second is None or low is None:
+            beyond = False
+        elif second["compiler"] == "identity":
+            beyond = low > 1.0
+        else:
+            beyond = second.get("speedup_ci_high") is not None and low > second["speedup_ci_high"]
+        out[key] = (best["compiler_label"], beyond)
+    return out
+
+
+def repeat(args) -> None:
+    work = Path(tempfile.mkdtemp(prefix="calibration-"))
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    home = work / "home"
+    runs = []
+    for i in (1, 2):
+        before = load()
+        seconds = benchmark(
+            ["--spec", args.spec, "--device", args.device, "--experiment", f"calibration-{i}"],
+            home, uri,
+        )  # fmt: skip
+        runs.append(records(uri, f"calibration-{i}"))
+        print(f"run {i}: {seconds:.0f} s (load {before} -> {load()})", flush=True)
+    first, second = runs
+    both = [k for k in first if k in second]
+    flagged = sum((first[k].get("stability") == "UNSTABLE") for k in first)
+    flagged += sum((second[k].get("stability") == "UNSTABLE") for k in second)
+    total = len(first) + len(second)
+    print(f"1. UNSTABLE: {flagged} of {total} ({100 * flagged / max(total, 1):.1f}%)")
+    stable = [
+        k for k in both if "UNSTABLE" not in (first[k].get("stability"), second[k].get("stability"))
+    ]
+    sp = [
+        k
+        for k in stable
+        if first[k].get("speedup_ci_low") is not None
+        and second[k].get("speedup_ci_low") is not None
+    ]
+    sp_overlap = [_overlap(first[k], second[k], "speedup_ci_low", "speedup_ci_high") for k in sp]
+    sp_change = [abs(second[k]["speedup"] / first[k]["speedup"] - 1) for k in sp]
+    tp = [
+        k
+        for k in stable
+        if first[k].get("throughput_ci_low") is not None
+        and second[k].get("throughput_ci_low") is not None
+    ]
+    tp_overlap = [
+        _overlap(first[k], second[k], "throughput_ci_low", "throughput_ci_high") for k in tp
+    ]
+    sp_width = [
+        w
+        for k in sp
+        for w in [_width(first[k], "speedup_ci_low", "speedup_ci_high", "speedup")]
+        if w
+    ]
+    tp_width = [
+        w
+        for k in tp
+        for w in [_width(first[k], "throughput_ci_low", "throughput_ci_high", "throughput")]
+        if w
+    ]
+    print(
+        f"2. speedups STABLE in both runs: {len(sp)}; intervals overlap "
+        f"{sum(map(bool, sp_overlap))} of {len(sp)} ({100 * sum(map(bool, sp_overlap)) / max(len(sp), 1):.1f}%); "
+        f"median change {100 * statistics.median(sp_change or [math.nan]):.2f}%"
+    )
+    print(
+        f"   throughputs STABLE in both runs: {len(tp)}; intervals overlap "
+        f"{sum(map(bool, tp_overlap))} of {len(tp)} ({100 * sum(map(bool, tp_overlap)) / max(len(tp), 1):.1f}%)"
+    )
+    print(
+        f"   median relative half-width: speedup {100 * statistics.median(sp_width or [math.nan]):.2f}%, "
+        f"throughput {100 * statistics.median(tp_width or [math.nan]):.2f}%"
+    )
+    w1, w2 = _winners(first), _winners(second)
+    called = [k for k, (_, beyond) in w1.items() if beyond and k in w2]
+    same = sum(w1[k][0] == w2[k][0] for k in called)
+    print(
+        f"   winners called beyond noise in run 1: {len(called)}; the same in run 2: {same} "
+        f"({100 * same / max(len(called), 1):.1f}%)  (load {load()})"
+    )
+    _changes(first, second, both)
+
+
+def _changes(first, second, keys) -> None:
+    print("\n   per measurement: speedup run 1 [interval] -> run 2 [interval], stability")
+    for k in sorted(keys):
+        a, b = first[k], second[k]
+        if a.get("speedup") is None or a.get("compiler") == "identity":
+            continue
+
+        def show(r):
+            lo, hi = r.get("speedup_ci_low"), r.get("speedup_ci_high")
+            ci = f"[{lo:.3f}-{hi:.3f}]" if lo is not None and hi is not None else "[-]"
+            return f"{r['speedup']:.3f} {ci} {r.get('stability') or '-'}"
+
+        print(f"   {k[0][:28]:28} {k[1][:24]:24} bs{k[2]:<3} {show(a)} -> {show(b)}")
+
+
+@contextlib.contextmanager
+def hogs(count: int):
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def hog(args) -> None:
+    work = Path(tempfile.mkdtemp(prefix="calibration-hog-"))
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    cores = os.cpu_count() or 1
+    with hogs(cores):
+        time.sleep(2)
+        before = load()
+        seconds = benchmark(
+            ["--spec", args.spec, "--device", args.device, "--experiment", "hog"],
+            work / "home", uri,
+        )  # fmt: skip
+        after = load()
+    rows = records(uri, "hog")
+    flagged = sum(r.get("stability") == "UNSTABLE" for r in rows.values())
+    print(
+        f"3. with {cores} hog(s): UNSTABLE {flagged} of {len(rows)} "
+        f"({100 * flagged / max(len(rows), 1):.1f}%) in {seconds:.0f} s (load {before} -> {after})"
+    )
+
+
+@contextlib.contextmanager
+def checkout(rev: str):
+    path = Path(tempfile.mkdtemp(prefix="calibration-before-"))
+    subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=REPO, check=True,
+                   capture_output=True)  # fmt: skip
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO)
+
+
+def versus(args, label: str, cell: list[str]) -> None:
+    with checkout(args.before) as old:
+        times: dict[str, list[float]] = {"before": [], "after": []}
+        for i in range(args.rounds):
+            sides = [("before", old), ("after", REPO)]
+            for side, tree in sides if i % 2 == 0 else sides[::-1]:
+                work = Path(tempfile.mkdtemp(prefix=f"calibration-{side}-"))
+                before = load()
+                seconds = benchmark(cell, work / "home", f"sqlite:///{work / 'mlflow.db'}", tree)
+                times[side].append(seconds)
+                print(f"   {side}: {seconds:.1f} s (load {before} -> {load()})", flush=True)
+        b, a = statistics.median(times["before"]), statistics.median(times["after"])
+        print(f"{label}: before {b:.1f} s, after {a:.1f} s: {b / a:.2f}x  (load {load()})")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=["repeat", "hog", "walltime", "paper"])
+    p.add_argument("--spec", default="default")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--before", default="f3ab2ff", help="the revision to compare against")
+    p.add_argument("--rounds", type=int, default=1, help="alternating rounds of before/after")
+    args = p.parse_args()
+    if args.what == "repeat":
+        repeat(args)
+    elif args.what == "hog":
+        hog(args)
+    elif args.what == "walltime":
+        versus(args, "4. wall time, empty caches", ["--spec", args.spec, "--device", args.device])
+    else:
+        versus(args, "5. one OpenVINO cell, paper protocol", PAPER_CELL)
+
+
+if __name__ == "__main__":
+    main()
