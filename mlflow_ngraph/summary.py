@@ -111,8 +111,17 @@ def _winners_table(best: list[dict[str, Any]]) -> str:
         return {True: "beyond noise", False: "within noise", None: "-"}[w["beyond"]]
 
     return format_table(
-        ["model", "bs", "compiler", "samples/s", "speedup", "lead over", "lead", "95% CIs",
-         "stable"],  # fmt: skip
+        [
+            "model",
+            "bs",
+            "compiler",
+            "samples/s",
+            "speedup",
+            "lead over",
+            "lead",
+            "95% CIs",
+            "stable",
+        ],  # fmt: skip
         [
             [
                 w["model"],

@@ -38,13 +38,11 @@ def assess(
         and other_cpu_percent > other_cpu_threshold
     ):
         causes.append(
-            f"other processes used {other_cpu_percent:.0f}% of the CPU "
-            f"(> {other_cpu_threshold:g}%)"
+            f"other processes used {other_cpu_percent:.0f}% of the CPU (> {other_cpu_threshold:g}%)"
         )
     if not causes:
         return Stability(True)
     return Stability(
         False,
-        "; ".join(causes)
-        + ": measure on a quiet host, or re-measure with --stable-retries K",
+        "; ".join(causes) + ": measure on a quiet host, or re-measure with --stable-retries K",
     )
