@@ -133,57 +133,49 @@ def repeat(args) -> None:
     flagged += sum((second[k].get("stability") == "UNSTABLE") for k in second)
     total = len(first) + len(second)
     print(f"1. UNSTABLE: {flagged} of {total} ({100 * flagged / max(total, 1):.1f}%)")
+
+    def paired(keys, low):
+        return [k for k in keys if first[k].get(low) is not None and second[k].get(low) is not None]
+
+    def pct(n, d):
+        return f"{n} of {d} ({100 * n / max(d, 1):.1f}%)"
+
+    def med(values):
+        return f"{100 * statistics.median(values or [math.nan]):.2f}%"
+
+    marks = ("UNSTABLE",)
     stable = [
-        k for k in both if "UNSTABLE" not in (first[k].get("stability"), second[k].get("stability"))
-    ]
-    sp = [
-        k
-        for k in stable
-        if first[k].get("speedup_ci_low") is not None
-        and second[k].get("speedup_ci_low") is not None
-    ]
-    sp_overlap = [_overlap(first[k], second[k], "speedup_ci_low", "speedup_ci_high") for k in sp]
+        k for k in both
+        if first[k].get("stability") not in marks and second[k].get("stability") not in marks
+    ]  # fmt: skip
+    sp = paired(stable, "speedup_ci_low")
+    sp_overlap = sum(
+        bool(_overlap(first[k], second[k], "speedup_ci_low", "speedup_ci_high")) for k in sp
+    )
     sp_change = [abs(second[k]["speedup"] / first[k]["speedup"] - 1) for k in sp]
-    tp = [
-        k
-        for k in stable
-        if first[k].get("throughput_ci_low") is not None
-        and second[k].get("throughput_ci_low") is not None
-    ]
-    tp_overlap = [
-        _overlap(first[k], second[k], "throughput_ci_low", "throughput_ci_high") for k in tp
-    ]
-    sp_width = [
-        w
-        for k in sp
-        for w in [_width(first[k], "speedup_ci_low", "speedup_ci_high", "speedup")]
-        if w
-    ]
+    tp = paired(stable, "throughput_ci_low")
+    tp_overlap = sum(
+        bool(_overlap(first[k], second[k], "throughput_ci_low", "throughput_ci_high")) for k in tp
+    )
+    sp_width = [_width(first[k], "speedup_ci_low", "speedup_ci_high", "speedup") for k in sp]
     tp_width = [
-        w
-        for k in tp
-        for w in [_width(first[k], "throughput_ci_low", "throughput_ci_high", "throughput")]
-        if w
+        _width(first[k], "throughput_ci_low", "throughput_ci_high", "throughput") for k in tp
     ]
     print(
-        f"2. speedups STABLE in both runs: {len(sp)}; intervals overlap "
-        f"{sum(map(bool, sp_overlap))} of {len(sp)} ({100 * sum(map(bool, sp_overlap)) / max(len(sp), 1):.1f}%); "
-        f"median change {100 * statistics.median(sp_change or [math.nan]):.2f}%"
+        f"2. speedups STABLE in both runs: intervals overlap {pct(sp_overlap, len(sp))}; "
+        f"median change {med(sp_change)}"
     )
+    print(f"   throughputs STABLE in both runs: intervals overlap {pct(tp_overlap, len(tp))}")
     print(
-        f"   throughputs STABLE in both runs: {len(tp)}; intervals overlap "
-        f"{sum(map(bool, tp_overlap))} of {len(tp)} ({100 * sum(map(bool, tp_overlap)) / max(len(tp), 1):.1f}%)"
-    )
-    print(
-        f"   median relative half-width: speedup {100 * statistics.median(sp_width or [math.nan]):.2f}%, "
-        f"throughput {100 * statistics.median(tp_width or [math.nan]):.2f}%"
+        f"   median relative half-width: speedup {med([w for w in sp_width if w])}, "
+        f"throughput {med([w for w in tp_width if w])}"
     )
     w1, w2 = _winners(first), _winners(second)
     called = [k for k, (_, beyond) in w1.items() if beyond and k in w2]
     same = sum(w1[k][0] == w2[k][0] for k in called)
     print(
-        f"   winners called beyond noise in run 1: {len(called)}; the same in run 2: {same} "
-        f"({100 * same / max(len(called), 1):.1f}%)  (load {load()})"
+        f"   winners called beyond noise in run 1: the same in run 2: {pct(same, len(called))}"
+        f"  (load {load()})"
     )
     _changes(first, second, both)
 

@@ -19,11 +19,22 @@ After the faults, ``mlflow-ngraph sync`` runs on every node's home and the same 
 to the end. ``--target benchmark``: the single-device benchmark, killed (``process``) or
 with its sqlite store moved away for a while (``store``), then re-run.
 
+``--target named``: the single-device benchmark stopped at every named fault point
+(:mod:`mlflow_ngraph.faultpoint`, ``kill -9`` of itself there), a 400 KB home (a real full
+disk, then enlarged), a home that fills up mid-run, a home made read-only mid-run (both on a
+tmpfs: needs root, else left out), and two copies of the same command at once. After each
+fault the same command runs again until it exits 0 (3 tries at most). Printed per fault:
+tries, results lost, duplicated runs, duplicated metric values, runs left RUNNING, unusable
+stores (an sqlite store failing ``PRAGMA integrity_check``, or a command that did not end
+well: the final run's exit, a fault's error that was not one line) -- 0 is the target in
+every column.
+
 Printed: kill points tried (per kind), cells expected, present, duplicated (a cell key with
 more than one run, or a metric with more than one value at one step) and lost.
 
     python bench/bench_faults.py --n 10
     python bench/bench_faults.py --n 10 --backend postgresql
+    python bench/bench_faults.py --target named
 """
 
 from __future__ import annotations
@@ -408,11 +419,203 @@ def run_benchmark_faults(args, rng: random.Random) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+# --- named faults, one at a time -----------------------------------------------------------
+@dataclass
+class Trial:
+    """What one fault did, once the same command ran to its end after it."""
+
+    tries: int = 0
+    lost: int = 0
+    dup_runs: int = 0
+    dup_values: int = 0
+    stuck: int = 0
+    unusable: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, other: Trial) -> None:
+        for name in ("tries", "lost", "dup_runs", "dup_values", "stuck", "unusable"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.notes += other.notes
+
+
+class Home:
+    """A fresh store and home for one fault; the home on a tmpfs of ``size`` when asked."""
+
+    def __init__(self, size: str | None = None) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="ngraph-named-"))
+        self.home = self.tmp / "home"
+        self.home.mkdir()
+        self.mounted = False
+        if size:
+            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                                   str(self.home)], capture_output=True)  # fmt: skip
+            if done.returncode != 0:
+                raise RuntimeError("cannot mount a tmpfs (needs root)")
+            self.mounted = True
+        self.uri = f"sqlite:///{self.tmp / 'mlflow.db'}"
+        self.env = {**os.environ, "MLFLOW_TRACKING_URI": self.uri, "PYTHONPATH": str(REPO),
+                    "MLFLOW_NGRAPH_HOME": str(self.home)}  # fmt: skip
+        self.env.pop("MLFLOW_NGRAPH_FAULT_POINT", None)
+
+    def remount(self, options: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,{options}", str(self.home)], check=True)
+
+    def start(self, point: str = "") -> subprocess.Popen:
+        env = {**self.env, "MLFLOW_NGRAPH_FAULT_POINT": point} if point else self.env
+        return subprocess.Popen(command(), env=env, cwd=self.tmp, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # fmt: skip
+
+    def run(self, point: str = "") -> tuple[int, str]:
+        proc = self.start(point)
+        try:
+            _, err = proc.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            err = "timed out"
+        with contextlib.suppress(ProcessLookupError):  # a killed run's worker, if any
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return proc.returncode, err
+
+    def close(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.home)], check=False)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _error_is_one_line(code: int, err: str) -> bool:
+    """A run that ended with an error said it in one line, without a traceback."""
+    if code in (0, -signal.SIGKILL):
+        return True
+    return (
+        "Traceback" not in err and sum(line.startswith("error:") for line in err.splitlines()) == 1
+    )
+
+
+def judge(home: Home, fault_ok: bool, name: str) -> Trial:
+    """Run the same command to its end (3 tries at most) and count what the store holds."""
+    import sqlite3
+
+    from mlflow.tracking import MlflowClient
+
+    trial = Trial(tries=1)
+    final = None
+    for _ in range(3):
+        final, err = home.run()
+        if final == 0:
+            break
+    expected = {("cpu", c): BATCH_SIZES for c in COMPILERS}
+    counted = count(home.uri, "faults", expected)
+    trial.lost = counted.results_expected - counted.results_present
+    trial.dup_runs, trial.dup_values = counted.runs_duplicated, counted.values_duplicated
+    client = MlflowClient(home.uri)
+    exp = client.get_experiment_by_name("faults")
+    runs = client.search_runs([exp.experiment_id]) if exp else []
+    trial.stuck = sum(r.info.status == "RUNNING" for r in runs)
+    # a cell run the views cannot see (no role or parent tag) loses its results
+    tags = [r.data.tags for r in runs if "ngraph.cell_key" in r.data.tags]
+    hidden = [t for t in tags if t.get("ngraph.role") != "cell" or "mlflow.parentRunId" not in t]
+    trial.lost += sum(len(BATCH_SIZES) for _ in hidden)
+    with sqlite3.connect(home.uri[len("sqlite:///") :]) as db:
+        healthy = db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    trial.unusable = int(not healthy or final != 0 or not fault_ok)
+    if trial.unusable:
+        trial.notes.append(f"{name}: integrity {healthy}, final exit {final}, fault said in one "
+                           f"line {fault_ok}: {err.strip().splitlines()[-1:]}")  # fmt: skip
+    trial.notes += [f"{name}: {n}" for n in counted.notes]
+    return trial
+
+
+def named_faults(args) -> list[tuple[str, str]]:
+    """(fault, how) for every fault of ``--target named``."""
+    from mlflow_ngraph.faultpoint import POINTS
+
+    faults = [(f"kill at {p}", p) for p in POINTS]
+    # the same points later in the run: the second cell, the last result
+    faults += [(f"kill at {p}@{n}", f"{p}@{n}") for p, n in
+               (("cell_run_created", 2), ("journal_measured", 4), ("record_sent", 3),
+                ("journal_append", 12))]  # fmt: skip
+    faults += [
+        ("full disk (400 KB home)", "disk"),
+        ("disk fills mid-run", "fill"),
+        ("home read-only mid-run", "readonly"),
+        ("two copies at once", "copies"),
+    ]
+    return [f for f in faults if not args.only or any(o in f[0] for o in args.only.split(","))]
+
+
+def one_fault(how: str, name: str) -> Trial:
+    if how in ("disk", "fill", "readonly"):
+        try:
+            home = Home("400k" if how == "disk" else "64m")
+        except RuntimeError as exc:
+            return Trial(notes=[f"{name}: left out ({exc})"])
+    else:
+        home = Home()
+    try:
+        ok = True
+        if how == "disk":  # as in the trial: the whole run on 400 KB, then the disk enlarged
+            code, err = home.run()
+            ok = _error_is_one_line(code, err)
+            home.remount("size=64m")
+        elif how == "fill":
+            code, err = home.run("journal_measured@2:fill")
+            ok = _error_is_one_line(code, err) and code != 0
+            (home.home / ".ballast").unlink(missing_ok=True)
+        elif how == "readonly":
+            home.run("cell_begun@2")  # killed half-way, then the home turns read-only
+            home.remount("ro")
+            code, err = home.run()
+            ok = _error_is_one_line(code, err) and code != 0
+            home.remount("rw")
+        elif how == "copies":
+            procs = [home.start(), home.start()]
+            outs = [p.communicate(timeout=600) for p in procs]
+            ok = all(p.returncode == 0 for p in procs)
+            waited = sum("another copy" in err for _, err in outs)
+            print(f"  two copies: exits {[p.returncode for p in procs]}, {waited} said it waited",
+                  flush=True)  # fmt: skip
+        else:
+            code, err = home.run(how)
+            ok = code == -signal.SIGKILL  # the point was reached
+        return judge(home, ok, name)
+    finally:
+        home.close()
+
+
+def run_named_faults(args) -> None:
+    rows, total = [], Trial()
+    started = time.time()
+    for name, how in named_faults(args):
+        t0 = time.time()
+        trial = one_fault(how, name)
+        total.add(trial)
+        rows.append((name, trial))
+        print(f"{name}: {trial.tries} tries, lost {trial.lost}, dup runs {trial.dup_runs}, dup "
+              f"values {trial.dup_values}, stuck {trial.stuck}, unusable {trial.unusable} "
+              f"({time.time() - t0:.0f} s)", flush=True)  # fmt: skip
+    from mlflow_ngraph.table import format_table
+
+    headers = ["fault", "tries", "lost", "dup runs", "dup values", "stuck RUNNING", "unusable"]
+    table = [[n, t.tries, t.lost, t.dup_runs, t.dup_values, t.stuck, t.unusable] for n, t in rows]
+    table.append(["all", total.tries, total.lost, total.dup_runs, total.dup_values, total.stuck,
+                  total.unusable])  # fmt: skip
+    print(format_table(headers, table))
+    for note in total.notes[:30]:
+        print("  " + note)
+    print(
+        f"{len(rows)} faults, {time.time() - started:.0f} s in all; each try: "
+        f"{len(COMPILERS)} compilers x batch sizes {BATCH_SIZES} on a fresh sqlite store"
+    )
+
+
 def main() -> None:
     sys.path.insert(0, str(REPO))  # this checkout's mlflow_ngraph, as in the nodes' workers
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=10, help="Kill points (>= 10 for the report).")
-    parser.add_argument("--target", choices=("sweep", "benchmark"), default="sweep")
+    parser.add_argument("--target", choices=("sweep", "benchmark", "named"), default="sweep")
+    parser.add_argument("--only", help="named: run only the faults whose name holds one of "
+                        "these comma-separated words.")  # fmt: skip
     parser.add_argument("--faults", help="Kinds of fault to draw from (default: process,node,"
                         "server for a sweep; process,store for a benchmark).")  # fmt: skip
     parser.add_argument("--per-round", type=int, default=2, help="Faults in one sweep.")
@@ -424,7 +627,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    if args.target == "sweep":
+    if args.target == "named":
+        run_named_faults(args)
+    elif args.target == "sweep":
         args.faults = args.faults or "process,node,server"
         run_sweep_faults(args, rng)
     else:

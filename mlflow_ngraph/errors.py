@@ -27,3 +27,60 @@ class CompilerUnavailable(NgraphError):
 
 class CompileFailed(Exception):
     """A compiler failed on one model: the cell is marked FAILED and the run goes on."""
+
+
+class HostFault(NgraphError):
+    """The host, not the benchmark, failed: a full disk, a read-only or unwritable home, no
+    memory. Nothing measured is lost; the same command, run again once the host is fixed,
+    measures what is missing. Its own exit status tells it from a user error."""
+
+    exit_code = 4
+
+
+#: errno values that are the host's fault, with the fix to name
+HOST_ERRNOS = {
+    28: "free space on that disk, or point --home / MLFLOW_NGRAPH_HOME at a disk with room",
+    122: "free space (disk quota exceeded), or point --home / MLFLOW_NGRAPH_HOME elsewhere",
+    30: "make that file system writable, or point --home / MLFLOW_NGRAPH_HOME at a writable one",
+    13: "make that directory writable by this user, or point --home / MLFLOW_NGRAPH_HOME at one",
+    1: "make that directory writable by this user, or point --home / MLFLOW_NGRAPH_HOME at one",
+    12: "free memory (close other programs), or measure fewer or smaller models at once",
+}
+
+#: how a host failure reads in a cell's failure reason (an exception as one line)
+_HOST_TEXTS = (
+    ("[Errno 28]", 28),
+    ("No space left on device", 28),
+    ("[Errno 122]", 122),
+    ("Disk quota exceeded", 122),
+    ("[Errno 30]", 30),
+    ("Read-only file system", 30),
+    ("[Errno 13]", 13),
+    ("Permission denied", 13),
+    ("[Errno 12]", 12),
+    ("Cannot allocate memory", 12),
+    ("MemoryError", 12),
+)
+
+
+def host_errno(reason: str) -> int | None:
+    """The errno of a cell failure ``reason`` that is the host's fault (a full disk, a
+    read-only home, no memory), or None for a failure of the model or compiler."""
+    return next((code for text, code in _HOST_TEXTS if text in reason), None)
+
+
+def host_fix(reason: str) -> str:
+    """The fix of a host failure named by a cell failure ``reason``."""
+    return HOST_ERRNOS.get(host_errno(reason) or 0, "fix the host")
+
+
+def host_fault(exc: BaseException, what: str, kept: str = "") -> HostFault | None:
+    """One line for an ``OSError`` that is the host's fault while doing ``what``: the path,
+    the problem and the fix (``kept``: what is safe, said before the fix); None otherwise."""
+    if not isinstance(exc, OSError) or exc.errno not in HOST_ERRNOS:
+        return None
+    path = exc.filename or "?"
+    return HostFault(
+        f"cannot {what} {path}: {exc.strerror or exc}; {kept + '; ' if kept else ''}"
+        f"{HOST_ERRNOS[exc.errno]}, then run the same command again"
+    )

@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlflow_ngraph import faultpoint
 from mlflow_ngraph import metrics as M
 from mlflow_ngraph.compilers.base import Compiler
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
-from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.errors import NgraphError, host_errno, host_fault
 from mlflow_ngraph.estimate import Timings, describe, estimate, timing_key
 from mlflow_ngraph.measure.rounds import PRECISION
 from mlflow_ngraph.measure.stability import MAX_INTERVAL, OTHER_CPU_THRESHOLD
@@ -37,7 +38,7 @@ from mlflow_ngraph.summary import cell_run_name, differing_flags
 from mlflow_ngraph.supply import host_fingerprint
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
-from mlflow_ngraph.tracking.journal import Journal
+from mlflow_ngraph.tracking.journal import Journal, JournalLock
 from mlflow_ngraph.tracking.session import StoreSession
 from mlflow_ngraph.view import PlainView
 from mlflow_ngraph.worker import (
@@ -228,11 +229,38 @@ class Runner:
         return getattr(self.store, "experiment_id", None)
 
     def run(self) -> list[Row]:
+        """Measure what the journal lacks, one invocation per journal at a time: a second
+        copy of the same command waits for the first (said in one line), then finds its
+        work done."""
+        target = (self.tracking_uri, self.spec.experiment, ml.device_name(self.profile.name))
+        lock = JournalLock(Journal.path_for(self.home, *target))
+        lock.acquire(on_wait=self._say_waiting)
+        try:
+            return self._run()
+        except OSError as exc:  # the host failed under the runner (a full or read-only home)
+            fault = host_fault(exc, "write", "every result measured before is in the journal")
+            if fault is None:
+                raise
+            raise fault from None
+        finally:
+            lock.release()
+
+    @staticmethod
+    def _say_waiting(holder: str) -> None:
+        log.warning(
+            "another copy of this benchmark is running (%s) with the same journal: waiting "
+            "for it to end, then taking what it left (Ctrl-C to stop waiting)",
+            holder,
+        )
+
+    def _run(self) -> list[Row]:
         from mlflow_ngraph.env import environment
 
         self.journal = Journal.for_target(
             self.home, self.tracking_uri, self.spec.experiment, ml.device_name(self.profile.name)
         )
+        self.host_failures: list[str] = []
+        self._host_failed: list[tuple[Cell, str]] = []
         self.store = StoreSession(
             self.tracking_uri,
             self.home,
@@ -276,7 +304,7 @@ class Runner:
                 shutdown()  # the spare worker started for a cell that will not come
             if self.view:
                 self.view.stop()
-        self.store.finish()
+        self.store.finish(self.host_failures)
         return self.rows
 
     def _finished_before(self) -> bool:
@@ -289,6 +317,9 @@ class Runner:
         if not self.journal.up_to_date(self.spec.spec_hash):
             return False
         if any(self._pending(cell) for cell in self.plan.cells):
+            return False
+        if not self.journal.parent_finished():
+            log.info("the parent run of the last invocation was left unfinished: ending it")
             return False
         log.info("every cell was measured and logged by an earlier run: nothing to do")
         for cell in self.plan.cells:
@@ -319,8 +350,21 @@ class Runner:
             self._run_cell(cell)
 
     # --- one cell -------------------------------------------------------------------------
+    def _finished_cell(self, cell: Cell) -> bool:
+        """A cell finished by an earlier run: its rows are shown and its run is left as it
+        ended (its end time kept)."""
+        if self._pending(cell) or not self.journal.cell(cell.key).closed:
+            return False
+        self._rows_from_journal(cell)
+        self.store.relative(cell)
+        self._set_row_speedups(cell)
+        self._view("cell_done", cell.name, [r for r in self.rows if _row_of(r, cell)])
+        return True
+
     def _run_cell(self, cell: Cell) -> None:
         self._view("cell_started", cell.name)
+        if self._finished_cell(cell):
+            return
         self.store.begin(cell)  # opens the run
         pending = self._pending(cell)  # after the run's stored results were taken
         for b in self.spec.batch_sizes:
@@ -361,6 +405,7 @@ class Runner:
                 )
                 outcome.last = now
                 self.journal.measured(cell.key, b, record)
+                faultpoint.point("journal_measured")
                 self._log_record(cell, b, record)
             elif kind == "failed":
                 b, reason = payload
@@ -409,6 +454,8 @@ class Runner:
         jobs: list[tuple[Cell, list[int], _Outcome, GroupCell]] = []
         for cell in cells:
             self._view("cell_started", cell.name)
+            if self._finished_cell(cell):
+                continue
             self.store.begin(cell)  # opens the run
             pending = self._pending(cell)  # after the run's stored results were taken
             for b in self.spec.batch_sizes:
@@ -455,18 +502,29 @@ class Runner:
             self._close_cell(cell)
 
     def _close_cell(self, cell: Cell) -> None:
-        self.store.end(cell)
+        host = [r for c, r in self._host_failed if c is cell]
+        self.store.end(cell, host[0] if host else None)
         self._set_row_speedups(cell)
         self._view("cell_done", cell.name, [r for r in self.rows if _row_of(r, cell)])
 
     def _failed(self, cell: Cell, b: int, reason: str) -> None:
-        self.store.failed(cell, b, reason)
+        """A batch size failed: for good when the model or compiler failed; when the host
+        did (a full disk, a read-only home, no memory), it stays pending for a plain re-run
+        and the invocation ends with one line that says so."""
+        status = S.STATUS_FAILED
+        if host_errno(reason) is not None:
+            status = S.STATUS_HOST_FAILED
+            log.warning("%s bs%d not measured, the host failed: %s", cell.name, b, reason)
+            self._host_failed.append((cell, reason))
+            self.host_failures.append(reason)
+        else:
+            self.store.failed(cell, b, reason)
         self._emit(
             Row(
                 cell.model.label,
                 cell.compiler.name,
                 b,
-                S.STATUS_FAILED,
+                status,
                 note=reason,
                 flags=dict(cell.flags),
             )

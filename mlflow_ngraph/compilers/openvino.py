@@ -105,9 +105,7 @@ class OpenVinoEngine(Engine):
     def infer(self) -> None:
         self.request.infer()
 
-    def start_many(
-        self, count: int, latencies: list[float] | None = None, every: int = 1
-    ) -> None:
+    def start_many(self, count: int, latencies: list[float] | None = None, every: int = 1) -> None:
         """Start ``count`` requests; return once the last is started (earlier ones may still
         run). The harness calls it repetition after repetition so the queue never drains
         between repetitions, as in ``benchmark_app``'s loop; :meth:`synchronize` waits.

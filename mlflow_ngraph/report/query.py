@@ -207,7 +207,7 @@ def filter_strings(query: RunQuery) -> list[str]:
     clauses = [f"tags.\"{schema.T_ROLE}\" = 'cell'"]
     if query.valid_only:
         clauses.append(f"tags.\"{schema.T_STATUS}\" = '{schema.STATUS_OK}'")
-    choices = [[f"tags.\"{schema.T_SWEEP}\" = {_quote(v)}" for v in sorted(set(query.sweeps))]]
+    choices = [[f'tags."{schema.T_SWEEP}" = {_quote(v)}' for v in sorted(set(query.sweeps))]]
     choices[0] = choices[0] or [None]
     for attr, param, _ in _PARAM_FILTERS:
         values = sorted(set(getattr(query, attr)))

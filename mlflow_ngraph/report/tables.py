@@ -254,9 +254,7 @@ def add_intervals(frame: pd.DataFrame, baseline: dict[str, str]) -> pd.DataFrame
         below = np.log(tput) - np.log(np.where(low > 0, low, np.nan))
         above = np.log(high) - np.log(tput)
     key_of = {}
-    for i, (run, b) in enumerate(
-        zip(_list(out["run_id"]), _list(out["batch_size"]), strict=True)
-    ):
+    for i, (run, b) in enumerate(zip(_list(out["run_id"]), _list(out["batch_size"]), strict=True)):
         if not pd.isna(b):
             key_of[(run, int(b))] = i
     ident_low = np.full(len(out), np.nan)

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlflow_ngraph import faultpoint
+from mlflow_ngraph.errors import host_fault
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.mlflow_log import local_sqlite
 
@@ -103,7 +105,10 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _write_error(exc, self.path.parent) from None
         self.cells: dict[str, CellState] = {}
         self.last: dict[str, Any] | None = None  # the latest record
         self.store: dict[str, Any] | None = None  # the latest ``store`` record
@@ -118,12 +123,17 @@ class Journal:
         """The journal of ``device``'s results in ``experiment`` of the store ``tracking_uri``
         names, checked against that store: a journal of a store or experiment that no longer
         exists is archived and a fresh one started; cells whose run was deleted are pending."""
-        store = store_identity(tracking_uri)
-        digest = hashlib.sha256(f"{store}|{experiment}|{device}".encode()).hexdigest()
-        journal = cls(Path(home) / "journals" / f"{device}-{digest[:16]}.jsonl")
+        journal = cls(cls.path_for(home, tracking_uri, experiment, device))
         journal._target = (tracking_uri, experiment)
         journal.check_store()
         return journal
+
+    @staticmethod
+    def path_for(home: Path, tracking_uri: str, experiment: str, device: str) -> Path:
+        """Where the journal of ``device`` in ``experiment`` of that store is kept."""
+        store = store_identity(tracking_uri)
+        digest = hashlib.sha256(f"{store}|{experiment}|{device}".encode()).hexdigest()
+        return Path(home) / "journals" / f"{device}-{digest[:16]}.jsonl"
 
     # --- reading --------------------------------------------------------------------------
     def _replay(self) -> None:
@@ -161,12 +171,15 @@ class Journal:
         cell = self.cells.setdefault(record["cell"], CellState())
         if kind == "run":
             cell.run_id = record["run_id"]
-        elif kind == "measured":
+        elif kind == "measured":  # the latest word on a batch size wins
             cell.measured[record["batch_size"]] = record
+            cell.failed.pop(record["batch_size"], None)
         elif kind == "logged":
             cell.logged.add(record["batch_size"])
         elif kind == "failed":
             cell.failed[record["batch_size"]] = record["reason"]
+            cell.measured.pop(record["batch_size"], None)
+            cell.logged.discard(record["batch_size"])
         elif kind == "cell":
             cell.description, cell.closed = record, False
         elif kind == "closed":
@@ -181,10 +194,15 @@ class Journal:
         if self._torn_tail:  # never glue a record to a line torn by a kill
             line = "\n" + line
             self._torn_tail = False
-        with open(self.path, "a") as handle:
-            handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            faultpoint.point("journal_append")
+            with open(self.path, "a") as handle:
+                handle.write(line)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:  # a torn line is skipped when read again
+            self._torn_tail = True
+            raise _write_error(exc, self.path) from None
         self._apply(json.loads(line))
 
     # --- the store it belongs to ----------------------------------------------------------
@@ -323,12 +341,96 @@ class Journal:
         last = self.last or {}
         return last.get("kind") == "indexed" and last.get("spec_hash") == spec_hash
 
+    def parent_finished(self) -> bool:
+        """Whether the parent run of the latest ``indexed`` record is not left RUNNING in the
+        store (a journal written before the parent was ended last, then killed). True when
+        the store cannot be asked: the journal is trusted."""
+        parent = (self.last or {}).get("parent_id")
+        if not parent or self._target is None:
+            return True
+        try:
+            status = probe_run_status(self._target[0], parent)
+        except StoreUnreachable as exc:
+            log.debug("parent run %s not checked: %s", parent, exc)
+            return True
+        return status != "RUNNING"
+
     def done(self, key: str, batch_size: int, retry_failed: bool = False) -> bool:
         """Whether ``(key, batch_size)`` needs no more work."""
         cell = self.cell(key)
         if batch_size in cell.logged:
             return True
         return batch_size in cell.failed and not retry_failed
+
+
+def _write_error(exc: OSError, path: Path) -> Exception:
+    """A write to the journal failed: one line naming the path and the fix when the host
+    is at fault (a full disk, a read-only home), else the error itself."""
+    exc.filename = str(path)
+    fault = host_fault(
+        exc, "write the resume journal", "every result measured before is kept in it"
+    )
+    return fault or exc
+
+
+# --- one invocation at a time ---------------------------------------------------------------
+class JournalLock:
+    """An exclusive lock beside a journal (``<journal>.lock``): one invocation measures into
+    a journal at a time. The kernel drops it when its holder dies (even by ``kill -9``), so
+    it is never left behind. The file says who holds it (pid, host, since when)."""
+
+    def __init__(self, journal_path: Path) -> None:
+        self.path = Path(journal_path).with_suffix(".lock")
+        self._handle = None
+
+    def holder(self) -> str:
+        """Who holds it, in words (from the file its holder wrote)."""
+        try:
+            info = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return "another mlflow-ngraph process"
+        since = time.strftime("%H:%M:%S", time.localtime(info.get("since", 0)))
+        return f"mlflow-ngraph pid {info.get('pid', '?')} on {info.get('host', '?')}, since {since}"
+
+    def acquire(self, wait: bool = True, on_wait=None) -> bool:
+        """Take the lock; when another process holds it, call ``on_wait(holder)`` once and
+        wait for it (``wait``) or return False.
+
+        Raises:
+            HostFault: the lock file cannot be created (a full or read-only home).
+        """
+        import fcntl
+        import socket
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path, "a+")
+        except OSError as exc:
+            raise _write_error(exc, self.path) from None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait(self.holder())
+            if not wait:
+                handle.close()
+                return False
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        self._handle = handle
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps(info))
+            handle.flush()
+        except OSError:  # who holds it is only said to a waiting copy: not worth failing for
+            pass
+        return True
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing the file drops the lock
+            self._handle = None
 
 
 # --- records ------------------------------------------------------------------------------
@@ -449,6 +551,29 @@ def probe_experiment(tracking_uri: str, name: str) -> tuple[str, int, str] | Non
     if exp is None:
         return None
     return exp.experiment_id, int(exp.creation_time or 0), exp.lifecycle_stage
+
+
+def probe_run_status(tracking_uri: str, run_id: str) -> str | None:
+    """The status of run ``run_id`` (RUNNING, FINISHED, ...), None if the store lacks it.
+
+    Raises:
+        StoreUnreachable: the store could not be asked.
+    """
+    path = local_sqlite(tracking_uri)
+    if path is not None:
+        if not path.exists():
+            return None
+        rows = _query_sqlite(path, "SELECT status FROM runs WHERE run_uuid=?", (run_id,))
+        return str(rows[0][0]) if rows else None
+    if tracking_uri.startswith(("http://", "https://")):
+        data = _rest(tracking_uri, "GET", "runs/get", params={"run_id": run_id})
+        return data["run"]["info"]["status"] if data else None
+    try:
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(tracking_uri).get_run(run_id).info.status
+    except Exception as exc:
+        raise StoreUnreachable(type(exc).__name__) from None
 
 
 def probe_runs(tracking_uri: str, experiment_id: str, run_ids: list[str]) -> set[str]:

@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from mlflow_ngraph import faultpoint
 from mlflow_ngraph.cluster import ENV_DEVICE_NAME, ENV_SWEEP_ID
 from mlflow_ngraph.errors import NgraphError, StoreAway
 from mlflow_ngraph.tracking import schema as S
@@ -373,14 +374,24 @@ def _find_run(client, experiment_id: str, tags: dict[str, str]) -> str | None:
 SETTLE_S = 0.3
 
 
-def find_or_create_run(client, experiment_id: str, tags: dict[str, str], run_name: str) -> str:
-    """The run tagged ``tags``: the earliest one if any, else a new one. Safe when several
+def find_or_create_run(
+    client,
+    experiment_id: str,
+    tags: dict[str, str],
+    run_name: str,
+    more_tags: dict[str, str] | None = None,
+) -> str:
+    """The run tagged ``tags``: the earliest one if any, else a new one created with
+    ``tags`` and ``more_tags`` at once (a kill never leaves it half-tagged). Safe when several
     clients ask at once: each creator waits :data:`SETTLE_S`, every client then agrees on the
     earliest run by (start time, id), and the others delete the run they made."""
     found = _find_run(client, experiment_id, tags)
     if found:
         return found
-    mine = client.create_run(experiment_id, tags=tags, run_name=run_name).info.run_id
+    every = {**tags, **(more_tags or {})}
+    mine = client.create_run(experiment_id, tags=every, run_name=run_name).info.run_id
+    if S.T_CELL_KEY in tags:
+        faultpoint.point("cell_run_created")
     time.sleep(SETTLE_S)
     winner = _find_run(client, experiment_id, tags) or mine
     if winner != mine:
@@ -448,22 +459,32 @@ def cell_run(
     client, experiment_id: str, parent_id: str, cell_key: str, name: str, known: str | None
 ) -> str:
     """The child run of a cell: the one the journal knows, else one tagged with the cell
-    key (a run started by a killed invocation), else a new nested run."""
+    key (a run started by a killed invocation), else a new nested run, created with its
+    role and parent tags. A run found again that lacks them (left by an older version
+    killed between creating and tagging it) gets them: every result view finds it."""
+    role = {S.T_PARENT: parent_id, S.T_ROLE: "cell"}
     if known:
         try:
             run = client.get_run(known)
             if run.info.lifecycle_stage == "active":
-                client.update_run(known, status="RUNNING")
+                _reopen(client, run, role)
                 return known
         except Exception:  # deleted or from another store: look it up by tag instead
             log.info("journal run %s not found; searching by cell key", known)
-    run_id = _find_run(client, experiment_id, {S.T_CELL_KEY: cell_key})
-    if run_id:
-        client.update_run(run_id, status="RUNNING")
-        return run_id
-    run_id = find_or_create_run(client, experiment_id, {S.T_CELL_KEY: cell_key}, name)
-    _set_tags_racing(client, run_id, {S.T_PARENT: parent_id, S.T_ROLE: "cell"})
-    return run_id
+    runs = _find_runs(client, experiment_id, {S.T_CELL_KEY: cell_key})
+    if runs:
+        _reopen(client, runs[0], role)
+        return runs[0].info.run_id
+    return find_or_create_run(client, experiment_id, {S.T_CELL_KEY: cell_key}, name, role)
+
+
+def _reopen(client, run, role: dict[str, str]) -> None:
+    """A cell's run measured again: RUNNING, with the role tags it lacks."""
+    missing = {k: v for k, v in role.items() if not run.data.tags.get(k)}
+    if missing:
+        log.info("cell run %s lacked %s: tagged", run.info.run_id, ", ".join(sorted(missing)))
+        _set_tags_racing(client, run.info.run_id, missing)
+    client.update_run(run.info.run_id, status="RUNNING")
 
 
 def stored_results(

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mlflow_ngraph import faultpoint
 from mlflow_ngraph import metrics as M
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
@@ -151,8 +152,27 @@ class CellRecorder:
         if log_file is not None:
             self.log_file(run_id, log_file, "logs")
         self.relative_from(journal, key, run_id, baseline)
+        self._clear_stale(run_id, journal.cell(key))
         self.finish(run_id, *cell_status(journal.cell(key)))
+        faultpoint.point("cell_closed_in_store")
         journal.closed(key)
+
+    def _clear_stale(self, run_id: str, state: CellState) -> None:
+        """Delete the error tags of failures measured since (``--retry-failed``): the run
+        says what the journal says, and a cell with no failure left has no error."""
+        tags = self.client.get_run(run_id).data.tags
+        stale = [f"{S.T_ERROR}.bs{b}" for b in state.measured if f"{S.T_ERROR}.bs{b}" in tags]
+        if not state.failed and S.T_ERROR in tags:
+            stale.append(S.T_ERROR)
+        if S.T_HOST_ERROR in tags:  # the host failure that interrupted it is behind it
+            stale.append(S.T_HOST_ERROR)
+        for key in stale:
+            self.client.delete_tag(run_id, key)
+
+    def interrupted(self, run_id: str, reason: str) -> None:
+        """End a cell's run that the host kept from finishing (KILLED, the reason tagged)."""
+        ml.log_batch(self.client, run_id, tags={S.T_HOST_ERROR: reason[:5000]})
+        ml.finish(self.client, run_id, "KILLED")
 
     def log_file(self, run_id: str, path: Path, artifact_path: str) -> None:
         if path.is_file() and path.stat().st_size:

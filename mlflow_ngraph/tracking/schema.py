@@ -25,6 +25,8 @@ T_CELL_KEY = "ngraph.cell_key"
 T_SPEC_HASH = "ngraph.spec_hash"
 T_STATUS = "ngraph.status"  # OK, INVALID (output check failed), FAILED
 T_ERROR = "ngraph.error"
+#: why the host kept a cell's run from finishing (full disk, read-only home, no memory)
+T_HOST_ERROR = "ngraph.host_error"
 T_DEVICE = "ngraph.device"
 T_DEVICE_KIND = "ngraph.device_kind"
 T_HOST = "ngraph.host"
@@ -45,6 +47,9 @@ STABILITY_UNSTABLE = "UNSTABLE"
 STATUS_OK = "OK"
 STATUS_INVALID = "INVALID"
 STATUS_FAILED = "FAILED"
+#: a batch size the host could not measure (full disk, read-only home, no memory): never
+#: written to the store, measured again by a plain re-run
+STATUS_HOST_FAILED = "HOST_FAILED"
 
 
 def is_usable(status: str | None) -> bool:

@@ -19,8 +19,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlflow_ngraph import faultpoint
 from mlflow_ngraph.cluster import ENV_SWEEP_ID
-from mlflow_ngraph.errors import NgraphError, StoreAway
+from mlflow_ngraph.errors import HostFault, NgraphError, StoreAway, host_fix
 from mlflow_ngraph.supply import host_fingerprint
 from mlflow_ngraph.tracking import index
 from mlflow_ngraph.tracking import mlflow_log as ml
@@ -92,6 +93,7 @@ class StoreSession:
             env,
             {S.T_HOST: env["host"]},
         )
+        faultpoint.point("parent_started")
         self.journal.ensure_store_recorded()
         self.recorder = CellRecorder(
             self.client, self.experiment_id, self.parent_id, self.spec.log_engines
@@ -213,6 +215,7 @@ class StoreSession:
         self.current = cell
         self.describe(cell)
         self.to_run(cell, self.recorder.tags, self.cell_tags())
+        faultpoint.point("cell_begun")
 
     def params(self, cell: Cell, info: dict[str, Any] | None) -> None:
         """The cell's params (``info``: what the worker says of the built model)."""
@@ -228,9 +231,14 @@ class StoreSession:
         self.journal.failed(cell.key, b, reason)
         self.to_run(cell, self.recorder.failed, b, reason)
 
-    def end(self, cell: Cell) -> None:
-        """The cell is done: its log, relative metrics and final status."""
-        self.to_run(cell, self._close, cell)
+    def end(self, cell: Cell, host_failure: str | None = None) -> None:
+        """The cell is done: its log, relative metrics and final status. ``host_failure``:
+        the host kept some batch size from being measured; the run ends KILLED (not closed:
+        a plain re-run measures the rest and closes it)."""
+        if host_failure:
+            self.to_run(cell, self.recorder.interrupted, host_failure)
+        else:
+            self.to_run(cell, self._close, cell)
         self.current = None
 
     def relative(self, cell: Cell) -> None:
@@ -259,6 +267,7 @@ class StoreSession:
         """One result to the cell's run (and its engine as a logged model), then marked
         logged in the journal."""
         self.recorder.record(run_id, b, record)
+        faultpoint.point("record_sent")
         if (
             self.spec.log_models
             and self.spec.log_engines
@@ -267,6 +276,7 @@ class StoreSession:
         ):
             self._log_model(cell, run_id, b, record)
         self.journal.logged(cell.key, b)
+        faultpoint.point("record_logged")
 
     def _log_model(self, cell: Cell, run_id: str, b: int, record: dict) -> None:
         """The engine as an MLflow logged model of its cell run (``--log-models``), so
@@ -361,19 +371,33 @@ class StoreSession:
             except Exception as finish_exc:
                 log.debug("could not mark run %s KILLED: %s", run_id, finish_exc)
 
-    def finish(self) -> None:
-        """The results index and the parent's end, once the store holds every cell.
+    def finish(self, host_failures: Sequence[str] = ()) -> None:
+        """The results index and the parent's end, once the store holds every cell. The
+        journal's ``indexed`` record comes last: a kill before it leaves a re-run that opens
+        the store and ends the parent, never a parent RUNNING for good.
 
         Raises:
             StoreAway: the store is still unreachable: how many results wait in the
                 journal and how to send them.
+            HostFault: ``host_failures`` (reasons) kept batch sizes from being measured:
+                the parent ends KILLED, unindexed; the same command measures them later.
         """
+        if host_failures:
+            self.write(lambda: ml.finish(self.client, self.parent_id, "KILLED"))
+            raise HostFault(
+                f"{len(host_failures)} batch size(s) not measured because this host failed, "
+                f"not the compiler ({host_failures[0]}); every result measured is kept: "
+                f"{host_fix(host_failures[0])}, then run the same command again to measure them"
+            )
         if self.ready(force=True):
             try:
                 run_ids = [r for r in (self.journal.cell(c.key).run_id for c in self.cells) if r]
                 index.write(self.client, self.parent_id, index.snapshot(self.client, run_ids))
-                self.journal.indexed(self.spec.spec_hash, self.parent_id)
+                faultpoint.point("index_written")
                 ml.finish(self.client, self.parent_id, "FINISHED", announce=True)
+                faultpoint.point("parent_finished")
+                self.journal.indexed(self.spec.spec_hash, self.parent_id)
+                faultpoint.point("indexed")
                 return
             except Exception as exc:
                 if not self.link.lost(exc):
