@@ -70,7 +70,8 @@ class StoreSession:
         self.experiment_name = spec.experiment
         self.link = ml.StoreLink(tracking_uri)
         #: the cell being measured: the catch-up does not end its run
-        self.current: Cell | None = None
+        #: the cells whose runs are open (the cells of one model are measured together)
+        self.open_cells: dict[str, Cell] = {}
         self.parent_id: str | None = None
         self._runs: dict[str, str] = {}  # cell key -> its run, once opened here
 
@@ -143,7 +144,7 @@ class StoreSession:
             log.info(
                 "%s: %d result(s) measured while the store was unreachable sent", cell.name, sent
             )
-        if cell is not self.current and not self.pending(cell):
+        if cell.key not in self.open_cells and not self.pending(cell):
             self._close(run_id, cell)
 
     # --- a cell's run ----------------------------------------------------------------------
@@ -212,7 +213,7 @@ class StoreSession:
 
     def begin(self, cell: Cell) -> None:
         """``cell`` is measured next: describe it and open its run with its tags."""
-        self.current = cell
+        self.open_cells[cell.key] = cell
         self.describe(cell)
         self.to_run(cell, self.recorder.tags, self.cell_tags())
         faultpoint.point("cell_begun")
@@ -239,7 +240,7 @@ class StoreSession:
             self.to_run(cell, self.recorder.interrupted, host_failure)
         else:
             self.to_run(cell, self._close, cell)
-        self.current = None
+        self.open_cells.pop(cell.key, None)
 
     def relative(self, cell: Cell) -> None:
         """The relative metrics of a cell measured earlier (a baseline may exist since)."""
@@ -360,10 +361,10 @@ class StoreSession:
 
     # --- the invocation's end ----------------------------------------------------------------
     def killed(self) -> None:
-        """Mark the current cell's run and the parent KILLED (not while the store is
+        """Mark the open cells' runs and the parent KILLED (not while the store is
         unreachable: that would only wait for it)."""
-        current = self._runs.get(self.current.key) if self.current else None
-        for run_id in (current, self.parent_id):
+        current = [self._runs.get(key) for key in self.open_cells]
+        for run_id in (*current, self.parent_id):
             if run_id is None or self.link.offline:
                 continue
             try:  # best effort: the store itself may be what failed
