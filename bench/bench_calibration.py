@@ -252,15 +252,66 @@ def versus(args, label: str, cell: list[str]) -> None:
         print(f"{label}: before {b:.1f} s, after {a:.1f} s: {b / a:.2f}x  (load {load()})")
 
 
+def windows(args) -> None:
+    """The sample duration: eager and TorchScript of one model in one process, measured in
+    interleaved rounds at several window lengths, sides alternating; per length, the spread
+    of the per-round log ratio and of each side's window rates, and the rounds the default
+    precision needs."""
+    from mlflow_ngraph.compilers.registry import get_compiler
+    from mlflow_ngraph.config import MeasureSettings
+    from mlflow_ngraph.measure.harness import Meter
+    from mlflow_ngraph.measure.rounds import PRECISION, RoundPolicy, run_rounds
+    from mlflow_ngraph.models.registry import load_model
+    from mlflow_ngraph.supply import EngineSupply
+
+    home = Path(tempfile.mkdtemp(prefix="calibration-windows-"))
+    model = load_model(args.model_name, dict(args.model_params))
+    supply = EngineSupply(home, "cpu", "cpu", "throughput")
+    settings = MeasureSettings(warmup=5, repetitions=1, min_duration_s=0.0)
+    engines = {}
+    for name, flags in (("identity", {}), ("torchscript", {})):
+        compiler = get_compiler(name)
+        engine = compiler.compile(model, compiler.resolve_flags(flags), supply.context(1))
+        engine.prepare(model.random_input(1))
+        engines[name] = engine
+    print(f"{'window':>8} {'rounds':>6} {'sd log ratio':>12} {'sd log rate':>11} "
+          f"{'rounds for +-2%':>15} {'speedup':>8}")  # fmt: skip
+    for window_s in args.windows:
+        meters = {n: Meter(e, 1, settings) for n, e in engines.items()}
+        policy = RoundPolicy(window_s=window_s, min_rounds=args.count, precision=1e-9,
+                             max_s=window_s * args.count)  # fmt: skip
+        figures = run_rounds(meters, settings, "identity", policy)
+        ts = figures["torchscript"]
+        ratios = [
+            math.log(a.rate / b.rate)
+            for a, b in zip(meters["torchscript"].windows, meters["identity"].windows)
+        ]
+        sd = statistics.stdev(ratios)
+        rates = [math.log(w.rate) for w in meters["identity"].windows]
+        need = math.ceil((1.96 * sd / math.log1p(PRECISION)) ** 2)
+        print(f"{window_s:8.3f} {len(ratios):6d} {sd:12.4f} {statistics.stdev(rates):11.4f} "
+              f"{need:15d} {ts.speedup:8.3f}  (load {load()})", flush=True)  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["repeat", "hog", "walltime", "paper"])
+    p.add_argument("what", choices=["repeat", "hog", "walltime", "paper", "windows"])
+    p.add_argument("--windows", type=float, nargs="+", default=[0.01, 0.03, 0.1, 0.3, 1.0])
+    p.add_argument("--model", default="mha_block:width=128,depth=1")
+    p.add_argument("--count", type=int, default=30, help="rounds per window length")
     p.add_argument("--spec", default="default")
     p.add_argument("--device", default="cpu")
     p.add_argument("--before", default="f3ab2ff", help="the revision to compare against")
     p.add_argument("--rounds", type=int, default=1, help="alternating rounds of before/after")
     args = p.parse_args()
-    if args.what == "repeat":
+    name, _, params = args.model.partition(":")
+    args.model_name = name
+    args.model_params = dict(
+        (k, int(v) if v.isdigit() else v) for k, v in (p.split("=") for p in params.split(",") if p)
+    )
+    if args.what == "windows":
+        windows(args)
+    elif args.what == "repeat":
         repeat(args)
     elif args.what == "hog":
         hog(args)

@@ -345,6 +345,9 @@ def _die_with_parent() -> None:
 # --- an interleaved group: the engines of one model, each in its own worker ---------------
 #: seconds between a group's UNSTABLE attempt and the next (a burst of other work may pass)
 GROUP_RETRY_PAUSE_S = 2.0
+#: the least time a worker has to answer one command of the coordinator (a warm-up of a slow
+#: model, a window) before it is taken as hung
+ASK_LIMIT_S = 300.0
 
 
 @dataclass
@@ -447,7 +450,14 @@ class _Group:
         except OSError:
             self._died(cell)
             return None, cell.death
+        # a warm-up, window or verdict that does not come back is a hang: the cell's time
+        # limit, and never less than ASK_LIMIT_S for this one reply
+        deadline = max(cell.deadline, time.monotonic() + ASK_LIMIT_S)
         while cell.state != "dead":
+            if not cell.worker.conn.poll(1.0):
+                if time.monotonic() > deadline:
+                    self._died(cell, f"{command[0]} did not return: cell timed out")
+                continue
             got = self._receive(cell)
             if got is not None and got[0] in kinds:
                 return got

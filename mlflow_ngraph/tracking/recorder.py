@@ -50,6 +50,8 @@ class CellRecorder:
             tags[f"ngraph.note.bs{b}"] = record["note"]
         if record.get("reference"):
             tags[S.T_REFERENCE] = record["reference"]
+        if record.get("stop_reason"):
+            tags[f"{S.T_STOP_REASON}.bs{b}"] = record["stop_reason"]
         stability = record.get("stability")
         if stability:
             tags[f"{S.T_STABILITY}.bs{b}"] = (

@@ -37,6 +37,7 @@ T_INDEX_RUNS = "ngraph.index.runs"  # on a parent: how many cell runs the index 
 
 T_STABILITY = "ngraph.stability"  # STABLE / UNSTABLE (any batch size unstable), and .bs<b>
 T_STABILITY_REASON = "ngraph.stability.reason"  # .bs<b>: why a batch size is UNSTABLE
+T_STOP_REASON = "ngraph.stop_reason"  # .bs<b>: precision, max_duration
 T_ATTEMPTS = "ngraph.attempts"  # .bs<b>: measurements made of a batch size (--stable-retries)
 T_REFERENCE = "ngraph.reference"  # what the outputs were checked against
 T_SWEEP = "ngraph.sweep"  # the sweep id of every run a sweep started
