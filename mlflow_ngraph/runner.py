@@ -272,6 +272,7 @@ class Runner:
             experiment_explicit=self.experiment_explicit,
         )
         if self._finished_before():
+            self._order_rows()
             return self.rows
         self.store.start(environment(self.profile.name, self.profile.kind, self.home))
         self.timings = Timings(self.home)
@@ -305,7 +306,20 @@ class Runner:
             if self.view:
                 self.view.stop()
         self.store.finish(self.host_failures)
+        self._order_rows()
         return self.rows
+
+    def _order_rows(self) -> None:
+        """The rows in the plan's order (cell, then batch size): the cells of a model
+        measured together send their results in whatever order their workers finish."""
+        cells = self.plan.cells
+        sizes = list(self.spec.batch_sizes)
+
+        def key(row: Row) -> tuple[int, int]:
+            index = next((i for i, c in enumerate(cells) if _row_of(row, c)), len(cells))
+            return index, sizes.index(row.batch_size) if row.batch_size in sizes else len(sizes)
+
+        self.rows.sort(key=key)
 
     def _finished_before(self) -> bool:
         """A re-run of an invocation that finished and indexed every cell, with nothing
