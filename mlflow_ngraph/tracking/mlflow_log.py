@@ -380,13 +380,25 @@ def find_or_create_run(client, experiment_id: str, tags: dict[str, str], run_nam
     found = _find_run(client, experiment_id, tags)
     if found:
         return found
-    mine = client.create_run(experiment_id, tags=tags, run_name=run_name).info.run_id
+    created = {**tags, "mlflow.user": run_user()}  # the creator, as ``pull`` names it
+    mine = client.create_run(experiment_id, tags=created, run_name=run_name).info.run_id
     time.sleep(SETTLE_S)
     winner = _find_run(client, experiment_id, tags) or mine
     if winner != mine:
         log.debug("run %s of %s was created twice: keeping %s", mine, tags, winner)
         client.delete_run(mine)
     return winner
+
+
+def run_user() -> str:
+    """Who creates a run: the tracking server's login, else the local user."""
+    import getpass
+
+    try:
+        local = getpass.getuser()
+    except Exception:  # no user name in this environment (a container without passwd)
+        local = "unknown"
+    return os.environ.get("MLFLOW_TRACKING_USERNAME") or local
 
 
 def _set_tags_racing(client, run_id: str, tags: dict[str, str]) -> None:
@@ -577,7 +589,41 @@ def batch_metrics(values: dict[str, float | None], batch_size: int) -> list[Metr
 
 
 def log_engine(client, run_id: str, directory: Path, batch_size: int) -> None:
+    """The engine folder as ``engines/bs<b>``, and the sha256 of its manifest as the run's
+    param ``engine.bs<b>.manifest_sha256``, first: params are write-once, so whoever can
+    write the experiment's artifacts later cannot make ``pull`` accept another engine. An
+    engine whose run already holds another hash for the batch size is not logged again."""
+    from mlflow_ngraph.deploy.trust import MANIFEST, engine_param, file_sha256
+
+    key = engine_param(batch_size)
+    digest = file_sha256(Path(directory) / MANIFEST)
+    held = client.get_run(run_id).data.params.get(key)
+    if held is None:
+        log_batch(client, run_id, params={key: digest})
+    elif held != digest:
+        log.warning(
+            "run %s holds another engine for batch size %d (manifest %s): keeping it",
+            run_id,
+            batch_size,
+            held[:12],
+        )
+        return
     client.log_artifacts(run_id, str(directory), artifact_path=f"engines/bs{batch_size}")
+
+
+@contextlib.contextmanager
+def quiet_run_links():
+    """No "View run ... at <tracking URI>" line from MLflow inside the block (a fluent
+    ``mlflow.start_run`` prints one when its run ends, with the URI's password in clear)."""
+    before = os.environ.get(_QUIET)
+    os.environ[_QUIET] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_QUIET, None)
+        else:
+            os.environ[_QUIET] = before
 
 
 def _log_json(client, run_id: str, name: str, data: Any) -> None:
