@@ -1,9 +1,12 @@
 """Fetch a cell's engine, verified, into a directory.
 
-The ``engines/bs<b>`` artifact is downloaded into a temporary directory beside the target,
-every file is checked against the manifest (size and sha256), and only then is the directory
-moved into place (a rename): a tampered, truncated or missing file is refused and nothing
-that looks usable is left behind.
+The ``engines/bs<b>/manifest.json`` artifact is downloaded first into a temporary directory
+beside the target and checked against the sha256 the cell run recorded when it logged the
+engine (or one pinned with ``--sha256``), against the run's compiler and flags, and for
+confinement (:mod:`mlflow_ngraph.deploy.trust`); only the files it lists are downloaded,
+each checked for size and sha256, and only then is the directory moved into place (a
+rename): a tampered, truncated or missing file is refused and nothing that looks usable is
+left behind.
 """
 
 from __future__ import annotations
