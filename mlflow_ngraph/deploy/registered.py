@@ -49,11 +49,15 @@ def resolve_version(client, model_uri: str):
         raise NgraphError(f"{model_uri} is not a registered version here: {first}") from None
 
 
-def _download(uri: str, directory: Path) -> Path:
+def _download(client, uri: str, directory: Path) -> Path:
     import mlflow
 
     directory.mkdir(parents=True, exist_ok=True)
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(directory)))
+    return Path(
+        mlflow.artifacts.download_artifacts(
+            artifact_uri=uri, dst_path=str(directory), tracking_uri=client.tracking_uri
+        )
+    )
 
 
 def check_mlmodel(conf: dict[str, Any], expected: str, label: str) -> str:
@@ -127,16 +131,16 @@ def fetch_registered(client, model_uri: str, directory: Path) -> tuple[Path, Any
         raise NgraphError(f"{label} has no logged model: register the engine again")
     location = client.get_logged_model(model_id).artifact_location.rstrip("/")
     local = Path(directory) / "model"
-    mlmodel = _download(f"{location}/MLmodel", local)
+    mlmodel = _download(client, f"{location}/MLmodel", local)
     data = check_mlmodel(yaml.safe_load(mlmodel.read_text()), expected, label)
     engine = local / data
-    got = _download(f"{location}/{data}/{trust.MANIFEST}", engine)
+    got = _download(client, f"{location}/{data}/{trust.MANIFEST}", engine)
     trust.check_pin(trust.file_sha256(got), expected, f"{label}'s manifest_sha256")
     manifest = read_manifest(engine)
     trust.check_manifest(manifest)
     for entry in manifest["files"]:
         rel = Path(entry["path"])
-        _download(f"{location}/{data}/{entry['path']}", engine / rel.parent)
+        _download(client, f"{location}/{data}/{entry['path']}", engine / rel.parent)
     verify_files(engine, manifest)
     return local, version
 

@@ -157,6 +157,18 @@ def test_the_password_in_the_tracking_uri_is_printed_by_no_command(server, tmp_p
     assert not [text[:300] for text in outputs if password in text]
 
 
+def test_a_missing_permission_is_one_line_naming_it(server, tmp_path):
+    # before the attack tests below: they alter the engines the reader would register
+    url, _ = server
+    line = one_error(pull(url, tmp_path / "x", user="stranger"))
+    assert "stranger" in line and EXPERIMENT in line
+    register = cli("register", "-e", EXPERIMENT, "--device", "cpu", "--model", "conv_block",
+                   "--compiler", "onnxruntime", "--tracking-uri", url,
+                   env=env_of("reader"))  # fmt: skip
+    line = one_error(register)
+    assert "'reader' lacks the EDIT permission on experiment 'deploy'" in line
+
+
 def test_native_code_planted_by_another_writer_does_not_run(server, tmp_path):
     url, _ = server
     marker = tmp_path / "marker"
@@ -198,7 +210,9 @@ def test_changed_weights_planted_by_another_writer_are_refused(server, tmp_path)
         for i, logged in enumerate(m for m in models if m.source_run_id == run.info.run_id):
             where = str(tmp_path / f"m{i}")
             local = Path(
-                mlflow.artifacts.download_artifacts(logged.artifact_location, dst_path=where)
+                mlflow.artifacts.download_artifacts(
+                    logged.artifact_location, dst_path=where, tracking_uri=url
+                )
             )
             (engine,) = [p.parent for p in local.rglob("manifest.json")]
             half_weights(engine / "model.ort.onnx")
@@ -222,14 +236,3 @@ def test_changed_weights_planted_by_another_writer_are_refused(server, tmp_path)
     served = cli("serve", "models:/served@cpu", "-p", "1", "--tracking-uri", url, env=victim)
     if planted:
         assert "changed after it was logged" in one_error(served)
-
-
-def test_a_missing_permission_is_one_line_naming_it(server, tmp_path):
-    url, _ = server
-    line = one_error(pull(url, tmp_path / "x", user="stranger"))
-    assert "stranger" in line and EXPERIMENT in line
-    register = cli("register", "-e", EXPERIMENT, "--device", "cpu", "--model", "conv_block",
-                   "--compiler", "onnxruntime", "--tracking-uri", url,
-                   env=env_of("reader"))  # fmt: skip
-    line = one_error(register)
-    assert "'reader' lacks the EDIT permission on experiment 'deploy'" in line
