@@ -222,6 +222,7 @@ def test_changed_weights_planted_by_another_writer_are_refused(server, tmp_path)
                 planted = True
             except Exception:  # the server may refuse the attacker there: as good
                 pass
+    print(f"the attacker could rewrite the registered model's files: {planted}")
     line = one_error(pull(url, tmp_path / "pulled", "--compiler", "onnxruntime",
                           "--batch-size", "2"))  # fmt: skip
     assert "changed after it was logged" in line
