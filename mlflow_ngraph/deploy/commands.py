@@ -278,6 +278,7 @@ def serve(model_uri: str, host: str, port: int, tracking_uri: str | None, trust_
     what runs is the installed loader, never code from the store."""
     import os
     import shutil
+    import signal
     import subprocess
     import sys
 
@@ -294,15 +295,22 @@ def serve(model_uri: str, host: str, port: int, tracking_uri: str | None, trust_
             local, version = fetch_registered(MlflowClient(uri), model_uri, tmp)
         click.echo(f"serving {version.name} version {version.version}, checked, from {local}")
         env = {**os.environ, TRUST_ENV: "1" if trusted(trust_code) else "0"}
+        # `mlflow models serve` starts uvicorn from PATH: this environment's, activated or not
+        bin_dir = str(Path(sys.executable).parent)
+        env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
         mlflow_cli = str(Path(sys.executable).with_name("mlflow"))
         command = [mlflow_cli, "models", "serve", "-m", str(local), "--env-manager", "local"]
         process = subprocess.Popen([*command, "-h", host, "-p", str(port)], env=env)
+        # SIGTERM or Ctrl-C here ends the server too (and the checked copy is removed)
+        previous = signal.signal(signal.SIGTERM, lambda *_: process.terminate())
         try:
             code = process.wait()
         except KeyboardInterrupt:
             process.terminate()
             code = process.wait()
-        if code:
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if code and code != -signal.SIGTERM:
             raise NgraphError(f"mlflow models serve ended with status {code}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

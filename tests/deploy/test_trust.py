@@ -195,6 +195,57 @@ def _tamper_logged_model(client, logged, tmp_path, how):
     return marker
 
 
+def test_serve_serves_the_checked_registered_engine(store, tmp_path):
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    from deploy_support import PYTHON
+
+    uri, _ = store
+    name = _register_onnx(uri)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, **SAFE, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    serve = subprocess.Popen(
+        [PYTHON, "-m", "mlflow_ngraph", "serve", f"models:/{name}@cpu", "-p", str(port),
+         "--tracking-uri", uri],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 180
+        while True:
+            assert serve.poll() is None, serve.stderr.read()[-3000:]
+            assert time.time() < deadline, "mlflow-ngraph serve did not answer"
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations",
+            data=json.dumps({"inputs": _x().tolist()}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        answer = json.loads(urllib.request.urlopen(request, timeout=60).read())
+        os.environ["MLFLOW_TRACKING_URI"] = uri
+        try:
+            from mlflow_ngraph import load_registered
+
+            expected = load_registered(f"models:/{name}@cpu").predict(_x())
+        finally:
+            os.environ.pop("MLFLOW_TRACKING_URI")
+        served = np.asarray(answer["predictions"], dtype=np.float32)
+        np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+    finally:
+        serve.terminate()
+        serve.wait(60)
+    with pytest.raises(OSError):  # the server went with the command
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
+
+
 @pytest.mark.parametrize("how", ["code", "weights"])
 def test_a_changed_registered_model_is_refused(store, tmp_path, how):
     uri, client = store

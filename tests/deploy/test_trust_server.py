@@ -161,7 +161,7 @@ def test_a_missing_permission_is_one_line_naming_it(server, tmp_path):
     # before the attack tests below: they alter the engines the reader would register
     url, _ = server
     line = one_error(pull(url, tmp_path / "x", user="stranger"))
-    assert "stranger" in line and EXPERIMENT in line
+    assert "'stranger' lacks the READ permission on experiment 'deploy'" in line
     register = cli("register", "-e", EXPERIMENT, "--device", "cpu", "--model", "conv_block",
                    "--compiler", "onnxruntime", "--tracking-uri", url,
                    env=env_of("reader"))  # fmt: skip
