@@ -73,9 +73,9 @@ def load_seconds(directory: Path, repeat: int) -> float:
     """Median seconds of ``load_engine`` in a process that already imported the runtime."""
     code = (
         "import sys, time, json; from mlflow_ngraph import load_engine;"
-        "e = load_engine(sys.argv[1]); e.close(); ts = []\n"
+        "e = load_engine(sys.argv[1], trust_code=True); e.close(); ts = []\n"
         f"for _ in range({repeat}):\n"
-        "    t = time.perf_counter(); e = load_engine(sys.argv[1]); "
+        "    t = time.perf_counter(); e = load_engine(sys.argv[1], trust_code=True); "
         "ts.append(time.perf_counter() - t); e.close()\n"
         "print(json.dumps(sorted(ts)[len(ts) // 2]))"
     )

@@ -117,6 +117,10 @@ LAZY_COMMANDS = {
         "mlflow_ngraph.deploy.commands:register",
         "Log the fastest verified engine as an MLflow model and alias it per device.",
     ),
+    "serve": (
+        "mlflow_ngraph.deploy.commands:serve",
+        "Serve a registered engine after checking it against its registered version.",
+    ),
     "sync": (
         "mlflow_ngraph.cluster.commands:sync_command",
         "Send results measured while the tracking store was unreachable, exactly once.",

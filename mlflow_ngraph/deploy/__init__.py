@@ -6,8 +6,11 @@
   its manifest (size and sha256), then moved into place.
 - :mod:`.engine`: :func:`load_engine` runs a pulled engine with the runtime that built it,
   after checking this host can (runtime version, CPU, GPU).
-- :mod:`.register`: the engine as an MLflow logged model (models from code), a registered
-  model version and an alias per device.
+- :mod:`.register`: the engine as an MLflow logged model (data, loaded by the installed
+  :mod:`.pyfunc_model`), a registered model version and an alias per device.
+- :mod:`.registered`: a registered engine checked against its version before MLflow loads
+  or serves it.
+- :mod:`.trust`: what an engine from a shared store must prove (docs/security.md).
 """
 
 from __future__ import annotations

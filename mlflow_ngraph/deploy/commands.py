@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -38,10 +39,85 @@ def _selection_options(command):
     return command
 
 
+#: how many times a selection is made again without the runs refused for their index record
+MAX_ROUNDS = 5
+
+
+def _trust_option(command):
+    return click.option(
+        "--trust-code",
+        is_flag=True,
+        default=None,
+        help="Load an engine format that runs code (TVM library, TorchScript, AOTInductor "
+        "package, TensorRT plan): only if you trust every writer of its experiment "
+        "(or set MLFLOW_NGRAPH_TRUST_CODE=1).",
+    )(command)
+
+
+def _sha256_option(command):
+    return click.option(
+        "--sha256",
+        help="Pin the engine: the sha256 of its manifest.json (as pull prints it); anything "
+        "else is refused.",
+    )(command)
+
+
+def _experiment_ids(client, experiment: str) -> set[str]:
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(experiment)
+    if found is None and experiment.isdigit():
+        try:
+            found = client.get_experiment(experiment)
+        except MlflowException:
+            found = None
+    return {str(found.experiment_id)} if found is not None else set()
+
+
+@contextmanager
+def store_errors(uri: str | None, experiment: str, permission: str):
+    """A refused login or a missing permission as one line naming the experiment and the
+    permission the command needs, instead of MLflow's traceback."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as exc:
+        raise _auth_error(exc, uri, experiment, permission) from None
+    except Exception as exc:  # requests' errors and MLflow's REST errors of other types
+        if "401" in str(exc) or "403" in str(exc):
+            raise _auth_error(exc, uri, experiment, permission) from None
+        raise
+
+
+def _auth_error(exc: BaseException, uri: str | None, experiment: str, permission: str):
+    import os
+
+    from mlflow_ngraph.tracking.mlflow_log import redact_uri
+
+    text = redact_uri(str(exc))
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "(none)"
+    shown = redact_uri(uri or "")
+    if "401" in text or "UNAUTHENTICATED" in text or "not authenticated" in text.lower():
+        return NgraphError(
+            f"tracking server {shown} refused the login of user {user!r}: wrong username or "
+            "password (set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)"
+        )
+    if "403" in text or "PERMISSION_DENIED" in text or "permission" in text.lower():
+        return NgraphError(
+            f"user {user!r} lacks the {permission} permission on experiment {experiment!r} "
+            f"at {shown}: ask the server's admin to grant it"
+        )
+    first = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
+    return NgraphError(f"the tracking store {shown} failed: {first}")
+
+
 def _choose(options: dict):
-    """Connect, select and print the choice; returns (client, uri, candidates best first)."""
+    """Connect, select, check the choice against its run and print it; returns (client,
+    uri, chosen candidate, its run, selection)."""
     from mlflow_ngraph.config import check_tracking_uri
-    from mlflow_ngraph.deploy.select import best, candidates, describe, rank
+    from mlflow_ngraph.deploy.pull import creator
+    from mlflow_ngraph.deploy.select import best, candidates, confirm, describe, rank
     from mlflow_ngraph.tracking.mlflow_log import connect, resolve_tracking_uri
 
     if options["max_latency_ms"] is not None and not options["max_latency_ms"] > 0:
@@ -49,21 +125,36 @@ def _choose(options: dict):
     uri = resolve_tracking_uri(options["tracking_uri"])
     check_tracking_uri(uri)
     client = connect(uri)
-    found = candidates(
-        client,
-        uri,
-        options["experiment"],
-        options["device"],
-        options["model"],
-        options["compiler"],
-        options["batch_size"],
-        options["run_id"],
-        options["live"],
-    )
-    selection = rank(found, options["metric"], options["max_latency_ms"])
-    click.echo(describe(selection))
+    ids = _experiment_ids(client, options["experiment"])
     what = f"{options['model']} on {options['device']}"
-    return client, uri, best(selection, what), selection
+    refused: set[str] = set()
+    for _ in range(MAX_ROUNDS):
+        found = candidates(
+            client,
+            uri,
+            options["experiment"],
+            options["device"],
+            options["model"],
+            options["compiler"],
+            options["batch_size"],
+            options["run_id"],
+            options["live"],
+            frozenset(refused),
+        )
+        selection = rank(found, options["metric"], options["max_latency_ms"])
+        if not refused:
+            click.echo(describe(selection))
+        ranked = best(selection, what)
+        chosen, run = confirm(client, ranked, ids, click.echo, refused)
+        if chosen is not None:
+            break
+    else:
+        raise NgraphError(
+            f"no run backs its results-index record among {len(refused)} refused (see the "
+            "lines above): nothing chosen; the experiment's results indexes were altered"
+        )
+    click.echo(f"chose {chosen.label} (run {chosen.run_id}, logged by {creator(run)})")
+    return client, uri, chosen, run, selection
 
 
 @click.command("pull")
@@ -72,35 +163,59 @@ def _choose(options: dict):
     "-o", "--output", "output", required=True, type=click.Path(path_type=Path), help="Directory."
 )
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
-def pull(output: Path, force: bool, **options) -> None:
+@_sha256_option
+def pull(output: Path, force: bool, sha256: str | None, **options) -> None:
     """Fetch the fastest verified engine of a device and model into a directory.
 
     Candidates come from the benchmarks' results indexes; FAILED and INVALID cells, identity
     and cells over the latency cap are set aside with the reason. The engine is downloaded,
     every file checked against its manifest (size, sha256), then moved into place.
+
+    The chosen run must back its results-index record (params, metrics), and the manifest
+    must be the one its run recorded when it logged the engine (or --sha256).
     """
-    from mlflow_ngraph.deploy.pull import check_target
+    import json
+
+    from mlflow_ngraph.deploy import trust
+    from mlflow_ngraph.deploy.pull import SOURCE_FILE, check_target
     from mlflow_ngraph.deploy.pull import pull as do_pull
 
     check_target(output, force)
-    client, _, ranked, _ = _choose(options)
-    chosen = ranked[0]
-    click.echo(f"chose {chosen.label} (run {chosen.run_id})")
-    path = do_pull(client, chosen, output, force)
+    with store_errors(options["tracking_uri"], options["experiment"], "READ"):
+        client, _, chosen, run, _ = _choose(options)
+        path = do_pull(client, chosen, output, force, sha256, run)
+    source = json.loads((path / SOURCE_FILE).read_text())
     click.echo(f"pulled and verified into {path}")
+    click.echo(f"manifest sha256 {source['manifest_sha256']} (pin it with --sha256)")
+    manifest = json.loads((path / trust.MANIFEST).read_text())
+    fmt = trust.FORMATS[manifest["format"]]
+    if fmt.code:
+        click.echo(
+            f"note: this engine is {fmt.code}: it runs code when loaded, so run-engine, "
+            f"load_engine and register need --trust-code (trust {source['created_by']} and "
+            "every writer of the experiment first)"
+        )
 
 
 @click.command("run-engine")
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--input", "input_file", type=click.Path(path_type=Path), help="A .npy input.")
 @click.option("--repetitions", type=int, default=10, show_default=True, help="Timed calls.")
-def run_engine(directory: Path, input_file: Path | None, repetitions: int) -> None:
+@_sha256_option
+@_trust_option
+def run_engine(
+    directory: Path,
+    input_file: Path | None,
+    repetitions: int,
+    sha256: str | None,
+    trust_code: bool | None,
+) -> None:
     """Run a pulled engine: output shape, a checksum and latency."""
     from mlflow_ngraph.deploy.engine import load_engine, timed_runs
 
     if repetitions < 1:
         raise NgraphError(f"--repetitions must be >= 1, got {repetitions}")
-    engine = load_engine(directory)
+    engine = load_engine(directory, sha256=sha256, trust_code=trust_code)
     try:
         if input_file is not None:
             try:
@@ -128,26 +243,77 @@ def run_engine(directory: Path, input_file: Path | None, repetitions: int) -> No
 @click.command("register")
 @_selection_options
 @click.option("--name", help="Registered model name (default <model>-<compiler>).")
-def register(name: str | None, **options) -> None:
+@_sha256_option
+@_trust_option
+def register(name: str | None, sha256: str | None, trust_code: bool | None, **options) -> None:
     """Log the fastest verified engine as an MLflow model, register it and point the
     device's alias at it (when it is faster than the version the alias points at)."""
     from mlflow_ngraph.deploy.pull import download_verified
     from mlflow_ngraph.deploy.register import cleanup
     from mlflow_ngraph.deploy.register import register as do_register
 
-    client, uri, ranked, selection = _choose(options)
-    chosen = ranked[0]
-    click.echo(f"chose {chosen.label} (run {chosen.run_id})")
-    with tempfile.TemporaryDirectory(prefix="ngraph-register-") as tmp:
-        local = download_verified(client, chosen, Path(tmp))
-        try:
-            done = do_register(client, local, chosen, uri, selection.metric, name)
-        finally:
-            cleanup(local)
+    with store_errors(options["tracking_uri"], options["experiment"], "EDIT"):
+        client, uri, chosen, run, selection = _choose(options)
+        with tempfile.TemporaryDirectory(prefix="ngraph-register-") as tmp:
+            local = download_verified(client, chosen, Path(tmp), sha256, run)
+            try:
+                done = do_register(client, local, chosen, uri, selection.metric, name, trust_code)
+            finally:
+                cleanup(local)
     click.echo(f"logged model {done.model_uri} (source run {chosen.run_id})")
     click.echo(f"registered {done.name} version {done.version}")
     where = "now points at it" if done.alias_moved else f"stays on version {done.alias_version}"
     click.echo(f"alias {done.alias!r} {where}: models:/{done.name}@{done.alias}")
 
 
-__all__ = ["pull", "run_engine", "register"]
+@click.command("serve")
+@click.argument("model_uri")
+@click.option("-h", "--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("-p", "--port", type=int, default=5001, show_default=True, help="Port.")
+@click.option("--tracking-uri", help="Default: MLFLOW_TRACKING_URI, then MLflow's.")
+@_trust_option
+def serve(model_uri: str, host: str, port: int, tracking_uri: str | None, trust_code) -> None:
+    """Serve a registered engine (models:/NAME@ALIAS) with `mlflow models serve`, after
+    checking its MLmodel and engine files against the registered version's manifest_sha256:
+    what runs is the installed loader, never code from the store."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    from mlflow_ngraph.deploy.registered import fetch_registered
+    from mlflow_ngraph.deploy.trust import TRUST_ENV, trusted
+    from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    tmp = Path(tempfile.mkdtemp(prefix="ngraph-serve-"))
+    try:
+        with store_errors(uri, model_uri, "READ"):
+            local, version = fetch_registered(MlflowClient(uri), model_uri, tmp)
+        click.echo(f"serving {version.name} version {version.version}, checked, from {local}")
+        env = {**os.environ, TRUST_ENV: "1" if trusted(trust_code) else "0"}
+        # `mlflow models serve` starts uvicorn from PATH: this environment's, activated or not
+        bin_dir = str(Path(sys.executable).parent)
+        env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
+        mlflow_cli = str(Path(sys.executable).with_name("mlflow"))
+        command = [mlflow_cli, "models", "serve", "-m", str(local), "--env-manager", "local"]
+        process = subprocess.Popen([*command, "-h", host, "-p", str(port)], env=env)
+        # SIGTERM or Ctrl-C here ends the server too (and the checked copy is removed)
+        previous = signal.signal(signal.SIGTERM, lambda *_: process.terminate())
+        try:
+            code = process.wait()
+        except KeyboardInterrupt:
+            process.terminate()
+            code = process.wait()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if code and code != -signal.SIGTERM:
+            raise NgraphError(f"mlflow models serve ended with status {code}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+__all__ = ["pull", "run_engine", "register", "serve"]

@@ -63,6 +63,8 @@ def verify_files(directory: Path, manifest: dict[str, Any]) -> None:
     directory = Path(directory)
     for entry in manifest["files"]:
         path = directory / entry["path"]
+        if path.is_symlink():
+            raise NgraphError(f"engine file {entry['path']} is a symbolic link: refusing it")
         if not path.is_file():
             raise NgraphError(f"engine file {entry['path']} is missing")
         size = path.stat().st_size
@@ -203,15 +205,28 @@ class DeployedEngine:
         self.close()
 
 
-def load_engine(directory: Path | str, check_files: bool = True) -> DeployedEngine:
+def load_engine(
+    directory: Path | str,
+    check_files: bool = True,
+    sha256: str | None = None,
+    trust_code: bool | None = None,
+) -> DeployedEngine:
     """Load the engine in ``directory`` (as ``mlflow-ngraph pull`` writes it).
 
+    Only what the manifest lists is read, the manifest confined to the folder
+    (:func:`mlflow_ngraph.deploy.trust.check_manifest`). ``sha256`` pins the manifest's own
+    hash (``pull`` prints it). A format that runs code when loaded (TVM library, TorchScript,
+    AOTInductor package, TensorRT plan) needs ``trust_code=True`` or the setting
+    ``MLFLOW_NGRAPH_TRUST_CODE=1``.
+
     Raises:
-        NgraphError: not an engine, files not matching the manifest, a host that cannot
-            run it (see :func:`check_host`), or a runtime that fails to load it.
+        NgraphError: not an engine, a manifest not confined or not the one pinned, files not
+            matching the manifest, code not trusted, a host that cannot run it (see
+            :func:`check_host`), or a runtime that fails to load it.
     """
     from mlflow_ngraph.compilers.base import CompileContext
     from mlflow_ngraph.compilers.registry import get_compiler
+    from mlflow_ngraph.deploy import trust
 
     directory = Path(directory)
     manifest = read_manifest(directory)
@@ -220,13 +235,20 @@ def load_engine(directory: Path | str, check_files: bool = True) -> DeployedEngi
             f"the {manifest['compiler']} cell logged no engine files (it runs in-process "
             "only): nothing to deploy"
         )
+    if sha256 is not None:
+        trust.check_pin(trust.file_sha256(directory / MANIFEST), sha256, "the sha256 pinned")
+    trust.check_manifest(manifest)
+    trust.check_code(manifest, trust_code)
     if check_files:
         verify_files(directory, manifest)
     for text in check_host(manifest):
         warnings.warn(text, stacklevel=2)
         log.warning(text)
     compiler = get_compiler(manifest["compiler"])
-    onnx_files = sorted(directory.glob("*.onnx"))
+    # only what the manifest lists (and verified) is ever handed to a loader
+    onnx_files = sorted(
+        directory / f["path"] for f in manifest["files"] if f["path"].endswith(".onnx")
+    )
     shape = tuple(manifest["input_shape"])
     model = _ManifestModel(
         name=str(manifest.get("model", "")),

@@ -1,9 +1,12 @@
 """Fetch a cell's engine, verified, into a directory.
 
-The ``engines/bs<b>`` artifact is downloaded into a temporary directory beside the target,
-every file is checked against the manifest (size and sha256), and only then is the directory
-moved into place (a rename): a tampered, truncated or missing file is refused and nothing
-that looks usable is left behind.
+The ``engines/bs<b>/manifest.json`` artifact is downloaded first into a temporary directory
+beside the target and checked against the sha256 the cell run recorded when it logged the
+engine (or one pinned with ``--sha256``), against the run's compiler and flags, and for
+confinement (:mod:`mlflow_ngraph.deploy.trust`); only the files it lists are downloaded,
+each checked for size and sha256, and only then is the directory moved into place (a
+rename): a tampered, truncated or missing file is refused and nothing that looks usable is
+left behind.
 """
 
 from __future__ import annotations
@@ -33,36 +36,81 @@ def check_target(directory: Path, force: bool) -> None:
         raise NgraphError(f"{directory} is not empty: choose another -o or pass --force")
 
 
-def download_verified(client, candidate: Candidate, parent: Path) -> Path:
+def download_verified(
+    client, candidate: Candidate, parent: Path, sha256: str | None = None, run=None
+) -> Path:
     """The candidate's engine in a fresh temporary directory under ``parent``, verified.
+
+    The manifest is fetched first and checked against the sha256 its cell run recorded when
+    it logged the engine (a write-once param) or ``sha256`` pinned by hand, then against the
+    run's compiler and flags, confined (:func:`~mlflow_ngraph.deploy.trust.check_manifest`);
+    only the files it lists are downloaded, each checked for size and sha256.
 
     Raises:
         NgraphError: no engine logged, no engine files (an in-process engine), a manifest
-            that does not parse, a file missing, truncated or altered.
+            not the one logged or pinned, not its run's, not confined, a file missing,
+            truncated or altered.
     """
     from mlflow.exceptions import MlflowException
 
+    from mlflow_ngraph.deploy import trust
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    run = run if run is not None else client.get_run(candidate.run_id)
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".pull-", dir=parent))
     artifact = f"engines/bs{candidate.batch_size}"
+    where = f"{candidate.label} (run {candidate.run_id})"
     try:
         try:
-            listed = client.list_artifacts(candidate.run_id, artifact)
+            name = f"{artifact}/{trust.MANIFEST}"
+            fetched = Path(client.download_artifacts(candidate.run_id, name, str(tmp)))
         except MlflowException:
-            listed = []
-        if not listed:
+            fetched = None
+        if fetched is None or not fetched.is_file():
             raise NgraphError(
-                f"{candidate.label} (run {candidate.run_id}) has no engine logged (benchmarked "
-                "with --no-engine-artifacts?): benchmark it again with engines, or choose "
-                "another with --compiler / --run"
+                f"{where} has no engine logged (benchmarked with --no-engine-artifacts?): "
+                "benchmark it again with engines, or choose another with --compiler / --run"
             )
-        local = Path(client.download_artifacts(candidate.run_id, artifact, str(tmp)))
+        local = tmp / "engine"
+        local.mkdir()
+        os.replace(fetched, local / trust.MANIFEST)
+        digest = trust.file_sha256(local / trust.MANIFEST)
+        recorded = run.data.params.get(trust.engine_param(candidate.batch_size))
+        if sha256:
+            trust.check_pin(digest, sha256, "the sha256 pinned with --sha256")
+        if recorded:
+            param = trust.engine_param(candidate.batch_size)
+            trust.check_pin(digest, recorded, f"the one its run recorded ({param})")
+        elif not sha256:
+            raise NgraphError(
+                f"{where} records no sha256 of its engine's manifest (logged before this "
+                "check existed): check the engine with whoever logged it and pin its manifest "
+                "with --sha256"
+            )
         manifest = read_manifest(local)
         if not manifest["files"]:
             raise NgraphError(
                 f"{candidate.label}: the {candidate.compiler} engine runs in-process only "
                 "(nothing serialized): nothing to deploy"
             )
+        trust.check_manifest(manifest)
+        trust.check_against_run(manifest, run.data.params, where)
+        if int(manifest["batch_size"]) != candidate.batch_size:
+            raise NgraphError(
+                f"{where}: the manifest is for batch size {manifest['batch_size']}, not "
+                f"{candidate.batch_size}: refusing it"
+            )
+        for entry in manifest["files"]:  # only what the manifest lists, confined
+            rel = Path(entry["path"])
+            (local / rel.parent).mkdir(parents=True, exist_ok=True)
+            got = Path(
+                client.download_artifacts(
+                    candidate.run_id, f"{artifact}/{entry['path']}", str(local / rel.parent)
+                )
+            )
+            if got != local / rel:
+                os.replace(got, local / rel)
         verify_files(local, manifest)
         source = {
             "run_id": candidate.run_id,
@@ -73,6 +121,8 @@ def download_verified(client, candidate: Candidate, parent: Path) -> Path:
             "flags": candidate.flags,
             "batch_size": candidate.batch_size,
             "metrics": candidate.metrics,
+            "created_by": creator(run),
+            "manifest_sha256": digest,
         }
         (local / SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True))
         return local
@@ -81,12 +131,25 @@ def download_verified(client, candidate: Candidate, parent: Path) -> Path:
         raise
 
 
-def pull(client, candidate: Candidate, directory: Path, force: bool = False) -> Path:
+def creator(run) -> str:
+    """Who created a run, as its client said (``mlflow.user``; a claim, not a proof)."""
+    user = run.data.tags.get("mlflow.user") or run.info.user_id
+    return user if user and user != "unknown" else "an unknown user"
+
+
+def pull(
+    client,
+    candidate: Candidate,
+    directory: Path,
+    force: bool = False,
+    sha256: str | None = None,
+    run=None,
+) -> Path:
     """Download, verify and move the candidate's engine into ``directory``."""
     directory = Path(directory).resolve()
     check_target(directory, force)
-    local = download_verified(client, candidate, directory.parent)
-    holder = local.parent.parent if local.parent.name == "engines" else local.parent
+    local = download_verified(client, candidate, directory.parent, sha256, run)
+    holder = local.parent
     try:
         if directory.exists():
             old = directory.with_name(f".{directory.name}.old-{os.getpid()}")

@@ -1,10 +1,12 @@
 """An engine as an MLflow model: a logged model of its cell run, a registered model version
 and an alias per device.
 
-The logged model is models-from-code (``pyfunc_model.py`` of this package) with the pulled,
-verified engine files as its ``engine`` artifact; its source run is the cell run and the
-cell's metrics at that batch size are linked to it, so the experiment's Models view lists
-engines with their throughput and latency. The registered model (``<model>-<compiler>`` by
+The logged model holds data only: the pulled, verified engine files, loaded by the installed
+``mlflow_ngraph.deploy.pyfunc_model`` (MLflow's ``loader_module``), with the sha256 of the
+engine's manifest in its ``model_config`` and on the registered version
+(``manifest_sha256``); its source run is the cell run and the cell's metrics at that batch
+size are linked to it, so the experiment's Models view lists engines with their throughput
+and latency. The registered model (``<model>-<compiler>`` by
 default) gets a version per registration, tagged with what it is and how fast it ran, and the
 alias named after the device moves to it when it beats the version the alias points at.
 """
@@ -28,9 +30,9 @@ from mlflow_ngraph.tracking import schema as S
 
 log = logging.getLogger(__name__)
 
-MODEL_FILE = Path(__file__).with_name("pyfunc_model.py")
+LOADER_MODULE = "mlflow_ngraph.deploy.pyfunc_model"
 MODEL_TYPE = "ngraph-engine"
-ARTIFACT_NAME = "engine"
+T_MANIFEST = "manifest_sha256"  # version tag: the sha256 of the engine's manifest
 T_METRIC = "ngraph.metric."  # version tags of the metric values
 
 
@@ -65,13 +67,21 @@ def _requirements(manifest: dict[str, Any]) -> list[str]:
     return out
 
 
-def log_engine_model(engine_dir: Path, candidate: Candidate, tracking_uri: str):
+def log_engine_model(
+    engine_dir: Path, candidate: Candidate, tracking_uri: str, trust_code: bool | None = True
+):
     """Log ``engine_dir`` (verified) as a logged model of the candidate's cell run, with the
-    cell's metrics at its batch size linked to it. Returns MLflow's ModelInfo."""
+    cell's metrics at its batch size linked to it. ``trust_code``: whether an engine that runs
+    code may be loaded (to take its signature); the benchmark's own engines are trusted.
+    Returns MLflow's ModelInfo."""
     import mlflow
     from mlflow.models import infer_signature
 
-    engine = load_engine(engine_dir)
+    from mlflow_ngraph.deploy.pyfunc_model import CONFIG_KEY
+    from mlflow_ngraph.deploy.trust import MANIFEST, file_sha256
+    from mlflow_ngraph.tracking.mlflow_log import quiet_run_links
+
+    engine = load_engine(engine_dir, trust_code=trust_code)
     try:
         x = np.random.default_rng(0).standard_normal(engine.input_shape).astype(engine.dtype)
         y = engine.predict(x)
@@ -86,11 +96,14 @@ def log_engine_model(engine_dir: Path, candidate: Candidate, tracking_uri: str):
         "batch_size": candidate.batch_size,
         **{f"flag.{k}": v for k, v in sorted(manifest["flags"].items())},
     }
-    with mlflow.start_run(run_id=candidate.run_id):
+    # data only: the engine folder, loaded by the installed loader module, never code
+    engine_dir = Path(engine_dir)
+    with quiet_run_links(), mlflow.start_run(run_id=candidate.run_id):
         info = mlflow.pyfunc.log_model(
             name=f"engine-bs{candidate.batch_size}",
-            python_model=str(MODEL_FILE),
-            artifacts={ARTIFACT_NAME: str(engine_dir)},
+            loader_module=LOADER_MODULE,
+            data_path=str(engine_dir),
+            model_config={CONFIG_KEY: file_sha256(engine_dir / MANIFEST)},
             signature=infer_signature(x, y),
             input_example=x,
             pip_requirements=_requirements(manifest),
@@ -110,13 +123,16 @@ def register(
     tracking_uri: str,
     metric: str = S.M_THROUGHPUT,
     name: str | None = None,
+    trust_code: bool | None = None,
 ) -> Registered:
     """Log, register and alias the engine in ``engine_dir`` (pulled and verified)."""
     import mlflow
 
+    from mlflow_ngraph.deploy.trust import MANIFEST, file_sha256
+
     name = name or default_name(candidate)
-    manifest = json.loads((Path(engine_dir) / "manifest.json").read_text())
-    info = log_engine_model(engine_dir, candidate, tracking_uri)
+    manifest = json.loads((Path(engine_dir) / MANIFEST).read_text())
+    info = log_engine_model(engine_dir, candidate, tracking_uri, trust_code)
     tags = {
         "device": candidate.device,
         "device_fingerprint": manifest.get("host_cpu", ""),
@@ -127,6 +143,7 @@ def register(
         "model": candidate.model,
         "source_run": candidate.run_id,
         "engine_sha256": ",".join(f["sha256"] for f in manifest["files"]),
+        T_MANIFEST: file_sha256(Path(engine_dir) / MANIFEST),
         **{f"{T_METRIC}{k}": repr(v) for k, v in candidate.metrics.items()},
     }
     version = mlflow.register_model(info.model_uri, name, tags=tags)

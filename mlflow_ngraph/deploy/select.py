@@ -96,8 +96,11 @@ def candidates(
     batch_size: int | None = None,
     run_id: str | None = None,
     live: bool = False,
+    exclude: frozenset[str] = frozenset(),
 ) -> list[Candidate]:
-    """Every (cell, batch size) of ``experiment`` matching the filters.
+    """Every (cell, batch size) of ``experiment`` matching the filters; the runs of
+    ``exclude`` (refused by :func:`confirm`) are left out before the latest run of each cell
+    is taken, so that a refused record cannot hide the genuine run of its cell.
 
     Raises:
         NgraphError: no such experiment, or nothing matching (naming the filter).
@@ -113,7 +116,10 @@ def candidates(
         models=(model.partition(":")[0],),
         compilers=(compiler,) if compiler else (),
     )
-    frame, _ = prepare(fetch_cells(client, query, tracking_uri, None, live=live))
+    cells = fetch_cells(client, query, tracking_uri, None, live=live)
+    if exclude:
+        cells = cells[~cells["run_id"].isin(exclude)]
+    frame, _ = prepare(cells)
     if ":" in model:
         frame = frame[frame["model_label"] == model_label(model)]
         if frame.empty:
@@ -230,3 +236,65 @@ def best(selection: Selection, what: str) -> list[Candidate]:
     raise NgraphError(
         f"no deployable engine for {what}: every cell was set aside ({'; '.join(reasons)})"
     )
+
+
+def _record_problem(c: Candidate, run, experiment_ids: set[str]) -> str:
+    """Why the run does not back the index's record of ``c`` ("" when it does)."""
+    if run.info.lifecycle_stage != "active":
+        return "the run is deleted"
+    if experiment_ids and str(run.info.experiment_id) not in experiment_ids:
+        return f"the run belongs to experiment {run.info.experiment_id}, not this one"
+    if not run.data.metrics:
+        return "the run holds no metrics at all"
+    if run.data.tags.get(S.T_ROLE) != "cell":
+        return "it is not a cell run of a benchmark"
+    params = run.data.params
+    for key, value in (
+        (S.P_COMPILER, c.compiler),
+        (S.P_DEVICE, c.device),
+        (S.P_MODEL, c.model.partition(":")[0]),
+    ):
+        if params.get(key) != value:
+            return f"the index says {key} {value!r}, the run recorded {params.get(key)!r}"
+    for name, value in sorted(c.metrics.items()):
+        key = S.flat_key(name, c.batch_size)
+        held = run.data.metrics.get(key)
+        if held is None:
+            return f"the index says {key} = {value:.6g}, the run holds none"
+        if not math.isclose(held, value, rel_tol=1e-9, abs_tol=1e-12):
+            return f"the index says {key} = {value:.6g}, the run holds {held:.6g}"
+    if not c.metrics:
+        return "the index gives no metrics for it"
+    return ""
+
+
+def confirm(
+    client, ranked: list[Candidate], experiment_ids: set[str], say, refused: set[str]
+) -> tuple:
+    """The first of ``ranked`` (best first) whose own run backs its results-index record:
+    same experiment, a cell run, its params (compiler, device, model) and its metrics at the
+    batch size (a run without metrics is never chosen). Each one that does not is refused in
+    one line through ``say`` and its run id added to ``refused``. Returns (candidate, its
+    MLflow run), or (None, None) when none is backed by its run.
+    """
+    from mlflow.exceptions import MlflowException
+
+    from mlflow_ngraph.deploy.pull import creator
+
+    for c in ranked:
+        try:
+            run = client.get_run(c.run_id)
+        except MlflowException:
+            say(f"refused {c.label} (run {c.run_id}): the run does not exist in this store")
+            refused.add(c.run_id)
+            continue
+        problem = _record_problem(c, run, experiment_ids)
+        if problem:
+            say(
+                f"refused {c.label} (run {c.run_id}, logged by {creator(run)}): {problem}: "
+                "the results index does not match the run (altered, or stale)"
+            )
+            refused.add(c.run_id)
+            continue
+        return c, run
+    return None, None

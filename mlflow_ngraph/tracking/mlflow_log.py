@@ -388,7 +388,8 @@ def find_or_create_run(
     found = _find_run(client, experiment_id, tags)
     if found:
         return found
-    every = {**tags, **(more_tags or {})}
+    # the creator, as ``pull`` names it
+    every = {**tags, **(more_tags or {}), "mlflow.user": run_user()}
     mine = client.create_run(experiment_id, tags=every, run_name=run_name).info.run_id
     if S.T_CELL_KEY in tags:
         faultpoint.point("cell_run_created")
@@ -398,6 +399,17 @@ def find_or_create_run(
         log.debug("run %s of %s was created twice: keeping %s", mine, tags, winner)
         client.delete_run(mine)
     return winner
+
+
+def run_user() -> str:
+    """Who creates a run: the tracking server's login, else the local user."""
+    import getpass
+
+    try:
+        local = getpass.getuser()
+    except Exception:  # no user name in this environment (a container without passwd)
+        local = "unknown"
+    return os.environ.get("MLFLOW_TRACKING_USERNAME") or local
 
 
 def _set_tags_racing(client, run_id: str, tags: dict[str, str]) -> None:
@@ -598,7 +610,41 @@ def batch_metrics(values: dict[str, float | None], batch_size: int) -> list[Metr
 
 
 def log_engine(client, run_id: str, directory: Path, batch_size: int) -> None:
+    """The engine folder as ``engines/bs<b>``, and the sha256 of its manifest as the run's
+    param ``engine.bs<b>.manifest_sha256``, first: params are write-once, so whoever can
+    write the experiment's artifacts later cannot make ``pull`` accept another engine. An
+    engine whose run already holds another hash for the batch size is not logged again."""
+    from mlflow_ngraph.deploy.trust import MANIFEST, engine_param, file_sha256
+
+    key = engine_param(batch_size)
+    digest = file_sha256(Path(directory) / MANIFEST)
+    held = client.get_run(run_id).data.params.get(key)
+    if held is None:
+        log_batch(client, run_id, params={key: digest})
+    elif held != digest:
+        log.warning(
+            "run %s holds another engine for batch size %d (manifest %s): keeping it",
+            run_id,
+            batch_size,
+            held[:12],
+        )
+        return
     client.log_artifacts(run_id, str(directory), artifact_path=f"engines/bs{batch_size}")
+
+
+@contextlib.contextmanager
+def quiet_run_links():
+    """No "View run ... at <tracking URI>" line from MLflow inside the block (a fluent
+    ``mlflow.start_run`` prints one when its run ends, with the URI's password in clear)."""
+    before = os.environ.get(_QUIET)
+    os.environ[_QUIET] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_QUIET, None)
+        else:
+            os.environ[_QUIET] = before
 
 
 def _log_json(client, run_id: str, name: str, data: Any) -> None:

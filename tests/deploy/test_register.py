@@ -80,7 +80,7 @@ def test_register_alias_load_by_alias_and_serve(store, tmp_path, monkeypatch):
     assert {m.key for m in logged.metrics} >= {"throughput", "latency_p50_ms"}
 
     # a slower engine registers as version 2 and leaves the alias where it is
-    slower = register(uri, "--compiler", "tvm", "--batch-size", "2", "--name", NAME)
+    slower = register(uri, "--compiler", "tvm", "--batch-size", "2", "--name", NAME, "--trust-code")
     assert slower.returncode == 0, slower.stderr[-3000:]
     assert "stays on version 1" in slower.stdout
     assert str(client.get_model_version_by_alias(NAME, "cpu").version) == "1"

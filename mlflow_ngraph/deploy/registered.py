@@ -1,0 +1,185 @@
+"""A registered engine, checked against its registered version before MLflow loads it.
+
+The registered version records the sha256 of the engine's manifest (tag
+``manifest_sha256``, set by ``mlflow-ngraph register``). The logged model's files live with
+the experiment's artifacts, which every writer of the experiment can change, so before
+anything is loaded:
+
+- its ``MLmodel`` must name only the installed loader module
+  (``mlflow_ngraph.deploy.pyfunc_model``), no code folder, no Python model, and the same
+  manifest hash as the version;
+- its engine's manifest must have that hash, be confined, and every file it lists match;
+- only those files are downloaded.
+
+:func:`load_registered` then loads the checked local copy with MLflow, and
+``mlflow-ngraph serve`` serves it with ``mlflow models serve``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from mlflow_ngraph.errors import NgraphError
+
+_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
+
+
+def resolve_version(client, model_uri: str):
+    """The registered version a ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` names."""
+    from mlflow.exceptions import MlflowException
+
+    match = _URI.match(model_uri)
+    if not match:
+        raise NgraphError(
+            f"{model_uri!r} is not a registered model URI: use models:/NAME@ALIAS or "
+            "models:/NAME/VERSION (a registered version holds the engine's hash)"
+        )
+    try:
+        if match["alias"]:
+            return client.get_model_version_by_alias(match["name"], match["alias"])
+        return client.get_model_version(match["name"], match["version"])
+    except MlflowException as exc:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        raise NgraphError(f"{model_uri} is not a registered version here: {first}") from None
+
+
+def _download(client, uri: str, directory: Path) -> Path:
+    import mlflow
+
+    directory.mkdir(parents=True, exist_ok=True)
+    return Path(
+        mlflow.artifacts.download_artifacts(
+            artifact_uri=uri, dst_path=str(directory), tracking_uri=client.tracking_uri
+        )
+    )
+
+
+def check_mlmodel(conf: dict[str, Any], expected: str, label: str) -> str:
+    """The data folder of a logged engine model, after checking its ``MLmodel`` asks for
+    nothing but the installed loader and the expected manifest.
+
+    Raises:
+        NgraphError: naming what the MLmodel asks for instead.
+    """
+    from mlflow_ngraph.deploy.pyfunc_model import CONFIG_KEY
+    from mlflow_ngraph.deploy.register import LOADER_MODULE
+
+    flavors = conf.get("flavors") if isinstance(conf, dict) else None
+    if not isinstance(flavors, dict) or set(flavors) != {"python_function"}:
+        raise NgraphError(
+            f"{label}: its MLmodel has flavors {sorted(flavors or {})}, not the engine "
+            "loader's only: it was changed after registration: refusing it"
+        )
+    pf = flavors["python_function"]
+    asked = {
+        "loader_module": pf.get("loader_module"),
+        "code": pf.get("code"),
+        "python_model": pf.get("python_model"),
+        "cloudpickle_version": pf.get("cloudpickle_version"),
+    }
+    if asked["loader_module"] != LOADER_MODULE or any(
+        asked[k] for k in ("code", "python_model", "cloudpickle_version")
+    ):
+        wanted = {k: v for k, v in asked.items() if v}
+        raise NgraphError(
+            f"{label}: its MLmodel asks MLflow to run {wanted}, not the installed "
+            f"{LOADER_MODULE}: it was changed after registration: refusing it"
+        )
+    if (pf.get("config") or {}).get(CONFIG_KEY) != expected:  # MLflow's model_config
+        raise NgraphError(
+            f"{label}: its MLmodel's engine hash is not the registered version's "
+            f"manifest_sha256: it was changed after registration: refusing it"
+        )
+    data = pf.get("data")
+    parts = PurePosixPath(str(data)).parts if data else ()
+    if len(parts) != 2 or parts[0] != "data" or parts[1] in ("..", ".") or "\\" in str(data):
+        raise NgraphError(f"{label}: its MLmodel names data {data!r}: refusing it")
+    return str(data)
+
+
+def fetch_registered(client, model_uri: str, directory: Path) -> tuple[Path, Any]:
+    """The registered engine model of ``model_uri`` in ``directory``, checked (see the
+    module's docstring); returns (local model folder, the model version).
+
+    Raises:
+        NgraphError: not a registered version, no hash recorded, or any change found.
+    """
+    import yaml
+
+    from mlflow_ngraph.deploy import trust
+    from mlflow_ngraph.deploy.engine import read_manifest, verify_files
+    from mlflow_ngraph.deploy.register import T_MANIFEST
+
+    version = resolve_version(client, model_uri)
+    label = f"{version.name} version {version.version}"
+    expected = (version.tags or {}).get(T_MANIFEST)
+    if not expected:
+        raise NgraphError(
+            f"{label} records no {T_MANIFEST} (registered before engines were pinned): "
+            "register the engine again with mlflow-ngraph register"
+        )
+    model_id = getattr(version, "model_id", None)
+    if not model_id and str(version.source).startswith("models:/m-"):
+        model_id = str(version.source).removeprefix("models:/").strip("/")
+    if not model_id:
+        raise NgraphError(f"{label} has no logged model: register the engine again")
+    location = client.get_logged_model(model_id).artifact_location.rstrip("/")
+    local = Path(directory) / "model"
+    mlmodel = _download(client, f"{location}/MLmodel", local)
+    data = check_mlmodel(yaml.safe_load(mlmodel.read_text()), expected, label)
+    engine = local / data
+    got = _download(client, f"{location}/{data}/{trust.MANIFEST}", engine)
+    trust.check_pin(trust.file_sha256(got), expected, f"{label}'s manifest_sha256")
+    manifest = read_manifest(engine)
+    trust.check_manifest(manifest)
+    for entry in manifest["files"]:
+        rel = Path(entry["path"])
+        _download(client, f"{location}/{data}/{entry['path']}", engine / rel.parent)
+    verify_files(engine, manifest)
+    return local, version
+
+
+@contextmanager
+def _trust_setting(trust_code: bool | None):
+    from mlflow_ngraph.deploy.trust import TRUST_ENV
+
+    before = os.environ.get(TRUST_ENV)
+    if trust_code is not None:
+        os.environ[TRUST_ENV] = "1" if trust_code else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TRUST_ENV, None)
+        else:
+            os.environ[TRUST_ENV] = before
+
+
+def load_registered(
+    model_uri: str, trust_code: bool | None = None, tracking_uri: str | None = None
+):
+    """``mlflow.pyfunc.load_model`` of a registered engine, after checking it against its
+    registered version (:func:`fetch_registered`): what runs is the installed loader.
+
+    Raises:
+        NgraphError: see :func:`fetch_registered` and ``load_engine``.
+    """
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
+
+    client = MlflowClient(resolve_tracking_uri(tracking_uri))
+    tmp = Path(tempfile.mkdtemp(prefix="ngraph-registered-"))
+    try:
+        local, _ = fetch_registered(client, model_uri, tmp)
+        with _trust_setting(trust_code):
+            return mlflow.pyfunc.load_model(str(local))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,187 @@
+"""What an engine from a shared store must prove before this tool loads or deploys it.
+
+The threat (docs/security.md): anyone with EDIT on an experiment can rewrite its artifacts,
+so an engine folder, its ``manifest.json`` and a results index prove nothing by themselves.
+What a store writer cannot change is a run's params (MLflow params are write-once), so:
+
+- the run's params decide the loader: the manifest's compiler, flags and format must be the
+  ones the cell run recorded (:func:`check_against_run`);
+- the manifest's own sha256 is a param of the cell run, logged with the engine
+  (:func:`engine_param`); ``pull`` checks the manifest against it, or against a hash pinned
+  by hand (``--sha256``);
+- a manifest names only files inside its folder, the file the loader reads among them, and
+  the version and host fields the host checks need (:func:`check_manifest`);
+- formats that run code when loaded (TVM libraries, TorchScript, AOTInductor packages,
+  TensorRT plans) load only with an explicit trust (:func:`check_code`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from mlflow_ngraph.errors import NgraphError
+
+MANIFEST = "manifest.json"
+#: the setting that trusts executable engine formats (as ``--trust-code`` does)
+TRUST_ENV = "MLFLOW_NGRAPH_TRUST_CODE"
+#: fields without which the host checks cannot be made
+HOST_FIELDS = ("compiler_version", "host_cpu", "cpu_flags")
+
+
+@dataclass(frozen=True)
+class Format:
+    compiler: str
+    loads: tuple[str, ...]  # files the compiler's loader reads
+    code: str = ""  # what runs when it is loaded ("" for a data format)
+
+
+FORMATS = {
+    "ort-optimized-onnx": Format("onnxruntime", ("model.ort.onnx",)),
+    "onnx+tensorrt-cache": Format(
+        "onnxruntime", ("model.onnx",), "serialized TensorRT engines (native code)"
+    ),
+    "openvino-compiled-blob": Format("openvino", ("model.blob",)),
+    "torchscript": Format("torchscript", ("model.pt",), "a TorchScript program"),
+    "aoti-package": Format("inductor", ("model.pt2",), "an AOTInductor package (a shared library)"),
+    "tvm-relax-vm": Format(
+        "tvm", ("model.so", "params.bin", "tvm_engine.json"), "a TVM library (native code)"
+    ),
+    "tensorrt-plan": Format("tensorrt", ("model.plan",), "a TensorRT plan (native code)"),
+}
+
+
+def engine_param(batch_size: int) -> str:
+    """The cell run's param holding the sha256 of the engine's manifest at a batch size."""
+    return f"engine.bs{batch_size}.manifest_sha256"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def trusted(trust_code: bool | None) -> bool:
+    """``trust_code`` when given, else the setting :data:`TRUST_ENV`."""
+    if trust_code is not None:
+        return bool(trust_code)
+    return os.environ.get(TRUST_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def check_pin(actual: str, expected: str, what: str) -> None:
+    """Raises when the manifest's sha256 is not the one expected (``what`` says whose)."""
+    expected = expected.strip().lower()
+    if len(expected) < 12 or not all(c in "0123456789abcdef" for c in expected):
+        raise NgraphError(f"{what} {expected!r} is not a sha256 (64 hex digits, or 12+ of them)")
+    if not actual.startswith(expected):
+        raise NgraphError(
+            f"the engine's manifest has sha256 {actual[:16]}..., {what} is {expected[:16]}...: "
+            "the engine was changed after it was logged: refusing it"
+        )
+
+
+def check_paths(manifest: dict[str, Any]) -> list[str]:
+    """The manifest's file paths, each relative and inside the engine folder, once.
+
+    Raises:
+        NgraphError: an absolute path, ``..``, a backslash, an empty or duplicate entry.
+    """
+    files = manifest.get("files")
+    if not isinstance(files, list):
+        raise NgraphError("the engine's manifest has no file list: refusing it")
+    seen: list[str] = []
+    for entry in files:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(path, str) or not path or "\\" in path or "\x00" in path:
+            raise NgraphError(f"the engine's manifest lists a bad path {path!r}: refusing it")
+        parts = PurePosixPath(path).parts
+        if path.startswith("/") or ":" in parts[0] or ".." in parts or "." in parts:
+            raise NgraphError(
+                f"the engine's manifest lists {path!r}, outside the engine folder: refusing it"
+            )
+        if path in seen or path == MANIFEST:
+            raise NgraphError(f"the engine's manifest lists {path!r} twice: refusing it")
+        if not isinstance(entry.get("bytes"), int) or not isinstance(entry.get("sha256"), str):
+            raise NgraphError(f"the engine's manifest gives no size or sha256 for {path!r}")
+        seen.append(path)
+    return seen
+
+
+def check_manifest(manifest: dict[str, Any]) -> Format:
+    """The engine's format, after checking that the manifest is confined, names a known
+    format of its compiler, lists the files the loader reads and has its host fields.
+
+    Raises:
+        NgraphError: naming what is wrong.
+    """
+    listed = check_paths(manifest)
+    name = manifest.get("format")
+    fmt = FORMATS.get(name)
+    if fmt is None:
+        raise NgraphError(f"the engine's format {name!r} is not one this tool loads: refusing it")
+    if manifest.get("compiler") != fmt.compiler:
+        raise NgraphError(
+            f"the manifest says compiler {manifest.get('compiler')!r} but format {name!r} is "
+            f"{fmt.compiler}'s: refusing it"
+        )
+    unlisted = [f for f in fmt.loads if f not in listed]
+    if unlisted:
+        raise NgraphError(
+            f"the manifest does not list {', '.join(unlisted)}, the file the {fmt.compiler} "
+            "loader reads: refusing it"
+        )
+    missing = [k for k in HOST_FIELDS if not manifest.get(k)]
+    if missing:
+        raise NgraphError(
+            f"the engine's manifest lacks {', '.join(missing)}: the runtime version and CPU it "
+            "was built for cannot be checked: refusing it (pull an engine logged by this tool)"
+        )
+    return fmt
+
+
+def _param_text(value: Any) -> str:
+    return ("default" if value is None else str(value))[:6000]
+
+
+def check_against_run(manifest: dict[str, Any], params: dict[str, str], label: str) -> None:
+    """The manifest's compiler and flags are the ones the cell run recorded (write-once).
+
+    Raises:
+        NgraphError: naming the first difference.
+    """
+    compiler = params.get("compiler")
+    if manifest.get("compiler") != compiler:
+        raise NgraphError(
+            f"{label}: the engine's manifest says compiler {manifest.get('compiler')!r}, its "
+            f"run recorded {compiler!r}: the engine was replaced: refusing it"
+        )
+    flags = manifest.get("flags")
+    if not isinstance(flags, dict):
+        raise NgraphError(f"{label}: the engine's manifest has no flags: refusing it")
+    recorded = {k[len("flag.") :]: v for k, v in params.items() if k.startswith("flag.")}
+    given = {k: _param_text(v) for k, v in flags.items()}
+    for key in sorted(set(recorded) | set(given)):
+        if recorded.get(key) != given.get(key):
+            raise NgraphError(
+                f"{label}: the engine's manifest has flag {key}={given.get(key)!r}, its run "
+                f"recorded {recorded.get(key)!r}: the engine was replaced: refusing it"
+            )
+
+
+def check_code(manifest: dict[str, Any], trust_code: bool | None) -> None:
+    """Refuse a format that runs code when loaded unless trusted (argument or setting)."""
+    fmt = FORMATS.get(manifest.get("format"))
+    if fmt is None or not fmt.code or trusted(trust_code):
+        return
+    raise NgraphError(
+        f"this {fmt.compiler} engine is {fmt.code}, which runs on this machine when it is "
+        "loaded, and anyone who can write the experiment it came from could have made it: "
+        f"load it only if you trust them, with --trust-code (or {TRUST_ENV}=1, or "
+        "trust_code=True)"
+    )
