@@ -31,6 +31,11 @@ def _selection_options(command):
         ),
         click.option("--max-latency-ms", type=float, help="Cap on the p99 latency (ms)."),
         click.option("--run", "run_id", help="Only this cell run."),
+        click.option(
+            "--allow-unstable",
+            is_flag=True,
+            help="Also consider measurements judged UNSTABLE (set aside by default).",
+        ),
         click.option("--live", is_flag=True, help="Search cell runs instead of results indexes."),
         click.option("--tracking-uri", help="Default: MLFLOW_TRACKING_URI, then MLflow's."),
     ]
@@ -141,7 +146,9 @@ def _choose(options: dict):
             options["live"],
             frozenset(refused),
         )
-        selection = rank(found, options["metric"], options["max_latency_ms"])
+        selection = rank(
+            found, options["metric"], options["max_latency_ms"], options["allow_unstable"]
+        )
         if not refused:
             click.echo(describe(selection))
         ranked = best(selection, what)

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.tracking import schema as S
 
+#: why an UNSTABLE candidate is set aside (``--allow-unstable`` keeps it)
+UNSTABLE_REASON = "UNSTABLE: its figure is noise on this host (--allow-unstable to include it)"
+
 #: metric -> True when higher is better
 METRICS = {S.M_THROUGHPUT: True, S.M_LATENCY_P50: False, S.M_LATENCY_P99: False}
 
@@ -30,6 +33,7 @@ class Candidate:
     metrics: dict[str, float] = field(default_factory=dict)
     status: str = ""
     reason: str = ""  # why it cannot be deployed (empty: it can)
+    stability: str = ""  # STABLE, UNSTABLE, or "" (not judged: an older record)
 
     def value(self, metric: str) -> float:
         return self.metrics.get(metric, math.nan)
@@ -136,7 +140,8 @@ def candidates(
                 f"no cell measured at batch size {batch_size} (measured: "
                 f"{', '.join(map(str, sizes)) or 'none'})"
             )
-    keep = [*METRICS, S.M_THROUGHPUT, S.M_CV, S.M_VALID, S.M_LATENCY_P99, S.M_LATENCY_P50]
+    keep = [*METRICS, S.M_THROUGHPUT, S.M_CV, S.M_VALID, S.M_LATENCY_P99, S.M_LATENCY_P50,
+            S.M_THROUGHPUT_CI_LOW, S.M_THROUGHPUT_CI_HIGH]  # fmt: skip
     out = []
     for row in frame.to_dict("records"):
         # a cell that failed before measuring any batch size has no per-batch row: it is
@@ -156,13 +161,17 @@ def candidates(
                 metrics=metrics,
                 status=str(row.get("status") or ""),
                 reason=str(row.get("error") or ""),
+                stability=str(row.get("stability") or ""),
             )
         )
     return out
 
 
 def rank(
-    found: list[Candidate], metric: str = S.M_THROUGHPUT, max_latency_ms: float | None = None
+    found: list[Candidate],
+    metric: str = S.M_THROUGHPUT,
+    max_latency_ms: float | None = None,
+    allow_unstable: bool = False,
 ) -> Selection:
     """Set aside what cannot be deployed (with the reason) and rank the rest by ``metric``.
 
@@ -186,6 +195,8 @@ def rank(
             c.reason = "INVALID: its outputs did not match the reference"
         elif math.isnan(c.value(metric)):
             c.reason = f"no {metric} logged"
+        elif c.stability == S.STABILITY_UNSTABLE and not allow_unstable:
+            c.reason = UNSTABLE_REASON
         elif max_latency_ms is not None:
             latency = c.value(S.M_LATENCY_P99)
             which = "p99"
@@ -209,12 +220,20 @@ def describe(selection: Selection, top: int = 5) -> str:
             i + 1,
             c.label,
             f"{c.value(metric):.4g}",
-            f"{c.value(S.M_CV):.3f}" if not math.isnan(c.value(S.M_CV)) else "-",
+            _interval(c),
             c.status or "OK",
+            c.stability or "-",
         ]
         for i, c in enumerate(selection.ranked[:top])
     ]
-    lines.append(format_table(["#", "cell", metric, "cv", "status"], rows) if rows else "  none")
+    headers = ["#", "cell", metric, "95% CI", "status", "stable"]
+    lines.append(format_table(headers, rows) if rows else "  none")
+    unstable = sum(c.reason == UNSTABLE_REASON for c in selection.excluded)
+    if unstable:
+        lines.append(
+            f"{unstable} UNSTABLE candidate(s) set aside: their figures are noise on the host "
+            "that measured them (--allow-unstable to include them)"
+        )
     if selection.excluded:
         lines.append(f"set aside ({len(selection.excluded)}):")
         for c in selection.excluded[:12]:
@@ -222,6 +241,11 @@ def describe(selection: Selection, top: int = 5) -> str:
         if len(selection.excluded) > 12:
             lines.append(f"  ... and {len(selection.excluded) - 12} more")
     return "\n".join(lines)
+
+
+def _interval(c: Candidate) -> str:
+    low, high = c.value(S.M_THROUGHPUT_CI_LOW), c.value(S.M_THROUGHPUT_CI_HIGH)
+    return "-" if math.isnan(low) or math.isnan(high) else f"{low:.4g}-{high:.4g}"
 
 
 def best(selection: Selection, what: str) -> list[Candidate]:

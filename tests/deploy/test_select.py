@@ -45,6 +45,9 @@ def hand_made(tmp_path):
             }  # fmt: skip
             for name, value in values.items():
                 client.log_metric(run_id, S.flat_key(name, b), value, step=b)
+        if compiler == "onnxruntime":  # its batch-8 figure is noise on the measuring host
+            client.set_tag(run_id, f"{S.T_STABILITY}.bs8", S.STABILITY_UNSTABLE)
+            client.set_tag(run_id, f"{S.T_STABILITY}.bs1", S.STABILITY_STABLE)
         client.set_terminated(run_id)
     return client, uri
 
@@ -54,9 +57,23 @@ def _pick(client, uri, **kwargs):
     return rank(found, **kwargs)
 
 
-def test_best_throughput_skips_invalid_failed_and_baseline(hand_made):
+def test_unstable_candidates_are_set_aside_unless_allowed(hand_made):
+    from mlflow_ngraph.deploy.select import describe
+
     client, uri = hand_made
     selection = _pick(client, uri)
+    best = selection.ranked[0]
+    assert (best.compiler, best.batch_size) == ("onnxruntime", 1)
+    unstable = [c for c in selection.excluded if c.reason.startswith("UNSTABLE")]
+    assert [(c.compiler, c.batch_size) for c in unstable] == [("onnxruntime", 8)]
+    assert "1 UNSTABLE candidate(s) set aside" in describe(selection)
+    allowed = _pick(client, uri, allow_unstable=True)
+    assert (allowed.ranked[0].compiler, allowed.ranked[0].batch_size) == ("onnxruntime", 8)
+
+
+def test_best_throughput_skips_invalid_failed_and_baseline(hand_made):
+    client, uri = hand_made
+    selection = _pick(client, uri, allow_unstable=True)
     best = selection.ranked[0]
     assert (best.compiler, best.batch_size) == ("onnxruntime", 8)
     reasons = {c.compiler: c.reason for c in selection.excluded}
@@ -67,9 +84,9 @@ def test_best_throughput_skips_invalid_failed_and_baseline(hand_made):
 
 def test_latency_metric_is_lowest_first_and_the_cap_applies_to_p99(hand_made):
     client, uri = hand_made
-    by_latency = _pick(client, uri, metric=S.M_LATENCY_P50)
+    by_latency = _pick(client, uri, metric=S.M_LATENCY_P50, allow_unstable=True)
     assert [c.compiler for c in by_latency.ranked][:2] == ["torchscript", "onnxruntime"]
-    capped = _pick(client, uri, max_latency_ms=10.0)
+    capped = _pick(client, uri, max_latency_ms=10.0, allow_unstable=True)
     assert [(c.compiler, c.batch_size) for c in capped.ranked] == [
         ("onnxruntime", 1),
         ("torchscript", 1),
