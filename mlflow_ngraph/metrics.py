@@ -64,14 +64,17 @@ def retention(depth_speedups: Mapping[int, float]) -> float | None:
 
 
 def relative_metrics(
-    compiled: Throughputs, identity: Throughputs | None
+    compiled: Throughputs, identity: Throughputs | None, paired: Throughputs | None = None
 ) -> dict[int, dict[str, float | None]]:
-    """speedup, rtr, ase and bsr for every batch size of ``compiled``."""
+    """speedup, rtr, ase and bsr for every batch size of ``compiled``. ``paired``: the
+    speedups measured in rounds with the identity baseline (the median per-round ratio),
+    which stand in for the ratio of throughputs where the baseline is there."""
     out: dict[int, dict[str, float | None]] = {}
     for b in sorted(compiled):
         ident = identity or {}
+        ratio = speedup(compiled[b], ident.get(b))
         out[b] = {
-            "speedup": speedup(compiled[b], ident.get(b)),
+            "speedup": (paired or {}).get(b, ratio) if ratio is not None else None,
             "rtr": rtr(compiled, b),
             "ase": ase(compiled, b),
             "bsr": bsr(compiled, ident, b) if identity else None,

@@ -553,9 +553,11 @@ class Runner:
 
     def _set_row_speedups(self, cell: Cell) -> None:
         own, identity = self._throughputs(cell.key), self._identity_throughputs(cell) or {}
+        paired = self.journal.cell(cell.key).paired_speedups()
         for row in self.rows:
             if _row_of(row, cell):
-                row.speedup = M.speedup(own.get(row.batch_size), identity.get(row.batch_size))
+                ratio = M.speedup(own.get(row.batch_size), identity.get(row.batch_size))
+                row.speedup = paired.get(row.batch_size, ratio) if ratio is not None else None
 
     def _throughputs(self, key: str) -> dict[int, float]:
         return self.journal.cell(key).throughputs()

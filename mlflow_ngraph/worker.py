@@ -195,14 +195,14 @@ RETRY_PAUSE_S = 2.0
 def judge(task: CellTask, result, baseline_paired: bool):
     """The stability of a measurement, on the figure the user compares: its speedup when it
     was paired with the baseline, else its throughput."""
-    from mlflow_ngraph.measure.stability import assess
+    from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER, assess
 
     paired = baseline_paired and result.speedup_halfwidth is not None
     return assess(
         result.speedup_halfwidth if paired else result.throughput_halfwidth,
         result.host_other_cpu_percent,
         result.host_drift if result.interleaved else None,
-        task.max_interval,
+        task.max_interval if paired else THROUGHPUT_WIDER * task.max_interval,
         task.max_other_cpu,
         what="speedup" if paired else "throughput",
     )

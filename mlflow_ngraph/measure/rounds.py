@@ -16,15 +16,17 @@ Figures, each over the rounds (k windows per engine):
 - throughput: the samples of every window over their seconds; its 95% interval is the
   Student-t interval of the windows' log rates (batch means: each window is one value,
   long enough that its own noise is not timer jitter), centred on the throughput;
-- speedup over the baseline: the throughputs' ratio; its 95% interval is the t interval of
-  the per-round log ratios (paired: the host's drift cancels within a round);
+- speedup over the baseline: the median of the per-round ratios (paired: the host's drift
+  cancels within a round), its 95% interval the sign test's (distribution-free: a
+  preempted window's stray ratio does not widen it);
 - host drift: the spread (sd of log rate) of the baseline's windows across rounds: what the
   host did during the measurement, shown beside the figures it affects.
 
 Stop rule (per engine; the rounds go on while any engine is not done): the floors
 (``--repetitions`` requests, ``--min-duration`` seconds, :data:`MIN_ROUNDS` rounds) are met
 and the figure the user compares is known to ``precision`` (the relative half-width of the
-speedup's interval; for the baseline and an engine measured alone, of the throughput's), or
+speedup's interval; for the baseline and an engine measured alone, the throughput's against
+twice that), or
 the engine has been measured for ``max_s`` seconds. The stop reason is recorded: ``precision``,
 ``max_duration``.
 """
@@ -38,17 +40,19 @@ from typing import Protocol
 
 import numpy as np
 
+from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER
+
 #: a window lasts at least this long (pyperf: a value of at least 100 ms); the choice and its
 #: measured effect are in docs/measurement.md
 WINDOW_S = 0.1
-#: rounds before the stop rule may end a measurement (the t interval needs 3; at 5 its
-#: quantile, 2.78, is within 42% of the normal's)
-MIN_ROUNDS = 5
+#: rounds before the stop rule may end a measurement: the sign test's 95% interval of a
+#: median needs 6 values (then it spans all six; at 20, the 6th to the 15th)
+MIN_ROUNDS = 6
 #: default target of the stop rule: the figure's 95% interval within +-2%
 PRECISION = 0.02
 #: an engine is measured for at most this many seconds (or ``--max-duration``) unless its
 #: floors need longer
-MAX_S = 6.0
+MAX_S = 3.0
 CONFIDENCE = 0.95
 
 
@@ -116,19 +120,47 @@ def throughput_figures(windows) -> tuple[float, tuple[float, float] | None, floa
     return throughput, (throughput * math.exp(-h), throughput * math.exp(h)), _relative(h), cv
 
 
+def median_interval(values, confidence: float = CONFIDENCE):
+    """(median, its ``confidence`` interval) of ``values``: the interval between two order
+    statistics chosen from the binomial(n, 1/2) law (the sign test's), which holds at least
+    ``confidence`` whatever the values' distribution. ``None`` for the interval when there
+    are too few values for one (fewer than 6 at 95%)."""
+    from scipy import stats
+
+    data = np.sort(np.asarray(values, dtype=np.float64))
+    data = data[np.isfinite(data)]
+    if data.size == 0:
+        return None, None
+    median = float(np.median(data))
+    n = data.size
+    # the largest j with P(B <= j - 1) <= alpha/2: [x_(j), x_(n+1-j)] covers >= confidence
+    j = int(stats.binom.ppf((1 - confidence) / 2, n, 0.5))
+    if stats.binom.cdf(j, n, 0.5) > (1 - confidence) / 2:
+        j -= 1
+    if j < 0:
+        return median, None
+    return median, (float(data[j]), float(data[n - 1 - j]))
+
+
 def paired_figures(windows, base_windows):
-    """(speedup, its 95% interval, relative half-width) from windows paired by round."""
-    pairs = [(w, b) for w, b in zip(windows, base_windows) if w is not None and b is not None]
-    if not pairs:
+    """(speedup, its 95% interval, relative half-width) from windows paired by round: the
+    median of the per-round ratios and the sign test's interval around it. A window that
+    a preemption slowed gives one stray ratio; it moves a mean and its t interval (seen: a
+    quiet 2-core VM's per-round ratios spread with sd 11%, their median absolute deviation
+    3%), not a median."""
+    logs = [
+        math.log(w.rate / b.rate)
+        for w, b in zip(windows, base_windows)
+        if w is not None and b is not None and w.rate > 0 and b.rate > 0
+    ]
+    if not logs:
         return None, None, None
-    own = throughput_figures([w for w, _ in pairs])[0]
-    base = throughput_figures([b for _, b in pairs])[0]
-    speedup = own / base if base > 0 else None
-    logs = [math.log(w.rate / b.rate) for w, b in pairs if w.rate > 0 and b.rate > 0]
-    h = log_halfwidth(logs)
-    if speedup is None or h is None:
+    median, interval = median_interval(logs)
+    speedup = math.exp(median)
+    if interval is None:
         return speedup, None, None
-    return speedup, (speedup * math.exp(-h), speedup * math.exp(h)), _relative(h)
+    low, high = math.exp(interval[0]), math.exp(interval[1])
+    return speedup, (low, high), max(high / speedup - 1, 1 - low / speedup)
 
 
 def drift_of(windows) -> float | None:
@@ -227,11 +259,12 @@ def _stop(name, windows, baseline, settings, policy, cap, rounds) -> str:
     floors = requests >= settings.repetitions and seconds >= settings.min_duration_s
     if floors and rounds >= policy.min_rounds:
         base = windows.get(baseline) if baseline else None
+        target = policy.precision
         if base is not None and name != baseline:
             _, _, width = paired_figures(windows[name], base)
         else:
-            width = throughput_figures(own)[2]
-        if width is not None and width <= policy.precision:
+            width, target = throughput_figures(own)[2], THROUGHPUT_WIDER * policy.precision
+        if width is not None and width <= target:
             return "precision"
     # an explicit --max-duration caps everything; the default cap never cuts the floors
     if seconds >= cap and (floors or settings.max_duration_s is not None):

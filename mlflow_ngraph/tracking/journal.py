@@ -90,6 +90,14 @@ class CellState:
         sizes = (self.description or {}).get("batch_sizes") or []
         return bool(sizes) and all(b in self.measured or b in self.failed for b in sizes)
 
+    def paired_speedups(self) -> dict[int, float]:
+        """The speedup of every usable batch size measured in rounds with its baseline."""
+        return {
+            b: r["metrics"][S.M_SPEEDUP_PAIRED]
+            for b, r in self.measured.items()
+            if S.is_usable(r["status"]) and r["metrics"].get(S.M_SPEEDUP_PAIRED) is not None
+        }
+
     def throughputs(self) -> dict[int, float]:
         """The throughput of every batch size measured OK (``S.is_usable``): what relative
         metrics are made of (an INVALID one is neither a result nor a baseline)."""

@@ -107,7 +107,8 @@ class CellRecorder:
         baseline = baseline or (state.description or {}).get("baseline")
         identity = journal.cell(baseline).throughputs() if baseline else {}
         values: list[ml.MetricValue] = []
-        for b, rel in M.relative_metrics(state.throughputs(), identity or None).items():
+        paired = state.paired_speedups()
+        for b, rel in M.relative_metrics(state.throughputs(), identity or None, paired).items():
             values += ml.batch_metrics(rel, b)
         self.relative(run_id, values, bool(identity))
 

@@ -78,7 +78,9 @@ M_THROUGHPUT_HALFWIDTH = "throughput_halfwidth"  # relative half-width of its 95
 M_LATENCY_SAMPLES = "latency_samples"  # per-request latencies behind the percentiles
 M_INTERLEAVED = "interleaved"  # 1: measured in rounds with the model's other engines
 M_HOST_DRIFT = "host_drift"  # the baseline's spread across rounds (sd of log rate)
-# the speedup's 95% interval: paired rounds with identity, else from both intervals
+# the speedup measured in rounds with identity (median per-round ratio; the logged speedup
+# where there is one) and its 95% interval
+M_SPEEDUP_PAIRED = "speedup_paired"
 M_SPEEDUP_CI_LOW = "speedup_ci_low"
 M_SPEEDUP_CI_HIGH = "speedup_ci_high"
 M_SPEEDUP_HALFWIDTH = "speedup_halfwidth"
@@ -148,6 +150,7 @@ FLAT_METRICS = frozenset(
         M_MAX_REL_ERROR,
         M_VALID,
         M_SPEEDUP,
+        M_SPEEDUP_PAIRED,
         M_SPEEDUP_CI_LOW,
         M_SPEEDUP_CI_HIGH,
         M_RTR,
