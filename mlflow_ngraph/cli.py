@@ -256,7 +256,7 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
 @click.option(
     "--stable-retries",
     type=int,
-    default=2,
+    default=1,
     show_default=True,
     help="Measure an UNSTABLE batch size (with its baseline) again up to K times after a "
     "pause; the last attempt is kept.",
@@ -334,7 +334,7 @@ def _run(
     retry_failed: bool,
     isolation: str = "process",
     cell_timeout: float = 1800.0,
-    stability: tuple[float, float, int, float] = (0.05, 25.0, 2, 0.02),
+    stability: tuple[float, float, int, float] = (0.05, 25.0, 1, 0.02),
     quiet: bool = False,
     experiment_explicit: bool = False,
 ) -> None:

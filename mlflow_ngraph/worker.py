@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 CHECK_SEED = 1234
 
 #: default of ``--stable-retries``: an UNSTABLE measurement is measured again this many times
-STABLE_RETRIES = 2
+STABLE_RETRIES = 1
 
 #: every per-batch metric the schema names: a field of the harness's measurement whose key
 #: is one of these is logged, so a new measured quantity needs no runner change
