@@ -15,11 +15,11 @@ def _cell(uri: str, experiment: str):
     return next(r for r in runs if r.data.tags.get(S.T_ROLE) == "cell")
 
 
-def test_a_cv_above_the_threshold_is_unstable_retried_and_said(run_cli, tracking_uri):
-    # no real measurement has a CV below 1e-9: every batch size is UNSTABLE
+def test_a_wide_interval_is_unstable_measured_again_and_said(run_cli, tracking_uri):
+    # no real measurement is known to +-1e-9: every batch size is UNSTABLE
     code, out, err = run_cli(
         "benchmark", *TINY, "--compiler", "identity", "--experiment", "unstable",
-        "--tracking-uri", tracking_uri, "--cv-threshold", "1e-9", "--stable-retries", "1",
+        "--tracking-uri", tracking_uri, "--max-interval", "1e-9", "--stable-retries", "1",
         "--isolation", "none",
     )  # fmt: skip
     assert code == 0, err
@@ -27,16 +27,16 @@ def test_a_cv_above_the_threshold_is_unstable_retried_and_said(run_cli, tracking
     assert tags[S.T_STABILITY] == S.STABILITY_UNSTABLE
     for b in (1, 2):
         assert tags[f"{S.T_STABILITY}.bs{b}"] == S.STABILITY_UNSTABLE
-        assert "CV" in tags[f"{S.T_STABILITY_REASON}.bs{b}"]
+        assert "throughput interval" in tags[f"{S.T_STABILITY_REASON}.bs{b}"]
         assert tags[f"{S.T_ATTEMPTS}.bs{b}"] == "2"
-    assert "bs1 UNSTABLE: CV" in err and "--stable-retries" in err
-    assert "kept the steadiest of 2 attempts" in err
+    assert "bs1 UNSTABLE: throughput interval" in err and "measuring again" in err
 
 
-def test_a_steady_measurement_is_stable(run_cli, tracking_uri):
+def test_a_measurement_within_its_limits_is_stable(run_cli, tracking_uri):
     code, out, err = run_cli(
         "benchmark", *TINY, "--compiler", "identity", "--experiment", "stable",
-        "--tracking-uri", tracking_uri, "--cv-threshold", "1000", "--stable-retries", "3",
+        "--tracking-uri", tracking_uri, "--max-interval", "0.99", "--max-other-cpu", "100",
+        "--stable-retries", "3",
     )  # fmt: skip
     assert code == 0, err
     tags = _cell(tracking_uri, "stable").data.tags
@@ -47,29 +47,31 @@ def test_a_steady_measurement_is_stable(run_cli, tracking_uri):
     assert "UNSTABLE" not in err
 
 
-def test_retries_keep_a_stable_attempt_over_a_lower_cv_on_a_busy_host(monkeypatch):
-    """Host load cannot be ordered on demand: hand-made attempts stand in for it."""
+def test_the_last_attempt_is_kept_not_the_steadiest(monkeypatch):
+    """Host load cannot be ordered on demand: hand-made attempts stand in for it. Keeping
+    the narrowest attempt would select on luck; the attempt that ends the retries is kept."""
     from types import SimpleNamespace
 
     from mlflow_ngraph import worker
     from mlflow_ngraph.config import MeasureSettings
+    from mlflow_ngraph.measure import harness
 
     monkeypatch.setattr(worker, "RETRY_PAUSE_S", 0)
-    attempts = iter(
-        [
-            {"cv": 0.02, S.M_HOST_OTHER_CPU: 70.0},  # steady only because the host was busy
-            {"cv": 0.01, S.M_HOST_OTHER_CPU: 60.0},
-            {"cv": 0.06, S.M_HOST_OTHER_CPU: 3.0},  # a quiet window
-        ]
-    )
+    attempts = iter([(0.02, 70.0), (0.01, 60.0), (0.04, 3.0), (0.001, 1.0)])
 
-    def measure(engine, b, settings, gpu=False):
-        data = next(attempts)
-        return SimpleNamespace(cv=data["cv"], to_dict=lambda: dict(data))
+    def measure(engine, b, settings, gpu=False, policy=None):
+        width, other = next(attempts)
+        return SimpleNamespace(
+            throughput_halfwidth=width, host_other_cpu_percent=other, speedup_halfwidth=None,
+            host_drift=None, interleaved=0.0,
+        )  # fmt: skip
 
-    task = SimpleNamespace(
-        name="cell", device_kind="cpu", measure=MeasureSettings(), cv_threshold=0.10,
-        max_other_cpu=25.0, stable_retries=3,
+    monkeypatch.setattr(harness, "measure", measure)
+    task = worker.CellTask(
+        name="cell", model_name="m", model_params={}, compiler="identity", flags={},
+        batch_sizes=[1], device="cpu", device_kind="cpu", home="/nonexistent",
+        measure=MeasureSettings(), tolerance=1e-3, stable_retries=3,
     )  # fmt: skip
-    best, stability, count = worker._steadiest(task, None, 1, measure)
-    assert (best.cv, stability.stable, count) == (0.06, True, 3)
+    result, stability, count = worker.measure_alone(task, None, 1)
+    # busy (other CPU 70%, 60%), then a quiet attempt within +-10%: it ends the retries
+    assert (result.throughput_halfwidth, stability.stable, count) == (0.04, True, 3)

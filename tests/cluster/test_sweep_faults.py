@@ -100,7 +100,7 @@ class Sweep:
         return self.out
 
 
-def _finished_cells(uri: str, device: str) -> int:
+def _finished_cells(uri: str, device: str, clause: str = "attributes.status = 'FINISHED'") -> int:
     from mlflow.tracking import MlflowClient
 
     from mlflow_ngraph.tracking.mlflow_log import local_sqlite
@@ -114,8 +114,7 @@ def _finished_cells(uri: str, device: str) -> int:
             return 0
         runs = client.search_runs(
             [exp.experiment_id],
-            f"tags.`ngraph.role` = 'cell' and tags.`ngraph.device` = '{device}' "
-            "and attributes.status = 'FINISHED'",
+            f"tags.`ngraph.role` = 'cell' and tags.`ngraph.device` = '{device}' and {clause}",
         )
     except Exception:  # the store is being created by a device task
         return 0
@@ -123,12 +122,16 @@ def _finished_cells(uri: str, device: str) -> int:
 
 
 def _await_first_cell(sweep: Sweep) -> None:
-    """Wait until the victim device has logged a cell (and not all of them)."""
+    """Wait until the victim device has logged a result (and not finished every cell): the
+    cells of a model are measured together, so their batch-1 results land before any of
+    them finishes."""
     deadline = time.time() + 480  # a busy 2-core host takes minutes to start a benchmark
-    while (done := _finished_cells(sweep.uri, VICTIM)) < 1:
-        assert time.time() < deadline, f"the victim logged no cell in 480 s: {sweep.out[-3000:]}"
+    logged = "metrics.`throughput.bs1` > 0"
+    while _finished_cells(sweep.uri, VICTIM, logged) < 1:
+        assert time.time() < deadline, f"the victim logged nothing in 480 s: {sweep.out[-3000:]}"
         sweep.look()
         time.sleep(0.3)
+    done = _finished_cells(sweep.uri, VICTIM)
     assert done < EXPECTED[VICTIM][0], "the victim finished before the fault: nothing tested"
 
 
