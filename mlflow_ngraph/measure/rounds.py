@@ -34,7 +34,6 @@ the engine has been measured for ``max_s`` seconds. The stop reason is recorded:
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -69,7 +68,6 @@ class RoundPolicy:
     min_rounds: int = MIN_ROUNDS
     precision: float = PRECISION
     max_s: float | None = None  # None: MAX_S or the settings' max_duration_s
-    gap_s: float = 0.0  # a pause before each window of an interleaved round
 
 
 @dataclass
@@ -209,8 +207,6 @@ def run_rounds(
         if not live:
             break
         for name in order(live, r):
-            if policy.gap_s and len(names) > 1:
-                time.sleep(policy.gap_s)
             try:
                 windows[name].append(meters[name].window(policy.window_s))
             except Exception as exc:  # noqa: BLE001 - the engine's failure, reported by the caller
