@@ -375,15 +375,24 @@ class Runner:
         self._view("cell_done", cell.name, [r for r in self.rows if _row_of(r, cell)])
         return True
 
-    def _run_cell(self, cell: Cell) -> None:
+    def _open_cell(self, cell: Cell) -> list[int] | None:
+        """Start ``cell``: ``None`` when an earlier run finished it, else its run is open,
+        the rows of the batch sizes it already holds are shown, and the pending ones are
+        returned."""
         self._view("cell_started", cell.name)
         if self._finished_cell(cell):
-            return
+            return None
         self.store.begin(cell)  # opens the run
         pending = self._pending(cell)  # after the run's stored results were taken
         for b in self.spec.batch_sizes:
             if b not in pending:
                 self._rows_from_journal(cell, only=b)
+        return pending
+
+    def _run_cell(self, cell: Cell) -> None:
+        pending = self._open_cell(cell)
+        if pending is None:
+            return
         log_file = self.store.log_file(cell)
         if pending:
             outcome = self._dispatch(cell, pending, log_file)
@@ -467,14 +476,9 @@ class Runner:
 
         jobs: list[tuple[Cell, list[int], _Outcome, GroupCell]] = []
         for cell in cells:
-            self._view("cell_started", cell.name)
-            if self._finished_cell(cell):
+            pending = self._open_cell(cell)
+            if pending is None:
                 continue
-            self.store.begin(cell)  # opens the run
-            pending = self._pending(cell)  # after the run's stored results were taken
-            for b in self.spec.batch_sizes:
-                if b not in pending:
-                    self._rows_from_journal(cell, only=b)
             if not pending:
                 self._close_cell(cell)
                 continue
