@@ -98,16 +98,14 @@ def store_errors(uri: str | None, experiment: str, permission: str):
 def _auth_error(exc: BaseException, uri: str | None, experiment: str, permission: str):
     import os
 
-    from mlflow_ngraph.tracking.mlflow_log import redact_uri
+    from mlflow_ngraph.tracking.mlflow_log import login_refused, redact_uri
 
     text = redact_uri(str(exc))
     user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "(none)"
     shown = redact_uri(uri or "")
-    if "401" in text or "UNAUTHENTICATED" in text or "not authenticated" in text.lower():
-        return NgraphError(
-            f"tracking server {shown} refused the login of user {user!r}: wrong username or "
-            "password (set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)"
-        )
+    refused = login_refused(text, shown)
+    if refused is not None:
+        return refused
     if "403" in text or "PERMISSION_DENIED" in text or "permission" in text.lower():
         return NgraphError(
             f"user {user!r} lacks the {permission} permission on experiment {experiment!r} "

@@ -99,16 +99,26 @@ def connect(tracking_uri: str):
     return client
 
 
+def login_refused(text: str, shown: str) -> NgraphError | None:
+    """The one line of a refused login (401) in a store error's redacted ``text``, else
+    ``None``."""
+    if "401" in text or "UNAUTHENTICATED" in text or "not authenticated" in text.lower():
+        user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "(none)"
+        return NgraphError(
+            f"tracking server {shown} refused the login of user {user!r}: wrong username or "
+            "password (set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)"
+        )
+    return None
+
+
 def store_error(exc: BaseException, tracking_uri: str) -> NgraphError:
     """One line for an error of the store: a refused login or permission names the fix."""
     text = redact_uri(str(exc))
     shown = redact_uri(tracking_uri)
     user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "(none)"
-    if "401" in text or "UNAUTHENTICATED" in text or "not authenticated" in text.lower():
-        return NgraphError(
-            f"tracking server {shown} refused the login of user {user!r}: wrong username or "
-            "password (set MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)"
-        )
+    refused = login_refused(text, shown)
+    if refused is not None:
+        return refused
     if "403" in text or "PERMISSION_DENIED" in text or "permission" in text.lower():
         return NgraphError(
             f"user {user!r} lacks the permission on {shown} to write this experiment's runs "
