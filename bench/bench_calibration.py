@@ -73,7 +73,7 @@ def records(uri: str, experiment: str) -> dict[tuple, dict]:
         sys.exit(f"compare failed:\n{done.stderr[-3000:]}")
     data = json.loads(done.stdout)
     rows = data if isinstance(data, list) else data.get("cells", [])
-    return {(r["model_label"], r["compiler_label"], int(r["batch_size"])): r for r in rows}
+    return {(r["model"], r["compiler"], int(r["batch_size"])): r for r in rows}
 
 
 def _overlap(a: dict, b: dict, low: str, high: str) -> bool | None:

@@ -92,7 +92,8 @@ class _Spare:
         return self.proc.is_alive()
 
     def pause(self) -> None:
-        """Stop the spare's imports while a measurement runs (no CPU until resumed)."""
+        """Stop the worker (a spare's imports, an idle group member's spinning threads)
+        while another measures: no CPU until resumed."""
         if not self.paused and self.alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGSTOP)
@@ -366,6 +367,11 @@ class GroupCell:
     deadline: float = 0.0
 
 
+#: "0" leaves a group's idle workers running between their windows (to measure what
+#: stopping them gives: bench/bench_calibration.py)
+FREEZE_ENV = "MLFLOW_NGRAPH_FREEZE_IDLE"
+
+
 class _Proxy:
     """A group member's worker as the rounds see it: one window on command."""
 
@@ -373,7 +379,15 @@ class _Proxy:
         self.group, self.cell = group, cell
 
     def window(self, seconds: float):
+        """One window of this worker, the others of the group stopped meanwhile: a runtime's
+        thread pool spins for a while after its last request (ONNX Runtime, OpenMP, TBB),
+        and on a small host that spin takes the next engine's cores."""
+        freeze = os.environ.get(FREEZE_ENV, "1") != "0"
+        if freeze:
+            self.cell.worker.resume()
         kind, payload = self.group.ask(self.cell, ("window", seconds), ("window", "window_error"))
+        if freeze and kind == "window":
+            self.cell.worker.pause()
         if kind != "window":
             raise RuntimeError(payload or self.cell.death or "the worker is gone")
         return payload
@@ -557,9 +571,16 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
                 cell.state = "busy"  # its batch size failed: it goes on to its next gate
         names = {cell.name: cell for cell in warmed}
         base = baseline if baseline in names else None
-        figures = run_rounds(
-            {n: _Proxy(group, c) for n, c in names.items()}, settings, base, policy
-        )
+        if os.environ.get(FREEZE_ENV, "1") != "0":
+            for cell in warmed:  # each runs only for its own windows (_Proxy.window)
+                cell.worker.pause()
+        try:
+            figures = run_rounds(
+                {n: _Proxy(group, c) for n, c in names.items()}, settings, base, policy
+            )
+        finally:
+            for cell in warmed:
+                cell.worker.resume()
         _resume_spares()
         judged, unstable = [], []
         for name, cell in names.items():

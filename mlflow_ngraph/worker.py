@@ -201,7 +201,7 @@ def judge(task: CellTask, result, baseline_paired: bool):
     return assess(
         result.speedup_halfwidth if paired else result.throughput_halfwidth,
         result.host_other_cpu_percent,
-        result.host_drift if result.interleaved else None,
+        result.speedup_moved if paired else None,
         task.max_interval if paired else THROUGHPUT_WIDER * task.max_interval,
         task.max_other_cpu,
         what="speedup" if paired else "throughput",

@@ -110,16 +110,33 @@ def _group(tmp_path, tasks, baseline=None, ahead=None, retries=0, policy=None):
 
 
 def test_a_group_measures_its_engines_interleaved_and_pairs_the_speedup(tmp_path):
+    """...and while one member measures a window, the others are stopped (their runtimes'
+    spinning thread pools would take its cores); all run again for their verdicts."""
+    import psutil
+
+    from mlflow_ngraph import isolation
+
     tasks = {"id": _task(tmp_path, min_duration=0), "ts": _task(tmp_path, min_duration=0)}
     tasks["ts"].compiler = "torchscript"
     tasks["ts"].flags = {"freeze": True, "optimize_for_inference": True}
+    others, verdicts = [], []
+    real = isolation._Group.ask
+
+    def ask(self, cell, command, kinds):
+        rest = [c.worker.proc.pid for c in self.cells if c is not cell]
+        statuses = [psutil.Process(pid).status() for pid in rest]
+        (others if command[0] == "window" else verdicts).extend(statuses)
+        return real(self, cell, command, kinds)
+
+    isolation._Group.ask = ask
     try:
         records, deaths = _group(tmp_path, tasks, baseline="id")
     finally:
-        from mlflow_ngraph import isolation
-
+        isolation._Group.ask = real
         isolation.shutdown()
     assert deaths == {"id": None, "ts": None}
+    assert others and set(others) == {psutil.STATUS_STOPPED}
+    assert verdicts and psutil.STATUS_STOPPED not in verdicts
     (base,), (ts,) = records["id"], records["ts"]
     assert base["status"] == ts["status"] == "OK"
     m, mb = ts["metrics"], base["metrics"]

@@ -101,6 +101,8 @@ class Measurement:
     latency_samples: int = 0  # per-request latencies behind the percentiles
     interleaved: float = 0.0  # 1: measured in rounds with other engines of the model
     host_drift: float | None = None  # the baseline's spread across rounds (sd of log rate)
+    #: the speedup's change between the rounds' halves, where their intervals part
+    speedup_moved: float | None = None
     speedup_paired: float | None = None  # median per-round ratio to the identity baseline
     speedup_ci_low: float | None = None  # its 95% interval (sign test over the rounds)
     speedup_ci_high: float | None = None
@@ -323,6 +325,7 @@ def finish(meter: Meter, figures) -> Measurement:
         latency_samples=lat.count if lat else 0,
         interleaved=float(figures.interleaved),
         host_drift=figures.drift,
+        speedup_moved=figures.moved,
         speedup_paired=figures.speedup,
         speedup_ci_low=figures.speedup_ci[0] if figures.speedup_ci else None,
         speedup_ci_high=figures.speedup_ci[1] if figures.speedup_ci else None,

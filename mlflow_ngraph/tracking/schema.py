@@ -62,6 +62,7 @@ def is_usable(status: str | None) -> bool:
     recomputes (``report/tables.py``)."""
     return status == STATUS_OK
 
+
 # --- per-batch metrics (stepped by batch size, and flat as "<name>.bs<batch>") -----------
 M_THROUGHPUT = "throughput"  # samples/s: samples measured / seconds measured
 M_THROUGHPUT_STD = "throughput_std"

@@ -14,9 +14,12 @@ import pytest
 from mlflow_ngraph.config import MeasureSettings
 from mlflow_ngraph.measure.harness import Window
 from mlflow_ngraph.measure.rounds import (
+    EXACT_SIGNED_RANK_N,
     RoundPolicy,
+    _signed_rank_k,
+    location_interval,
     log_halfwidth,
-    median_interval,
+    moved_between_halves,
     order,
     paired_figures,
     run_rounds,
@@ -124,6 +127,22 @@ def test_an_explicit_max_duration_caps_the_floors_but_the_default_cap_does_not()
     assert figures["x"].stop_reason == "max_duration" and figures["x"].rounds in (10, 11)
 
 
+def test_the_default_cap_leaves_an_engine_with_long_requests_the_rounds_an_interval_needs():
+    """One request lasts 1.5 s, so 4 s of windows is 3 rounds: too few for a signed-rank
+    interval. The cap waits for the rounds; an explicit --max-duration does not."""
+    host = Host([1.0])
+    rng = np.random.default_rng(4)
+    noisy = FakeMeter("x", 1.0, host, noise=lambda: rng.lognormal(0, 0.1))
+    meters = {"identity": FakeMeter("identity", 1 / 1.5, host), "x": noisy}
+    policy = RoundPolicy(window_s=0.1, min_rounds=6, precision=1e-6)
+    figures = run_rounds(meters, settings(), "identity", policy)
+    assert figures["x"].rounds == 6 and figures["x"].speedup_ci is not None
+    assert figures["x"].stop_reason == "max_duration"
+    host.windows = 0
+    capped = run_rounds(meters, settings(max_duration_s=4.0), "identity", policy)
+    assert capped["x"].rounds < 6 and capped["x"].speedup_ci is None
+
+
 def test_an_engine_that_fails_is_dropped_and_the_rest_go_on():
     host = Host([1.0])
 
@@ -159,13 +178,14 @@ def test_the_interval_covers_95_percent_at_few_windows(k):
 
 
 def test_stability_is_judged_on_the_interval_and_names_its_cause():
-    assert assess(0.03, 5.0, 0.02).stable
+    assert assess(0.03, 5.0, None).stable
     wide = assess(0.1036, 5.0, None, what="speedup")
     assert not wide.stable and "speedup interval +-10.4% is wider than +-5%" in wide.reason
     busy = assess(0.01, 40.0)
     assert not busy.stable and "other processes used 40.0% of the CPU" in busy.reason
-    drifted = assess(0.01, 1.0, 0.3)
+    drifted = assess(0.01, 1.0, 0.12, what="speedup")
     assert not drifted.stable and "host drifted" in drifted.reason
+    assert "speedup moved +12.0% between the first and second half" in drifted.reason
     few = assess(None, 1.0)
     assert not few.stable and "too few windows" in few.reason
     assert assess(math.nan, None).stable is False
@@ -184,12 +204,45 @@ def test_a_stray_window_does_not_move_the_paired_speedup_or_widen_its_interval()
 
 
 @pytest.mark.parametrize("k", [6, 10, 20, 40])
-def test_the_median_interval_covers_at_least_95_percent(k):
+def test_the_location_interval_covers_at_least_95_percent(k):
     rng = np.random.default_rng(k)
     trials, hits = 2000, 0
     for _ in range(trials):
-        values = rng.standard_t(2, size=k)  # heavy tails, median 0
-        _, (low, high) = median_interval(values)
+        values = rng.standard_t(2, size=k)  # heavy tails, centre 0
+        _, (low, high) = location_interval(values)
         hits += low <= 0 <= high
     assert hits / trials >= 0.94
-    assert median_interval([1.0] * 5)[1] is None  # too few for a 95% interval
+    assert location_interval([1.0] * 5)[1] is None  # too few for a 95% interval
+
+
+def test_the_signed_rank_critical_values_are_the_tables():
+    # two-sided 5% critical values of Wilcoxon's T, from the published tables
+    assert [_signed_rank_k(n, 0.95) for n in (5, 6, 10, 20, 30)] == [-1, 0, 8, 52, 137]
+    # the normal approximation takes over without a jump
+    exact = _signed_rank_k(EXACT_SIGNED_RANK_N, 0.95)
+    approx = _signed_rank_k(EXACT_SIGNED_RANK_N + 1, 0.95)
+    assert 0 < approx - exact < EXACT_SIGNED_RANK_N
+
+
+def test_the_location_interval_is_narrower_than_the_sign_tests_for_the_same_rounds():
+    """The reason for Hodges-Lehmann: at 30 normal-ish ratios its interval is narrower
+    than the order statistics the sign test would take (the 10th and 21st)."""
+    rng = np.random.default_rng(3)
+    widths, sign_widths = [], []
+    for _ in range(300):
+        values = np.sort(rng.normal(0, 0.15, size=30))
+        _, (low, high) = location_interval(values)
+        widths.append(high - low)
+        sign_widths.append(values[20] - values[9])
+    assert np.median(widths) < 0.85 * np.median(sign_widths)
+
+
+def test_a_speedup_that_moves_between_the_halves_of_the_rounds_is_found():
+    base = [Window(100, 100, 1.0) for _ in range(40)]
+    rng = np.random.default_rng(2)
+    steady = [Window(1, round(150 * rng.normal(1, 0.03)), 1.0) for _ in range(40)]
+    assert moved_between_halves(steady, base) is None
+    shifted = steady[:20] + [Window(1, round(120 * rng.normal(1, 0.03)), 1.0) for _ in range(20)]
+    moved = moved_between_halves(shifted, base)
+    assert moved == pytest.approx(-0.2, abs=0.03)
+    assert moved_between_halves(steady[:8], base[:8]) is None  # too few rounds to tell
