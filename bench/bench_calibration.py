@@ -110,7 +110,7 @@ def _winners(rows: dict[tuple, dict]) -> dict[tuple, tuple[str, bool]]:
             beyond = low > 1.0
         else:
             beyond = second.get("speedup_ci_high") is not None and low > second["speedup_ci_high"]
-        out[key] = (best["compiler_label"], beyond)
+        out[key] = (best["compiler"], beyond)
     return out
 
 
