@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     hours, rest = divmod(seconds, 3600)
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
@@ -49,7 +49,7 @@ class PlainView:
 
     def start(self, estimate_s: float) -> None:
         self._write(
-            f"{self.total} cells to run; estimated time {_duration(estimate_s)} "
+            f"{self.total} cells to run; estimated time {duration(estimate_s)} "
             "(an estimate, learned from earlier runs on this host where it can)"
         )
 
@@ -74,10 +74,10 @@ class PlainView:
         left = self.left_s()
         results = ", ".join(_result(r) for r in (self.rows if rows is None else rows))
         results = results or "nothing to measure"
-        tail = f"; about {_duration(left)} left" if left is not None and left > 0 else ""
+        tail = f"; about {duration(left)} left" if left is not None and left > 0 else ""
         self._write(
             f"[{self.done}/{self.total}] {name}: {results} "
-            f"({_duration(time.monotonic() - self.began)} elapsed{tail})"
+            f"({duration(time.monotonic() - self.began)} elapsed{tail})"
         )
 
     def stop(self) -> None:
@@ -109,9 +109,9 @@ class LiveView(PlainView):
         )
         table.add_row(
             "elapsed",
-            _duration(time.monotonic() - self.began),
+            duration(time.monotonic() - self.began),
             "left",
-            "-" if left is None else f"~{_duration(left)}",
+            "-" if left is None else f"~{duration(left)}",
         )
         for line in self.last[-4:]:
             table.add_row("done", line, "", "")
@@ -119,7 +119,7 @@ class LiveView(PlainView):
 
     def start(self, estimate_s: float) -> None:
         self.console.print(
-            f"{self.total} cells to run; estimated time {_duration(estimate_s)} "
+            f"{self.total} cells to run; estimated time {duration(estimate_s)} "
             "(an estimate, learned from earlier runs on this host where it can)"
         )
         self.live.start()
