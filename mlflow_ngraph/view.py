@@ -33,10 +33,18 @@ def _result(row) -> str:
     return text
 
 
+def _opening(cells: int, estimate) -> str:
+    return (
+        f"{cells} cells to run; estimated time {duration(estimate.total_s)} "
+        "(an estimate, learned from earlier runs on this host where it can)"
+    )
+
+
 class PlainView:
     """One line per finished cell on stderr."""
 
     def __init__(self, total_cells: int, stream=None) -> None:
+        self.estimate = None  # the run's Estimate, once it starts
         self.total = total_cells
         self.done = 0
         self.began = time.monotonic()
@@ -47,11 +55,11 @@ class PlainView:
     def _write(self, text: str) -> None:
         print(text, file=self.stream or sys.stderr, flush=True)
 
-    def start(self, estimate_s: float) -> None:
-        self._write(
-            f"{self.total} cells to run; estimated time {duration(estimate_s)} "
-            "(an estimate, learned from earlier runs on this host where it can)"
-        )
+    def start(self, estimate) -> None:
+        """The run starts; ``estimate`` (:class:`~mlflow_ngraph.estimate.Estimate`) says
+        what is left from now on."""
+        self.estimate = estimate
+        self._write(_opening(self.total, estimate))
 
     def cell_started(self, name: str) -> None:
         self.current = {"cell": name, "batch": None, "phase": "start"}
@@ -64,6 +72,8 @@ class PlainView:
         self.rows.append(row)
 
     def left_s(self) -> float | None:
+        if self.estimate is not None:
+            return self.estimate.left_s()
         if not self.done:
             return None
         return (time.monotonic() - self.began) / self.done * (self.total - self.done)
@@ -117,11 +127,9 @@ class LiveView(PlainView):
             table.add_row("done", line, "", "")
         return table
 
-    def start(self, estimate_s: float) -> None:
-        self.console.print(
-            f"{self.total} cells to run; estimated time {duration(estimate_s)} "
-            "(an estimate, learned from earlier runs on this host where it can)"
-        )
+    def start(self, estimate) -> None:
+        self.estimate = estimate
+        self.console.print(_opening(self.total, estimate))
         self.live.start()
 
     def _refresh(self) -> None:
