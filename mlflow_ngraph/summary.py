@@ -67,8 +67,10 @@ def winners(rows) -> list[dict[str, Any]]:
     """Per model and batch size, the fastest valid (status OK) row that is not the baseline,
     with its lead over the next-fastest valid row of any compiler (the baseline included):
     ``beyond`` is True when the two 95% intervals separate, False when they overlap and None
-    when either was not measured; ``stable`` is False when the winner, the next row or the
-    baseline (its speedup's denominator) was judged UNSTABLE. Rows carry ``label``."""
+    when either was not measured; ``stable`` is the winner row's own mark (the one the
+    summary shows for that row: a paired speedup's mark already holds its baseline's noise);
+    ``unstable`` names which of the winner, the next row and the baseline were judged
+    UNSTABLE. Rows carry ``label``."""
     groups: dict[tuple[str, int], list[Any]] = {}
     for r in rows:
         if r.status == "OK" and r.throughput is not None:
@@ -89,9 +91,6 @@ def winners(rows) -> list[dict[str, Any]]:
             for role, r in (("own", best), ("next", second), ("baseline", baseline))
             if r is not None and getattr(r, "stable", None) is False
         ]
-        judged = [
-            r.stable for r in (best, second, baseline) if getattr(r, "stable", None) is not None
-        ]
         out.append(
             {
                 "model": model,
@@ -104,7 +103,7 @@ def winners(rows) -> list[dict[str, Any]]:
                 if second is not None and second.throughput
                 else None,
                 "beyond": beyond,
-                "stable": False if False in judged else (True if judged else None),
+                "stable": getattr(best, "stable", None),
                 "unstable": unstable,
             }
         )
@@ -130,7 +129,9 @@ def _beyond(best, second) -> bool | None:
 
 def _winners_table(best: list[dict[str, Any]]) -> str:
     def noise(w: dict[str, Any]) -> str:
-        return {True: "beyond noise", False: "within noise", None: "-"}[w["beyond"]]
+        verdict = {True: "beyond noise", False: "within noise", None: "-"}[w["beyond"]]
+        others = [role for role in w.get("unstable", ()) if role != "own"]
+        return verdict + (f" ({' and '.join(others)} UNSTABLE)" if others else "")
 
     return format_table(
         [
@@ -154,8 +155,7 @@ def _winners_table(best: list[dict[str, Any]]) -> str:
                 w["next"] or "-",
                 f"{w['lead']:.2f}x" if w["lead"] is not None else "-",
                 noise(w),
-                _stability(w["stable"])
-                + (f" ({', '.join(w['unstable'])})" if w.get("unstable") else ""),
+                _stability(w["stable"]),
             ]
             for w in best
         ],
