@@ -125,6 +125,10 @@ LAZY_COMMANDS = {
         "mlflow_ngraph.cluster.commands:sync_command",
         "Send results measured while the tracking store was unreachable, exactly once.",
     ),
+    "cache": (
+        "mlflow_ngraph.cache:cache_command",
+        "Show the size of the engine and export caches, or prune them.",
+    ),
     "sweep": (
         "mlflow_ngraph.cluster.commands:sweep_command",
         "Benchmark every device of a sweep spec on a Ray cluster; compare them at the end.",
