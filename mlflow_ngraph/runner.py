@@ -24,6 +24,7 @@ from typing import Any
 
 from mlflow_ngraph import faultpoint
 from mlflow_ngraph import metrics as M
+from mlflow_ngraph.cells import Cell
 from mlflow_ngraph.compilers.base import Compiler
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
@@ -55,25 +56,6 @@ log = logging.getLogger(__name__)
 ISOLATION_MODES = ("process", "none")
 #: default of ``--cell-timeout``: generous enough for a TVM tuning of a large model
 DEFAULT_CELL_TIMEOUT_S = 1800.0
-
-
-@dataclass
-class Cell:
-    """One device x model x compiler x flags combination, measured at every batch size."""
-
-    model: ModelSpec
-    compiler: Compiler
-    flags: dict[str, Any]
-    key: str
-    #: the short name of its MLflow run (model, compiler, the flags that tell it apart)
-    run_name: str = ""
-    #: the cell key of identity on this device and model: the baseline of its speedup
-    baseline: str = ""
-
-    @property
-    def name(self) -> str:
-        flags = ",".join(f"{k}={v}" for k, v in sorted(self.flags.items()) if v is not None)
-        return f"{self.model.label}/{self.compiler.name}" + (f"[{flags}]" if flags else "")
 
 
 @dataclass

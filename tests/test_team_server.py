@@ -185,8 +185,8 @@ def test_eight_concurrent_benchmark_clients_lose_nothing(server, tmp_path):
     has every param and every batch size's metrics."""
     from mlflow.tracking import MlflowClient
 
-    from mlflow_ngraph.cluster import ENV_DEVICE_NAME
     from mlflow_ngraph.tracking import schema as S
+    from mlflow_ngraph.variables import ENV_DEVICE_NAME
 
     url, _ = server
     procs = []

@@ -27,10 +27,10 @@ from typing import Any
 
 import yaml
 
-from mlflow_ngraph.cluster import ENV_DEVICE_NAME, ENV_SWEEP_ID
 from mlflow_ngraph.cluster.spec import SweepDevice, SweepSpec
 from mlflow_ngraph.errors import NgraphError, StoreAway
 from mlflow_ngraph.tracking.mlflow_log import redact_uri
+from mlflow_ngraph.variables import ENV_DEVICE_NAME, ENV_SWEEP_ID
 from mlflow_ngraph.view import duration
 
 log = logging.getLogger(__name__)
