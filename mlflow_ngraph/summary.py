@@ -162,6 +162,25 @@ def _winners_table(best: list[dict[str, Any]]) -> str:
     )
 
 
+#: the summary's columns, one per figure of a row
+SUMMARY_HEADERS = [
+    "model",
+    "compiler",
+    "bs",
+    "samples/s",
+    "95% CI",
+    "p50 ms",
+    "CPU %",
+    "speedup",
+    "speedup CI",
+    "drift %",
+    "compile s",
+    "status",
+    "stable",
+    "note",
+]
+
+
 def format_summary(rows, spec, experiment: str | None = None) -> str:
     """One line per model x compiler setting x batch size, identity's speedup alongside,
     then the fastest valid compiler per model and batch size.
@@ -169,50 +188,7 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
     ``experiment`` is the experiment the results went to (under ``mlflow run`` that of the
     project run), the spec's by default.
     """
-    differing = differing_flags((r.compiler, getattr(r, "flags", {}) or {}) for r in rows)
-    for r in rows:
-        r.label = compiler_label(
-            r.compiler, getattr(r, "flags", {}) or {}, differing.get(r.compiler, ())
-        )
-    headers = [
-        "model",
-        "compiler",
-        "bs",
-        "samples/s",
-        "95% CI",
-        "p50 ms",
-        "CPU %",
-        "speedup",
-        "speedup CI",
-        "drift %",
-        "compile s",
-        "status",
-        "stable",
-        "note",
-    ]
-    table = []
-    for r in rows:
-        note = r.note + (" (resumed)" if r.skipped else "")
-        table.append(
-            [
-                r.model,
-                r.label,
-                r.batch_size,
-                _num(r.throughput),
-                _interval(getattr(r, "ci_low", None), getattr(r, "ci_high", None)),
-                _num(r.latency_p50_ms, 2),
-                _num(r.cpu_percent),
-                _num(r.speedup, 2),
-                _interval(
-                    getattr(r, "speedup_ci_low", None), getattr(r, "speedup_ci_high", None), 2
-                ),
-                _num(100 * r.drift if getattr(r, "drift", None) is not None else None),
-                _num(r.compile_s, 2),
-                r.status,
-                _stability(getattr(r, "stable", None)),
-                note[:80],
-            ]
-        )
+    _label(rows)
     title = (
         f"device {spec.device}, scenario {spec.measure.scenario}, "
         f"experiment {experiment or spec.experiment!r}"
@@ -221,7 +197,7 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
     for r in rows:
         counts[r.status] = counts.get(r.status, 0) + 1
     footer = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    out = [title, format_table(headers, table), footer]
+    out = [title, format_table(SUMMARY_HEADERS, [_summary_row(r) for r in rows]), footer]
     unstable = sum(1 for r in rows if getattr(r, "stable", None) is False)
     if unstable:
         out.append(
@@ -240,3 +216,33 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
             "separate)",
         ]
     return "\n".join(out)
+
+
+def _label(rows) -> None:
+    """Give each row its ``label``: the compiler and the flags that tell its settings apart."""
+    differing = differing_flags((r.compiler, getattr(r, "flags", {}) or {}) for r in rows)
+    for r in rows:
+        r.label = compiler_label(
+            r.compiler, getattr(r, "flags", {}) or {}, differing.get(r.compiler, ())
+        )
+
+
+def _summary_row(r) -> list[Any]:
+    """A row's cells under :data:`SUMMARY_HEADERS`."""
+    drift = getattr(r, "drift", None)
+    return [
+        r.model,
+        r.label,
+        r.batch_size,
+        _num(r.throughput),
+        _interval(getattr(r, "ci_low", None), getattr(r, "ci_high", None)),
+        _num(r.latency_p50_ms, 2),
+        _num(r.cpu_percent),
+        _num(r.speedup, 2),
+        _interval(getattr(r, "speedup_ci_low", None), getattr(r, "speedup_ci_high", None), 2),
+        _num(100 * drift if drift is not None else None),
+        _num(r.compile_s, 2),
+        r.status,
+        _stability(getattr(r, "stable", None)),
+        (r.note + (" (resumed)" if r.skipped else ""))[:80],
+    ]
