@@ -251,12 +251,7 @@ def run_sweep(
         loopback_only()
     cluster = start_local_cluster(sweep.devices, node_homes) if local else None
     try:
-        ray.init(
-            address=cluster.address if cluster else (address or "auto"),
-            log_to_driver=False,
-            include_dashboard=False if loopback else None,
-            _node_ip_address="127.0.0.1" if loopback else None,
-        )
+        _connect(cluster.address if cluster else (address or "auto"), loopback)
         with sigterm_interrupts():  # after ray.init, which installs handlers of its own
             echo(f"sweep {sweep_id}: {len(sweep.devices)} device(s) -> {redact_uri(tracking_uri)}")
             present = _await_devices(sweep, wait_s or 0.0, echo)
@@ -272,6 +267,18 @@ def run_sweep(
         if cluster is not None:
             cluster.shutdown()
     return outcome
+
+
+def _connect(address: str, loopback: bool) -> None:
+    """This driver joins the cluster at ``address`` (on 127.0.0.1 only with ``loopback``)."""
+    import ray
+
+    ray.init(
+        address=address,
+        log_to_driver=False,
+        include_dashboard=False if loopback else None,
+        _node_ip_address="127.0.0.1" if loopback else None,
+    )
 
 
 def _submit(sweep: SweepSpec, present: set[str], outcome: SweepOutcome, sweep_id: str, uri: str):
