@@ -60,8 +60,9 @@ def format_table(
     columns = list(range(len(headers)))
     if width is None or _width([_widest(cells, i) for i in columns]) <= width:
         return _panel(cells, columns, numeric, None)
-    limits = _limits(cells, numeric)
-    panels = _panels([limits[i] for i in columns], min(keep, len(columns)), width)
+    keep = min(keep, len(columns))
+    limits = _limits(cells, numeric, keep, width)
+    panels = _panels([limits[i] for i in columns], keep, width)
     return "\n\n".join(_panel(cells, panel, numeric, limits) for panel in panels)
 
 
@@ -73,14 +74,20 @@ def _width(widths: Sequence[int]) -> int:
     return sum(widths) + len(GAP) * max(len(widths) - 1, 0)
 
 
-def _limits(cells: list[list[str]], numeric: Sequence[bool]) -> list[int]:
-    """Each column's width once wrapped: a number never wraps; text at :data:`TEXT_WRAP`;
-    a header breaks down to its longest word."""
+def _limits(cells: list[list[str]], numeric: Sequence[bool], keep: int, width: int) -> list[int]:
+    """Each column's width once wrapped. A number never wraps; a header breaks down to its
+    longest word. The naming columns keep their text whole unless they fill most of a
+    panel; another text column wraps to what a panel leaves beside them, at least
+    :data:`TEXT_WRAP`."""
+    natural = [max((len(row[i]) for row in cells[1:]), default=0) for i in range(len(numeric))]
+    if _width(natural[:keep]) > width * 0.6:
+        natural[:keep] = [
+            n if numeric[i] else min(n, TEXT_WRAP) for i, n in enumerate(natural[:keep])
+        ]
+    room = max(TEXT_WRAP, width - _width(natural[:keep]) - len(GAP))
     out = []
     for i, is_number in enumerate(numeric):
-        values = max((len(row[i]) for row in cells[1:]), default=0)
-        if not is_number:
-            values = min(values, TEXT_WRAP)
+        values = natural[i] if is_number or i < keep else min(natural[i], room)
         words = max(len(w) for w in _header_words(cells[0][i]))
         out.append(max(values, words, 1))
     return out

@@ -38,7 +38,7 @@ HTML_MAX_ROWS = 2000
 
 #: on a terminal: the columns that name a row, repeated in each panel of a table wider than
 #: the terminal, and the columns that answer the question, first after them
-KEY_COLUMNS = {"cells": 4, "families": 3, "depth": 4, "compile": 2, "flips": 3}
+KEY_COLUMNS = {"cells": 4, "families": 3, "depth": 4, "compile": 2, "flips": 5}
 FIRST = {"cells": ("throughput", "speedup", "stability", "status")}
 #: shorter headers on a terminal (the names stay in CSV, JSON and markdown)
 SHORT = {"batch_size": "bs"}
