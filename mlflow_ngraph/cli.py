@@ -125,6 +125,10 @@ LAZY_COMMANDS = {
         "mlflow_ngraph.cluster.commands:sync_command",
         "Send results measured while the tracking store was unreachable, exactly once.",
     ),
+    "cache": (
+        "mlflow_ngraph.cache:cache_command",
+        "Show the size of the engine and export caches, or prune them.",
+    ),
     "sweep": (
         "mlflow_ngraph.cluster.commands:sweep_command",
         "Benchmark every device of a sweep spec on a Ray cluster; compare them at the end.",
@@ -263,68 +267,32 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
 )
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
-def benchmark(
-    spec_file,
-    device,
-    models,
-    compilers,
-    batch_sizes,
-    scenario,
-    warmup,
-    repetitions,
-    min_duration,
-    max_duration,
-    tolerance,
-    atol,
-    rtol,
-    experiment,
-    tracking_uri,
-    home,
-    retry_failed,
-    no_engine_artifacts,
-    log_models,
-    isolation,
-    cell_timeout,
-    max_interval,
-    precision,
-    max_other_cpu,
-    stable_retries,
-    verbose,
-    quiet,
-) -> None:
+def benchmark(**o: Any) -> None:
     """Compile and measure models x compilers x batch sizes on this device."""
-    _setup_logging(-1 if quiet else verbose)
+    _setup_logging(-1 if o["quiet"] else o["verbose"])
     from mlflow_ngraph.config import load_spec_file, parse_batch_sizes
 
-    file_data = load_spec_file(resolve_spec_path(spec_file)) if spec_file else {}
+    file_data = load_spec_file(resolve_spec_path(o["spec_file"])) if o["spec_file"] else {}
+    passed = ("device", "scenario", "warmup", "repetitions", "min_duration", "max_duration",
+              "tolerance", "atol", "rtol", "experiment", "tracking_uri")  # fmt: skip
     data = merge_options(
         file_data,
-        device=device,
-        models=_split_multi(models),
-        compilers=_split_multi(compilers),
-        batch_sizes=parse_batch_sizes(batch_sizes) if batch_sizes else None,
-        scenario=scenario,
-        warmup=warmup,
-        repetitions=repetitions,
-        min_duration=min_duration,
-        max_duration=max_duration,
-        tolerance=tolerance,
-        atol=atol,
-        rtol=rtol,
-        experiment=experiment,
-        tracking_uri=tracking_uri,
-        log_engines=False if no_engine_artifacts else None,
-        log_models=True if log_models else None,
+        **{name: o[name] for name in passed},
+        models=_split_multi(o["models"]),
+        compilers=_split_multi(o["compilers"]),
+        batch_sizes=parse_batch_sizes(o["batch_sizes"]) if o["batch_sizes"] else None,
+        log_engines=False if o["no_engine_artifacts"] else None,
+        log_models=True if o["log_models"] else None,
     )
     _run(
         data,
-        home,
-        retry_failed,
-        isolation,
-        cell_timeout,
-        stability=(max_interval, max_other_cpu, stable_retries, precision),
-        quiet=quiet,
-        experiment_explicit=experiment is not None,
+        o["home"],
+        o["retry_failed"],
+        o["isolation"],
+        o["cell_timeout"],
+        stability=(o["max_interval"], o["max_other_cpu"], o["stable_retries"], o["precision"]),
+        quiet=o["quiet"],
+        experiment_explicit=o["experiment"] is not None,
     )
 
 
@@ -343,53 +311,22 @@ def _run(
     ``stability`` is (the widest relative half-width of a STABLE figure's interval, percent
     of the CPU other processes may use, retries of an UNSTABLE batch size, the stop rule's
     target half-width)."""
-    from mlflow_ngraph.config import build_spec, check_home, check_tracking_uri
-    from mlflow_ngraph.runner import Runner, plan
+    from mlflow_ngraph.runner import Runner
     from mlflow_ngraph.summary import format_summary
-    from mlflow_ngraph.tracking.mlflow_log import redact, resolve_tracking_uri
+    from mlflow_ngraph.tracking.mlflow_log import redact
     from mlflow_ngraph.view import make_view
 
-    spec = build_spec(data)
-    if not (math.isfinite(cell_timeout) and cell_timeout > 0):
-        raise NgraphError(
-            f"cell-timeout must be a finite number of seconds > 0, got {cell_timeout}"
-        )
+    _check_run_options(cell_timeout, stability)
     max_interval, max_other_cpu, stable_retries, precision = stability
-    if not (math.isfinite(max_interval) and 0 < max_interval < 1):
-        raise NgraphError(f"max-interval must be a fraction in (0, 1), got {max_interval}")
-    if not (math.isfinite(precision) and 0 < precision < 1):
-        raise NgraphError(f"precision must be a fraction in (0, 1), got {precision}")
-    if not (math.isfinite(max_other_cpu) and 0 <= max_other_cpu <= 100):
-        raise NgraphError(f"max-other-cpu must be a percent in 0..100, got {max_other_cpu}")
-    if stable_retries < 0:
-        raise NgraphError(f"stable-retries must be >= 0, got {stable_retries}")
     home = home or default_home()
-    check_home(home)
-    work = plan(spec, home)
-    uri = resolve_tracking_uri(spec.tracking_uri)
-    check_tracking_uri(uri)
-    log.info(
-        "benchmarking %d model(s) x %d compiler(s) x batch sizes %s on %s -> %s",
-        len(spec.models),
-        len(work.cells) // max(len(spec.models), 1),
-        ",".join(map(str, spec.batch_sizes)),
-        spec.device,
-        redact(uri),
-    )
+    work, uri = _plan(data, home)
+    spec = work.spec
     runner = Runner(
-        work,
-        uri,
-        home,
-        retry_failed=retry_failed,
-        isolation=isolation,
-        cell_timeout_s=cell_timeout,
-        max_interval=max_interval,
-        max_other_cpu=max_other_cpu,
-        stable_retries=stable_retries,
-        precision=precision,
-        view=make_view(len(work.cells), quiet),
-        experiment_explicit=experiment_explicit,
-    )
+        work, uri, home, retry_failed=retry_failed, isolation=isolation,
+        cell_timeout_s=cell_timeout, max_interval=max_interval, max_other_cpu=max_other_cpu,
+        stable_retries=stable_retries, precision=precision,
+        view=make_view(len(work.cells), quiet), experiment_explicit=experiment_explicit,
+    )  # fmt: skip
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         rows = runner.run()
@@ -407,6 +344,49 @@ def _run(
             f"runs: mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1 --port 5000, "
             f"then {page}?workflowType=machine_learning"
         )
+
+
+def _plan(data: dict[str, Any], home: Path):
+    """The validated plan of ``data`` and the tracking URI it goes to, said in one line.
+
+    Raises:
+        NgraphError: a bad setting, a home or store that cannot be used."""
+    from mlflow_ngraph.config import build_spec, check_home, check_tracking_uri
+    from mlflow_ngraph.runner import plan
+    from mlflow_ngraph.tracking.mlflow_log import redact, resolve_tracking_uri
+
+    spec = build_spec(data)
+    check_home(home)
+    work = plan(spec, home)
+    uri = resolve_tracking_uri(spec.tracking_uri)
+    check_tracking_uri(uri)
+    log.info(
+        "benchmarking %d model(s) x %d compiler(s) x batch sizes %s on %s -> %s",
+        len(spec.models),
+        len(work.cells) // max(len(spec.models), 1),
+        ",".join(map(str, spec.batch_sizes)),
+        spec.device,
+        redact(uri),
+    )
+    return work, uri
+
+
+def _check_run_options(cell_timeout: float, stability: tuple[float, float, int, float]) -> None:
+    """Raises:
+    NgraphError: a cell timeout or a stability setting out of its range."""
+    if not (math.isfinite(cell_timeout) and cell_timeout > 0):
+        raise NgraphError(
+            f"cell-timeout must be a finite number of seconds > 0, got {cell_timeout}"
+        )
+    max_interval, max_other_cpu, stable_retries, precision = stability
+    if not (math.isfinite(max_interval) and 0 < max_interval < 1):
+        raise NgraphError(f"max-interval must be a fraction in (0, 1), got {max_interval}")
+    if not (math.isfinite(precision) and 0 < precision < 1):
+        raise NgraphError(f"precision must be a fraction in (0, 1), got {precision}")
+    if not (math.isfinite(max_other_cpu) and 0 <= max_other_cpu <= 100):
+        raise NgraphError(f"max-other-cpu must be a percent in 0..100, got {max_other_cpu}")
+    if stable_retries < 0:
+        raise NgraphError(f"stable-retries must be >= 0, got {stable_retries}")
 
 
 def _interrupt(signum, frame) -> None:
@@ -469,58 +449,44 @@ def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) 
 @click.option("--home", type=click.Path(path_type=Path))
 @click.option("--retry-failed", is_flag=True)
 @click.option("-v", "--verbose", count=True)
-def blocks(
-    device,
-    kinds,
-    widths,
-    depths,
-    batch_sizes,
-    small,
-    compilers,
-    scenario,
-    warmup,
-    repetitions,
-    min_duration,
-    experiment,
-    tracking_uri,
-    home,
-    retry_failed,
-    verbose,
-) -> None:
+def blocks(**o: Any) -> None:
     """Run the depth x width x batch grid of conv_block and mha_block (Tables VII/VIII)."""
-    _setup_logging(verbose)
+    _setup_logging(o["verbose"])
     from mlflow_ngraph.config import parse_batch_sizes
 
-    kind_list = [k for k in kinds.replace(" ", ",").split(",") if k]
+    small = o["small"]
+    models = _block_grid(o["kinds"], o["widths"], o["depths"], small)
+    sizes = (
+        parse_batch_sizes(o["batch_sizes"])
+        if o["batch_sizes"]
+        else (SMALL_BATCH_SIZES if small else BLOCK_BATCH_SIZES)
+    )
+    measure = {name: o[name] for name in SMALL_MEASURE}
+    if small:  # the small grid's settings, where the command line gives none
+        measure = {k: SMALL_MEASURE[k] if v is None else v for k, v in measure.items()}
+    data = merge_options(
+        {},
+        **measure,
+        device=o["device"],
+        models=models,
+        compilers=_split_multi(o["compilers"]),
+        batch_sizes=sizes,
+        scenario=o["scenario"],
+        experiment=o["experiment"],
+        tracking_uri=o["tracking_uri"],
+    )
+    _run(data, o["home"], o["retry_failed"])
+
+
+def _block_grid(kinds: str, widths: str | None, depths: str | None, small: bool) -> list[dict]:
+    """The model entries of the blocks' grid (``--small``: its smaller widths and depths)."""
     width_list = _int_list(widths, "widths")
     depth_list = _int_list(depths, "depths") or (SMALL_DEPTHS if small else BLOCK_DEPTHS)
     models = []
-    for kind in kind_list:
+    for kind in [k for k in kinds.replace(" ", ",").split(",") if k]:
         kind_widths = width_list or (SMALL_WIDTHS.get(kind) if small else None)
         models += block_models([kind], kind_widths, depth_list)
-    sizes = (
-        parse_batch_sizes(batch_sizes)
-        if batch_sizes
-        else (SMALL_BATCH_SIZES if small else BLOCK_BATCH_SIZES)
-    )
-    if small:
-        warmup = SMALL_MEASURE["warmup"] if warmup is None else warmup
-        repetitions = SMALL_MEASURE["repetitions"] if repetitions is None else repetitions
-        min_duration = SMALL_MEASURE["min_duration"] if min_duration is None else min_duration
-    data = merge_options(
-        {},
-        device=device,
-        models=models,
-        compilers=_split_multi(compilers),
-        batch_sizes=sizes,
-        scenario=scenario,
-        warmup=warmup,
-        repetitions=repetitions,
-        min_duration=min_duration,
-        experiment=experiment,
-        tracking_uri=tracking_uri,
-    )
-    _run(data, home, retry_failed)
+    return models
 
 
 @cli.command("compilers")

@@ -307,14 +307,7 @@ def build_spec(data: dict[str, Any]) -> Spec:
     for name, value in (("atol", atol), ("rtol", rtol)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise NgraphError(f"{name} must be a finite number >= 0, got {value}")
-    experiment = str(data.get("experiment") or "mlflow-ngraph")
-    if not experiment.strip():
-        raise NgraphError("experiment name is blank: give --experiment a name, or leave it out")
-    if len(experiment) > MAX_EXPERIMENT_NAME:
-        raise NgraphError(
-            f"experiment name is {len(experiment)} characters long; MLflow allows at most "
-            f"{MAX_EXPERIMENT_NAME}: choose a shorter --experiment"
-        )
+    experiment = _experiment_name(data)
     if data.get("tracking_uri"):
         check_tracking_uri(str(data["tracking_uri"]))
     return Spec(
@@ -331,6 +324,20 @@ def build_spec(data: dict[str, Any]) -> Spec:
         atol=atol,
         rtol=rtol,
     )
+
+
+def _experiment_name(data: dict[str, Any]) -> str:
+    """Raises:
+    NgraphError: a blank name, or one longer than MLflow takes."""
+    experiment = str(data.get("experiment") or "mlflow-ngraph")
+    if not experiment.strip():
+        raise NgraphError("experiment name is blank: give --experiment a name, or leave it out")
+    if len(experiment) > MAX_EXPERIMENT_NAME:
+        raise NgraphError(
+            f"experiment name is {len(experiment)} characters long; MLflow allows at most "
+            f"{MAX_EXPERIMENT_NAME}: choose a shorter --experiment"
+        )
+    return experiment
 
 
 def _expand_sets(models: list[ModelSpec]) -> list[ModelSpec]:

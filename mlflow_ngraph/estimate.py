@@ -1,9 +1,29 @@
-"""How long a run will take, said before it starts.
+"""How long a run will take: said before it starts, and kept up to date while it runs.
 
-Each finished (model, compiler, flags, batch size) records the wall seconds it took on this
-host (compile or cache load, output check, warm-up and measurement) in ``<home>/timings.json``.
-A run's estimate sums, over the batch sizes it still has to measure, the recorded seconds
-where they exist and a per-compiler allowance otherwise; it says how much of it is known.
+One model of the time, built on how a batch size is measured
+(:mod:`mlflow_ngraph.measure.rounds`), serves both. An item is one (model, compiler, flags,
+batch size); it costs
+
+    prepare + attempts x (warm-up + measured)
+
+- prepare: getting the engine (its compile, or a load from the engine cache), its output
+  check and first inference, plus :data:`OVERHEAD_S`;
+- measured: the engine's windows. The rounds stop once the floors are met (``--repetitions``
+  requests, ``--min-duration`` seconds, ``MIN_ROUNDS`` windows) and the figure is precise
+  enough, or at the cap (``--max-duration``, default ``MAX_S``). The floors need the seconds
+  of one request; the precision stop needs the host's noise, so an item never seen is taken
+  to reach the cap;
+- warm-up: ``--warmup`` requests;
+- attempts: 1, plus ``--stable-retries`` when the figure was UNSTABLE.
+
+What an item cost is recorded in ``<home>/timings.json`` from its result (the seconds of one
+request, the compile or load seconds, the measured seconds, the attempts), so the next run's
+estimate of it is learned rather than rough; a batch size never measured borrows the seconds
+of a request from another batch size of its model.
+
+While a run goes on, the wall time its finished items took is set against what the model
+said of them: the ratio (the host's factor: worker starts, contention, what the model does
+not count) scales what is left, and is kept for the next run's first estimate.
 """
 
 from __future__ import annotations
@@ -12,6 +32,8 @@ import json
 import logging
 import os
 import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +51,18 @@ COMPILE_ALLOWANCE_S = {
     "tvm": 90.0,
     "tensorrt": 60.0,
 }
-#: output check, first inference and model build per batch size, besides the measured window
+#: a batch size's reference outputs, output check and worker messages, besides its engine
 OVERHEAD_S = 2.0
+#: seconds to load an engine the cache holds (an item measured before on this host)
+LOAD_S = 1.0
+#: the share of items measured again as UNSTABLE when this host has no record yet (80% of
+#: the default experiment's figures were UNSTABLE on a busy 2-core host: docs/measurement.md)
+RETRY_SHARE = 0.5
+#: predicted seconds that the host factor of an earlier run weighs, against those of this run
+#: (so the first finished item does not swing the estimate alone)
+PRIOR_WEIGHT_S = 60.0
+#: the key of the host factor in the timings file
+FACTOR_KEY = "_host_factor"
 
 
 def timing_key(model: str, compiler: str, flags: dict[str, Any], batch_size: int) -> str:
@@ -38,22 +70,32 @@ def timing_key(model: str, compiler: str, flags: dict[str, Any], batch_size: int
 
 
 class Timings:
-    """The seconds each (model, compiler, flags, batch size) took on this host."""
+    """What each (model, compiler, flags, batch size) cost on this host, and the host factor."""
 
     def __init__(self, home: Path) -> None:
         self.path = Path(home) / TIMINGS_FILE
         try:
-            self.data: dict[str, float] = json.loads(self.path.read_text())
+            data = json.loads(self.path.read_text())
         except (OSError, ValueError):
-            self.data = {}
+            data = {}
+        self.data: dict[str, Any] = data if isinstance(data, dict) else {}
 
-    def get(self, key: str) -> float | None:
+    def get(self, key: str) -> dict[str, float] | None:
+        """The item's record (an older file's bare seconds are not one)."""
         value = self.data.get(key)
-        return float(value) if isinstance(value, (int, float)) else None
+        return value if isinstance(value, dict) else None
 
-    def record(self, key: str, seconds: float) -> None:
-        """Keep the latest time (atomically replaced: a kill never leaves half a file)."""
-        self.data[key] = round(float(seconds), 3)
+    def items(self) -> list[dict[str, float]]:
+        return [v for k, v in self.data.items() if isinstance(v, dict) and k != FACTOR_KEY]
+
+    @property
+    def factor(self) -> float | None:
+        value = self.data.get(FACTOR_KEY)
+        return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+    def record(self, key: str, value: dict[str, float] | float) -> None:
+        """Keep the latest (atomically replaced: a kill never leaves half a file)."""
+        self.data[key] = value
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
@@ -64,27 +106,215 @@ class Timings:
             log.debug("could not record timings: %s", exc)
 
 
-def estimate(items, measure, timings: Timings) -> tuple[float, int, int]:
-    """(seconds, items with a recorded time, items) for ``items`` of (model, compiler,
-    flags, batch size) still to measure with ``measure`` (MeasureSettings)."""
-    total, known = 0.0, 0
-    window = measure.min_duration_s
-    if measure.max_duration_s is not None:
-        window = min(window, measure.max_duration_s)
-    items = list(items)
-    for model, compiler, flags, b in items:
-        seconds = timings.get(timing_key(model, compiler, flags, b))
-        if seconds is not None:
-            known += 1
-            total += seconds
+def cost_of(record: dict) -> dict[str, float] | None:
+    """What a measured batch size's result says it cost (None for a result without the
+    figures, e.g. an old journal's)."""
+    m = record.get("metrics") or {}
+    duration, requests = m.get("duration_s"), m.get("repetitions")
+    if not duration or not requests:
+        return None
+    attempts = int((record.get("stability") or {}).get("attempts") or 1)
+    prepare = float(m.get("compile_s") or 0.0) + float(m.get("first_inference_ms") or 0.0) / 1e3
+    cost = {"request_s": duration / requests, "measured_s": float(duration), "attempts": attempts}
+    cost["load_s" if m.get("cache_hit") else "compile_s"] = round(prepare, 3)
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in cost.items()}
+
+
+@dataclass
+class Item:
+    model: str
+    compiler: str
+    flags: dict[str, Any]
+    batch_size: int
+
+    @property
+    def key(self) -> str:
+        return timing_key(self.model, self.compiler, self.flags, self.batch_size)
+
+
+@dataclass
+class Policy:
+    """What the model needs of how items are measured."""
+
+    warmup: int
+    repetitions: int
+    min_duration_s: float
+    max_duration_s: float | None = None
+    retries: int = 1
+
+    @classmethod
+    def of(cls, measure, retries: int = 1) -> Policy:
+        return cls(
+            measure.warmup,
+            measure.repetitions,
+            measure.min_duration_s,
+            measure.max_duration_s,
+            retries,
+        )
+
+    @property
+    def cap_s(self) -> float:
+        from mlflow_ngraph.measure.rounds import MAX_S
+
+        return self.max_duration_s or max(MAX_S, 2 * self.min_duration_s)
+
+    def floor_s(self, request_s: float | None) -> float:
+        """The seconds the floors need before the rounds may stop."""
+        from mlflow_ngraph.measure.rounds import MIN_ROUNDS, WINDOW_S
+
+        floor = max(self.min_duration_s, MIN_ROUNDS * WINDOW_S)
+        if request_s is None:
+            return floor
+        return max(floor, self.repetitions * request_s, MIN_ROUNDS * request_s)
+
+
+def predict(item: Item, policy: Policy, timings: Timings, learned: dict[str, dict]) -> float:
+    """Seconds ``item`` will take (before the host factor). ``learned``: this run's results
+    by item key (they come before the file's, which holds earlier runs')."""
+    return predict_all([item], policy, timings, learned)[0]
+
+
+def predict_all(items, policy: Policy, timings: Timings, learned: dict[str, dict]) -> list[float]:
+    """:func:`predict` of each of ``items``."""
+    costs = [(json.loads(k), v) for k, v in {**timings.data, **learned}.items()
+             if isinstance(v, dict) and k != FACTOR_KEY and "request_s" in v]  # fmt: skip
+    retry_share = _retry_share(timings)
+    return [_predict(i, policy, timings, learned, costs, retry_share) for i in items]
+
+
+def _predict(item: Item, policy: Policy, timings, learned, costs, retry_share) -> float:
+    known = learned.get(item.key) or timings.get(item.key)
+    request_s = known.get("request_s") if known else _borrowed_request_s(item, costs)
+    floor = policy.floor_s(request_s)
+    cap = policy.cap_s
+    if known:
+        prepare = known.get("load_s", min(known.get("compile_s", LOAD_S), LOAD_S))
+        measured = max(floor, min(cap, known.get("measured_s", cap)))
+        attempts = 1 + min(known.get("attempts", 1) - 1, policy.retries)
+    else:
+        prepare = COMPILE_ALLOWANCE_S.get(item.compiler, max(COMPILE_ALLOWANCE_S.values()))
+        if item.compiler == "tvm":
+            prepare += 3.0 * float(item.flags.get("trials") or 0)
+        measured = max(floor, cap)
+        attempts = 1 + policy.retries * retry_share
+    warm = policy.warmup * (request_s if request_s is not None else measured / policy.repetitions)
+    return prepare + OVERHEAD_S + attempts * (warm + measured)
+
+
+def _borrowed_request_s(item: Item, costs) -> float | None:
+    """The seconds of one request at ``item``'s batch size from another batch size of the
+    same model and compiler (scaled by the batch: a conservative guess), else from another
+    compiler of the model at the same batch size, else at another (scaled). ``costs``:
+    ((model, compiler, flags, batch size), cost) of what is known."""
+    flags = json.loads(json.dumps(sorted(item.flags.items()), default=str))
+    same_cell, same_batch, same_model = [], [], []
+    for (model, compiler, other_flags, b), value in costs:
+        if model != item.model:
             continue
-        allowance = COMPILE_ALLOWANCE_S.get(compiler, max(COMPILE_ALLOWANCE_S.values()))
-        if compiler == "tvm":
-            allowance += 3.0 * float(flags.get("trials") or 0)
-        # the warm-up and the window: warm-up repetitions take about what measured ones do
-        warmup_share = measure.warmup / max(measure.repetitions, 1)
-        total += allowance + OVERHEAD_S + window * (1 + warmup_share)
-    return total, known, len(items)
+        scaled = value["request_s"] * item.batch_size / b
+        if compiler == item.compiler and other_flags == flags:
+            same_cell.append(scaled)
+        elif b == item.batch_size:
+            same_batch.append(scaled)
+        else:
+            same_model.append(scaled)
+    found = same_cell or same_batch or same_model
+    return max(found) if found else None
+
+
+def _retry_share(timings: Timings) -> float:
+    seen = [v.get("attempts", 1) for v in timings.items()]
+    if len(seen) < 5:
+        return RETRY_SHARE
+    return sum(1 for a in seen if a > 1) / len(seen)
+
+
+@dataclass
+class Estimate:
+    """The time a run has left, from its start to its end.
+
+    Args:
+        items: (model, compiler, flags, batch size) still to measure, in the order the run
+            measures them.
+        grouped: the cells of a model are measured together, batch size by batch size (the
+            process isolation), rather than one cell after the other.
+    """
+
+    items: list[Item]
+    policy: Policy
+    timings: Timings
+    grouped: bool = True
+    learned: dict[str, dict] = field(default_factory=dict)
+    #: predicted seconds of each item (the host factor not applied), made at the start
+    predicted: dict[str, float] = field(default_factory=dict)
+    observed_s: float = 0.0  # wall seconds of the finished items
+    finished_predicted_s: float = 0.0  # what the model had said of them
+    last: float = field(default_factory=time.monotonic)  # when the last item ended
+
+    def __post_init__(self) -> None:
+        self.remaining = list(self.items)
+        self.costs = predict_all(self.items, self.policy, self.timings, self.learned)
+        self.predicted = {i.key: c for i, c in zip(self.items, self.costs)}
+
+    @classmethod
+    def of(cls, items, measure, timings: Timings, retries: int = 1, grouped: bool = True):
+        return cls([Item(*i) for i in items], Policy.of(measure, retries), timings, grouped)
+
+    @property
+    def factor(self) -> float:
+        """Wall seconds per predicted second: this run's, weighed with the last run's."""
+        prior = self.timings.factor or 1.0
+        return (self.observed_s + PRIOR_WEIGHT_S * prior) / (
+            self.finished_predicted_s + PRIOR_WEIGHT_S
+        )
+
+    @property
+    def total_s(self) -> float:
+        """The estimate of the whole run (what is said at its start)."""
+        return self.factor * sum(self.predicted[i.key] for i in self.remaining)
+
+    @property
+    def known(self) -> int:
+        return sum(1 for i in self.items if self.timings.get(i.key))
+
+    def left_s(self, now: float | None = None) -> float:
+        """Seconds left: the remaining items' predictions (re-made with what this run
+        learned) scaled by the factor, less the time the item in progress has run, but
+        never below what the items after the current group need."""
+        if not self.remaining:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        costs = self.costs
+        first = self.remaining[0]
+        current = [
+            c
+            for i, c in zip(self.remaining, costs)
+            if (i.model, i.batch_size) == (first.model, first.batch_size)
+            and (self.grouped or i is first)
+        ]
+        factor = self.factor
+        after = factor * (sum(costs) - sum(current))
+        return max(factor * sum(costs) - (now - self.last), after)
+
+    def done(self, item: Item, record: dict | None, now: float | None = None) -> None:
+        """``item`` ended (measured, or failed when ``record`` is None): its cost is learned
+        and recorded, its wall time set against its prediction."""
+        now = time.monotonic() if now is None else now
+        match = next((i for i in self.remaining if i.key == item.key), None)
+        if match is None:
+            return
+        self.remaining.remove(match)
+        self.observed_s += now - self.last
+        self.finished_predicted_s += self.predicted.get(item.key, 0.0)
+        self.last = now
+        cost = cost_of(record) if record else None
+        if cost is not None:
+            self.learned[item.key] = cost
+            self.timings.record(item.key, cost)
+        # what is left, re-priced with what this run has learned
+        self.costs = predict_all(self.remaining, self.policy, self.timings, self.learned)
+        if not self.remaining and self.finished_predicted_s > 0:
+            self.timings.record(FACTOR_KEY, round(self.factor, 3))
 
 
 def describe(seconds: float, known: int, count: int) -> str:

@@ -17,7 +17,6 @@ import hashlib
 import json
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +24,13 @@ from typing import Any
 
 from mlflow_ngraph import faultpoint
 from mlflow_ngraph import metrics as M
+from mlflow_ngraph.cells import Cell
 from mlflow_ngraph.compilers.base import Compiler
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
 from mlflow_ngraph.errors import NgraphError, host_errno, host_fault
-from mlflow_ngraph.estimate import Timings, describe, estimate, timing_key
+from mlflow_ngraph.estimate import Estimate, Item, Timings, describe
 from mlflow_ngraph.measure.rounds import PRECISION
 from mlflow_ngraph.measure.stability import MAX_INTERVAL, OTHER_CPU_THRESHOLD
 from mlflow_ngraph.models.registry import validate_model_spec
@@ -56,25 +56,6 @@ log = logging.getLogger(__name__)
 ISOLATION_MODES = ("process", "none")
 #: default of ``--cell-timeout``: generous enough for a TVM tuning of a large model
 DEFAULT_CELL_TIMEOUT_S = 1800.0
-
-
-@dataclass
-class Cell:
-    """One device x model x compiler x flags combination, measured at every batch size."""
-
-    model: ModelSpec
-    compiler: Compiler
-    flags: dict[str, Any]
-    key: str
-    #: the short name of its MLflow run (model, compiler, the flags that tell it apart)
-    run_name: str = ""
-    #: the cell key of identity on this device and model: the baseline of its speedup
-    baseline: str = ""
-
-    @property
-    def name(self) -> str:
-        flags = ",".join(f"{k}={v}" for k, v in sorted(self.flags.items()) if v is not None)
-        return f"{self.model.label}/{self.compiler.name}" + (f"[{flags}]" if flags else "")
 
 
 @dataclass
@@ -218,6 +199,7 @@ class Runner:
         #: the experiment was named on the command line (not taken from the spec file)
         self.experiment_explicit = experiment_explicit
         self.store: StoreSession | None = None  # once run() started
+        self.estimate: Estimate | None = None  # once run() has planned what is left
 
     @property
     def experiment_name(self) -> str:
@@ -275,17 +257,19 @@ class Runner:
             self._order_rows()
             return self.rows
         self.store.start(environment(self.profile.name, self.profile.kind, self.home))
-        self.timings = Timings(self.home)
         todo = [
             (cell.model.label, cell.compiler.name, cell.flags, b)
             for cell in self.plan.cells
             for b in self._pending(cell)
         ]
-        seconds, known, count = estimate(todo, self.spec.measure, self.timings)
+        self.estimate = Estimate.of(
+            todo, self.spec.measure, Timings(self.home), self.stable_retries,
+            grouped=self.isolation == "process",
+        )  # fmt: skip
         if todo:
-            log.info(describe(seconds, known, count))
+            log.info(describe(self.estimate.total_s, self.estimate.known, len(todo)))
         if self.view:
-            self.view.start(seconds)
+            self.view.start(self.estimate)
         try:
             for model_spec in self.spec.models:
                 self._run_model(model_spec, [c for c in self.plan.cells if c.model is model_spec])
@@ -421,12 +405,7 @@ class Runner:
             elif kind == "record":
                 b, record = payload
                 outcome.seen.add(b)
-                now = time.perf_counter()
-                self.timings.record(
-                    timing_key(cell.model.label, cell.compiler.name, cell.flags, b),
-                    now - outcome.last,
-                )
-                outcome.last = now
+                self._item_done(cell, b, record)
                 self.journal.measured(cell.key, b, record)
                 faultpoint.point("journal_measured")
                 self._log_record(cell, b, record)
@@ -436,6 +415,12 @@ class Runner:
                 self._failed(cell, b, reason)
 
         return on_event
+
+    def _item_done(self, cell: Cell, b: int, record: dict | None) -> None:
+        """What a batch size cost goes to the estimate (``record`` None: it failed)."""
+        if self.estimate is not None:
+            item = Item(cell.model.label, cell.compiler.name, cell.flags, b)
+            self.estimate.done(item, record)
 
     def _task(self, cell: Cell, pending: list[int]) -> CellTask:
         return CellTask(
@@ -530,6 +515,7 @@ class Runner:
         did (a full disk, a read-only home, no memory), it stays pending for a plain re-run
         and the invocation ends with one line that says so."""
         status = S.STATUS_FAILED
+        self._item_done(cell, b, None)
         if host_errno(reason) is not None:
             status = S.STATUS_HOST_FAILED
             log.warning("%s bs%d not measured, the host failed: %s", cell.name, b, reason)
@@ -605,8 +591,6 @@ class _Outcome:
     info: dict[str, Any] | None = None  # the built model, once the worker said
     seen: set[int] = field(default_factory=set)  # batch sizes with a record or a failure
     death: str | None = None  # why the worker ended before finishing, if it did
-    #: when the last record (or the dispatch) came: a batch size's wall time on this host
-    last: float = field(default_factory=time.perf_counter)
 
 
 def _row_of(row: Row, cell: Cell) -> bool:

@@ -67,8 +67,10 @@ def winners(rows) -> list[dict[str, Any]]:
     """Per model and batch size, the fastest valid (status OK) row that is not the baseline,
     with its lead over the next-fastest valid row of any compiler (the baseline included):
     ``beyond`` is True when the two 95% intervals separate, False when they overlap and None
-    when either was not measured; ``stable`` is False when the winner, the next row or the
-    baseline (its speedup's denominator) was judged UNSTABLE. Rows carry ``label``."""
+    when either was not measured; ``stable`` is the winner row's own mark (the one the
+    summary shows for that row: a paired speedup's mark already holds its baseline's noise);
+    ``unstable`` names which of the winner, the next row and the baseline were judged
+    UNSTABLE. Rows carry ``label``."""
     groups: dict[tuple[str, int], list[Any]] = {}
     for r in rows:
         if r.status == "OK" and r.throughput is not None:
@@ -89,9 +91,6 @@ def winners(rows) -> list[dict[str, Any]]:
             for role, r in (("own", best), ("next", second), ("baseline", baseline))
             if r is not None and getattr(r, "stable", None) is False
         ]
-        judged = [
-            r.stable for r in (best, second, baseline) if getattr(r, "stable", None) is not None
-        ]
         out.append(
             {
                 "model": model,
@@ -104,7 +103,7 @@ def winners(rows) -> list[dict[str, Any]]:
                 if second is not None and second.throughput
                 else None,
                 "beyond": beyond,
-                "stable": False if False in judged else (True if judged else None),
+                "stable": getattr(best, "stable", None),
                 "unstable": unstable,
             }
         )
@@ -130,7 +129,9 @@ def _beyond(best, second) -> bool | None:
 
 def _winners_table(best: list[dict[str, Any]]) -> str:
     def noise(w: dict[str, Any]) -> str:
-        return {True: "beyond noise", False: "within noise", None: "-"}[w["beyond"]]
+        verdict = {True: "beyond noise", False: "within noise", None: "-"}[w["beyond"]]
+        others = [role for role in w.get("unstable", ()) if role != "own"]
+        return verdict + (f" ({' and '.join(others)} UNSTABLE)" if others else "")
 
     return format_table(
         [
@@ -154,12 +155,30 @@ def _winners_table(best: list[dict[str, Any]]) -> str:
                 w["next"] or "-",
                 f"{w['lead']:.2f}x" if w["lead"] is not None else "-",
                 noise(w),
-                _stability(w["stable"])
-                + (f" ({', '.join(w['unstable'])})" if w.get("unstable") else ""),
+                _stability(w["stable"]),
             ]
             for w in best
         ],
     )
+
+
+#: the summary's columns, one per figure of a row
+SUMMARY_HEADERS = [
+    "model",
+    "compiler",
+    "bs",
+    "samples/s",
+    "95% CI",
+    "p50 ms",
+    "CPU %",
+    "speedup",
+    "speedup CI",
+    "drift %",
+    "compile s",
+    "status",
+    "stable",
+    "note",
+]
 
 
 def format_summary(rows, spec, experiment: str | None = None) -> str:
@@ -169,50 +188,7 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
     ``experiment`` is the experiment the results went to (under ``mlflow run`` that of the
     project run), the spec's by default.
     """
-    differing = differing_flags((r.compiler, getattr(r, "flags", {}) or {}) for r in rows)
-    for r in rows:
-        r.label = compiler_label(
-            r.compiler, getattr(r, "flags", {}) or {}, differing.get(r.compiler, ())
-        )
-    headers = [
-        "model",
-        "compiler",
-        "bs",
-        "samples/s",
-        "95% CI",
-        "p50 ms",
-        "CPU %",
-        "speedup",
-        "speedup CI",
-        "drift %",
-        "compile s",
-        "status",
-        "stable",
-        "note",
-    ]
-    table = []
-    for r in rows:
-        note = r.note + (" (resumed)" if r.skipped else "")
-        table.append(
-            [
-                r.model,
-                r.label,
-                r.batch_size,
-                _num(r.throughput),
-                _interval(getattr(r, "ci_low", None), getattr(r, "ci_high", None)),
-                _num(r.latency_p50_ms, 2),
-                _num(r.cpu_percent),
-                _num(r.speedup, 2),
-                _interval(
-                    getattr(r, "speedup_ci_low", None), getattr(r, "speedup_ci_high", None), 2
-                ),
-                _num(100 * r.drift if getattr(r, "drift", None) is not None else None),
-                _num(r.compile_s, 2),
-                r.status,
-                _stability(getattr(r, "stable", None)),
-                note[:80],
-            ]
-        )
+    _label(rows)
     title = (
         f"device {spec.device}, scenario {spec.measure.scenario}, "
         f"experiment {experiment or spec.experiment!r}"
@@ -221,7 +197,7 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
     for r in rows:
         counts[r.status] = counts.get(r.status, 0) + 1
     footer = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    out = [title, format_table(headers, table), footer]
+    out = [title, format_table(SUMMARY_HEADERS, [_summary_row(r) for r in rows]), footer]
     unstable = sum(1 for r in rows if getattr(r, "stable", None) is False)
     if unstable:
         out.append(
@@ -240,3 +216,33 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
             "separate)",
         ]
     return "\n".join(out)
+
+
+def _label(rows) -> None:
+    """Give each row its ``label``: the compiler and the flags that tell its settings apart."""
+    differing = differing_flags((r.compiler, getattr(r, "flags", {}) or {}) for r in rows)
+    for r in rows:
+        r.label = compiler_label(
+            r.compiler, getattr(r, "flags", {}) or {}, differing.get(r.compiler, ())
+        )
+
+
+def _summary_row(r) -> list[Any]:
+    """A row's cells under :data:`SUMMARY_HEADERS`."""
+    drift = getattr(r, "drift", None)
+    return [
+        r.model,
+        r.label,
+        r.batch_size,
+        _num(r.throughput),
+        _interval(getattr(r, "ci_low", None), getattr(r, "ci_high", None)),
+        _num(r.latency_p50_ms, 2),
+        _num(r.cpu_percent),
+        _num(r.speedup, 2),
+        _interval(getattr(r, "speedup_ci_low", None), getattr(r, "speedup_ci_high", None), 2),
+        _num(100 * drift if drift is not None else None),
+        _num(r.compile_s, 2),
+        r.status,
+        _stability(getattr(r, "stable", None)),
+        (r.note + (" (resumed)" if r.skipped else ""))[:80],
+    ]

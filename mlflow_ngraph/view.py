@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     hours, rest = divmod(seconds, 3600)
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
@@ -33,10 +33,18 @@ def _result(row) -> str:
     return text
 
 
+def _opening(cells: int, estimate) -> str:
+    return (
+        f"{cells} cells to run; estimated time {duration(estimate.total_s)} "
+        "(an estimate, learned from earlier runs on this host where it can)"
+    )
+
+
 class PlainView:
     """One line per finished cell on stderr."""
 
     def __init__(self, total_cells: int, stream=None) -> None:
+        self.estimate = None  # the run's Estimate, once it starts
         self.total = total_cells
         self.done = 0
         self.began = time.monotonic()
@@ -47,11 +55,11 @@ class PlainView:
     def _write(self, text: str) -> None:
         print(text, file=self.stream or sys.stderr, flush=True)
 
-    def start(self, estimate_s: float) -> None:
-        self._write(
-            f"{self.total} cells to run; estimated time {_duration(estimate_s)} "
-            "(an estimate, learned from earlier runs on this host where it can)"
-        )
+    def start(self, estimate) -> None:
+        """The run starts; ``estimate`` (:class:`~mlflow_ngraph.estimate.Estimate`) says
+        what is left from now on."""
+        self.estimate = estimate
+        self._write(_opening(self.total, estimate))
 
     def cell_started(self, name: str) -> None:
         self.current = {"cell": name, "batch": None, "phase": "start"}
@@ -64,6 +72,8 @@ class PlainView:
         self.rows.append(row)
 
     def left_s(self) -> float | None:
+        if self.estimate is not None:
+            return self.estimate.left_s()
         if not self.done:
             return None
         return (time.monotonic() - self.began) / self.done * (self.total - self.done)
@@ -74,10 +84,10 @@ class PlainView:
         left = self.left_s()
         results = ", ".join(_result(r) for r in (self.rows if rows is None else rows))
         results = results or "nothing to measure"
-        tail = f"; about {_duration(left)} left" if left is not None and left > 0 else ""
+        tail = f"; about {duration(left)} left" if left is not None and left > 0 else ""
         self._write(
             f"[{self.done}/{self.total}] {name}: {results} "
-            f"({_duration(time.monotonic() - self.began)} elapsed{tail})"
+            f"({duration(time.monotonic() - self.began)} elapsed{tail})"
         )
 
     def stop(self) -> None:
@@ -109,19 +119,17 @@ class LiveView(PlainView):
         )
         table.add_row(
             "elapsed",
-            _duration(time.monotonic() - self.began),
+            duration(time.monotonic() - self.began),
             "left",
-            "-" if left is None else f"~{_duration(left)}",
+            "-" if left is None else f"~{duration(left)}",
         )
         for line in self.last[-4:]:
             table.add_row("done", line, "", "")
         return table
 
-    def start(self, estimate_s: float) -> None:
-        self.console.print(
-            f"{self.total} cells to run; estimated time {_duration(estimate_s)} "
-            "(an estimate, learned from earlier runs on this host where it can)"
-        )
+    def start(self, estimate) -> None:
+        self.estimate = estimate
+        self.console.print(_opening(self.total, estimate))
         self.live.start()
 
     def _refresh(self) -> None:

@@ -1,5 +1,7 @@
 """Constants shared by the tests (import as ``from tests._support import ...``)."""
 
+import functools
+import os
 import sys
 from pathlib import Path
 
@@ -53,3 +55,33 @@ def in_threads(count: int, work) -> list:
         t.join()
     assert not errors, errors
     return results
+
+
+#: the PostgreSQL the team-server tests use (a superuser ``postgres`` without a password);
+#: ``MLFLOW_NGRAPH_TEST_PG_PORT`` moves it off 5432
+POSTGRES = {
+    "host": "127.0.0.1",
+    "port": int(os.environ.get("MLFLOW_NGRAPH_TEST_PG_PORT") or 5432),
+    "user": "postgres",
+    "dbname": "postgres",
+}
+#: its address as a SQLAlchemy / libpq URL, without a database
+POSTGRES_URL = f"postgresql://{POSTGRES['user']}@{POSTGRES['host']}:{POSTGRES['port']}"
+
+
+@functools.cache
+def postgres_missing(port: int | None = None) -> str | None:
+    """Why the PostgreSQL of :data:`POSTGRES` (on ``port`` if given) cannot be used: a skip
+    reason, or None when it answers."""
+    where = f"{POSTGRES['host']}:{port or POSTGRES['port']}"
+    try:
+        import psycopg2
+    except ImportError:
+        return "psycopg2 is not installed (pip install -e '.[test]')"
+    try:
+        settings = {**POSTGRES, "port": port or POSTGRES["port"]}
+        psycopg2.connect(connect_timeout=3, **settings).close()
+    except psycopg2.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"no PostgreSQL reachable at {where} as user postgres ({first})"
+    return None

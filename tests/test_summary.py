@@ -98,10 +98,13 @@ def test_winner_lead_beyond_or_within_noise_and_its_stability():
     ort.ci_high = 295.0  # the intervals overlap: the order is within noise
     _, line = _winner_line([base, ov, ort])
     assert "within noise" in line
-    base.stable = False  # the speedup's denominator is noise: the winner's line says so
+    base.stable = False  # the baseline is noise: said beside the lead, not as the winner's mark
     out, line = _winner_line([base, ov, ort])
-    assert line.endswith("UNSTABLE (baseline)")
+    assert "within noise (baseline UNSTABLE)" in line and line.endswith("yes")
     assert "1 of 3 measurements UNSTABLE after their re-measurements" in out
+    ov.stable = False
+    _, line = _winner_line([base, ov, ort])
+    assert line.endswith("UNSTABLE")
     base.stable, ov.speedup_ci_low, ov.speedup_ci_high = True, 1.15, 1.25
     ort.speedup_ci_low, ort.speedup_ci_high = 1.18, 1.22  # paired: the speedups overlap
     _, line = _winner_line([base, ov, ort])
@@ -143,3 +146,27 @@ def test_one_table_printer_right_aligns_numbers():
         "a         5",
         "bbb   123.5  x",
     ]
+
+
+def test_the_winners_table_marks_a_row_as_the_summary_does():
+    spec = SimpleNamespace(device="cpu", experiment="e", measure=SimpleNamespace(scenario="t"))
+    rows = [
+        Row("m", "identity", 1, "OK", throughput=100.0, stable=False),
+        Row("m", "openvino", 1, "OK", throughput=300.0, speedup=3.0, stable=True),
+        Row("m", "onnxruntime", 1, "OK", throughput=250.0, speedup=2.5, stable=False),
+        Row("m", "identity", 8, "OK", throughput=400.0, stable=True),
+        Row("m", "openvino", 8, "OK", throughput=900.0, speedup=2.25, stable=False),
+        Row("m", "onnxruntime", 8, "OK", throughput=500.0, speedup=1.25, stable=True),
+    ]
+    out = format_summary(rows, spec)
+    summary, winners = out.split("fastest valid compiler per model and batch size:")
+    marks = {}
+    for line in summary.splitlines()[3:]:
+        parts = line.split()
+        if len(parts) > 3 and parts[0] == "m":
+            marks[(parts[1], parts[2])] = "UNSTABLE" if "UNSTABLE" in parts else "yes"
+    for line in winners.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "m":
+            assert parts[-1] == marks[(parts[2], parts[1])], line
+    assert len([x for x in winners.splitlines() if x.startswith("m ")]) == 2

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests._support import PYTHON, TINY, in_threads
+from tests._support import POSTGRES_URL, PYTHON, TINY, in_threads, postgres_missing
 
-PG = "postgresql://postgres@127.0.0.1:5432"
+PG = POSTGRES_URL
+#: every test here runs against a server on PostgreSQL: without one they skip, saying why
+pytestmark = pytest.mark.skipif(bool(postgres_missing()), reason=str(postgres_missing()))
 ADMIN_PASSWORD = "admin-" + uuid.uuid4().hex[:10]
 DEV_PASSWORD = "Dev-S3cret-" + uuid.uuid4().hex[:10]
 
@@ -183,8 +185,8 @@ def test_eight_concurrent_benchmark_clients_lose_nothing(server, tmp_path):
     has every param and every batch size's metrics."""
     from mlflow.tracking import MlflowClient
 
-    from mlflow_ngraph.cluster import ENV_DEVICE_NAME
     from mlflow_ngraph.tracking import schema as S
+    from mlflow_ngraph.variables import ENV_DEVICE_NAME
 
     url, _ = server
     procs = []

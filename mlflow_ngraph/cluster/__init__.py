@@ -1,6 +1,5 @@
 """Running the benchmark over a cluster of devices: the sweep on Ray, and syncing journals."""
 
-#: the name of the device a sweep task benchmarks (two hosts of one profile stay apart)
-ENV_DEVICE_NAME = "MLFLOW_NGRAPH_DEVICE_NAME"
-#: the id of the sweep a benchmark belongs to (tagged on every run it logs)
-ENV_SWEEP_ID = "MLFLOW_NGRAPH_SWEEP_ID"
+from mlflow_ngraph.variables import ENV_DEVICE_NAME, ENV_SWEEP_ID
+
+__all__ = ["ENV_DEVICE_NAME", "ENV_SWEEP_ID"]

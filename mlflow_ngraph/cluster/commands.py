@@ -32,7 +32,7 @@ def sync_command(tracking_uri: str | None, home: Path | None) -> None:
 
 
 @click.command("sweep")
-@click.argument("spec_file", type=click.Path(path_type=Path))
+@click.argument("spec_file")
 @click.option(
     "--local",
     is_flag=True,
@@ -47,19 +47,23 @@ def sync_command(tracking_uri: str | None, home: Path | None) -> None:
 @click.option("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI).")
 @click.option("--home", type=click.Path(path_type=Path), help="With --local: node homes here.")
 def sweep_command(spec_file, local, address, wait_s, tracking_uri, home) -> None:
-    """Benchmark every device of a sweep spec on a Ray cluster; compare them at the end."""
+    """Benchmark every device of a sweep spec on a Ray cluster; compare them at the end.
+
+    SPEC_FILE: a sweep spec (YAML), or a packaged one: sweep-local (two devices on this
+    machine, with --local)."""
     import os
     import subprocess
     import sys
 
-    from mlflow_ngraph.cli import _setup_logging, default_home
+    from mlflow_ngraph.cli import _setup_logging, default_home, resolve_spec_path
     from mlflow_ngraph.cluster.spec import load_sweep
-    from mlflow_ngraph.cluster.sweep import check_outcome, run_sweep
+    from mlflow_ngraph.cluster.sweep import check_outcome, require_ray, run_sweep
     from mlflow_ngraph.errors import NgraphError
     from mlflow_ngraph.tracking.mlflow_log import redact_uri, resolve_tracking_uri
 
     _setup_logging(0)
-    sweep = load_sweep(spec_file)
+    require_ray()
+    sweep = load_sweep(resolve_spec_path(str(spec_file)))
     uri = resolve_tracking_uri(tracking_uri or sweep.shared.get("tracking_uri"))
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         uri = "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
@@ -70,8 +74,9 @@ def sweep_command(spec_file, local, address, wait_s, tracking_uri, home) -> None
         )
     homes = (home or default_home()) / "nodes" if local else None
     outcome = run_sweep(
-        sweep, uri, local=local, address=address, wait_s=wait_s, node_homes=homes, echo=click.echo
-    )
+        sweep, uri, local=local, address=address, wait_s=wait_s, node_homes=homes,
+        echo=click.echo, tty=sys.stdout.isatty(),
+    )  # fmt: skip
     click.echo(f"sweep {outcome.sweep_id} finished: comparison across devices")
     compare = [sys.executable, "-m", "mlflow_ngraph", "compare", "--experiment", sweep.experiment,
                "--sweep", outcome.sweep_id]  # fmt: skip

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,10 +27,11 @@ from typing import Any
 
 import yaml
 
-from mlflow_ngraph.cluster import ENV_DEVICE_NAME, ENV_SWEEP_ID
 from mlflow_ngraph.cluster.spec import SweepDevice, SweepSpec
 from mlflow_ngraph.errors import NgraphError, StoreAway
 from mlflow_ngraph.tracking.mlflow_log import redact_uri
+from mlflow_ngraph.variables import ENV_DEVICE_NAME, ENV_SWEEP_ID
+from mlflow_ngraph.view import duration
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,34 @@ def sweep_key(sweep: SweepSpec, tracking_uri: str) -> str:
     specs = [{"name": d.name, "profile": d.profile, "spec": d.spec} for d in sweep.devices]
     text = json.dumps([specs, redact_uri(tracking_uri)], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def require_ray() -> None:
+    """Raises:
+    NgraphError: Ray is not installed (one line naming the extra that brings it)."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise NgraphError(
+            "the sweep runs on Ray, which is not installed: pip install 'mlflow-ngraph[cluster]'"
+        ) from None
+
+
+@contextmanager
+def sigterm_interrupts():
+    """A SIGTERM to the sweep ends it as Ctrl-C does (``KeyboardInterrupt``: Ray and the
+    local cluster are released, the command says how to resume). Set after Ray's own
+    start-up: ``ray.init`` installs handlers of its own, one of which prints a C++ stack
+    dump on SIGTERM."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_device(device: dict[str, Any]) -> dict:
@@ -201,6 +231,7 @@ def run_sweep(
     node_homes: Path | None = None,
     echo=print,
     refresh_s: float = 2.0,
+    tty: bool = True,
 ) -> SweepOutcome:
     """Run every device's benchmark on the Ray cluster; returns each device's end state.
     Everything started on Ray (tasks, and with ``local`` the cluster) is released.
@@ -209,7 +240,8 @@ def run_sweep(
     when not given) and when its node left mid-sweep (:data:`REJOIN_WAIT_S` when not
     given). ``address``: a cluster's; one on 127.0.0.1 (a cluster of this machine) keeps
     this driver on 127.0.0.1 too. ``node_homes`` (with ``local``): each device's node keeps
-    its journal and caches in ``node_homes/<device>``."""
+    its journal and caches in ``node_homes/<device>``. ``tty``: the progress is a table
+    redrawn on a terminal, one line per finished cell in a log."""
     import ray
 
     sweep_id = sweep_key(sweep, tracking_uri)
@@ -219,37 +251,54 @@ def run_sweep(
         loopback_only()
     cluster = start_local_cluster(sweep.devices, node_homes) if local else None
     try:
-        ray.init(
-            address=cluster.address if cluster else (address or "auto"),
-            log_to_driver=False,
-            include_dashboard=False if loopback else None,
-            _node_ip_address="127.0.0.1" if loopback else None,
-        )
-        echo(f"sweep {sweep_id}: {len(sweep.devices)} device(s) -> {redact_uri(tracking_uri)}")
-        present = _await_devices(sweep, wait_s or 0.0, echo)
-        for name, state in outcome.states.items():
-            if name not in present:
-                state.state, state.reason = "missing", f"not in the cluster after {wait_s or 0:g} s"
-        task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[DeviceFailed])(run_device)
-        pending = {}
-        for device in sweep.devices:
-            if device.name not in present:
-                continue
-            ref = task.options(
-                resources={device.resource: 1},
-                num_cpus=0,
-                runtime_env={"env_vars": device_env(device, sweep_id, tracking_uri)},
-            ).remote({"name": device.name, "spec": device.spec})
-            pending[ref] = device.name
-            outcome.states[device.name].state = "running"
-            outcome.states[device.name].started = time.time()
-        rejoin_s = REJOIN_WAIT_S if wait_s is None else wait_s
-        _watch(pending, outcome, tracking_uri, sweep, echo, refresh_s, rejoin_s)
+        _connect(cluster.address if cluster else (address or "auto"), loopback)
+        with sigterm_interrupts():  # after ray.init, which installs handlers of its own
+            echo(f"sweep {sweep_id}: {len(sweep.devices)} device(s) -> {redact_uri(tracking_uri)}")
+            present = _await_devices(sweep, wait_s or 0.0, echo)
+            for name, state in outcome.states.items():
+                if name not in present:
+                    state.state = "missing"
+                    state.reason = f"not in the cluster after {wait_s or 0:g} s"
+            pending = _submit(sweep, present, outcome, sweep_id, tracking_uri)
+            rejoin_s = REJOIN_WAIT_S if wait_s is None else wait_s
+            _watch(pending, outcome, tracking_uri, sweep, echo, refresh_s, rejoin_s, tty)
     finally:
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
     return outcome
+
+
+def _connect(address: str, loopback: bool) -> None:
+    """This driver joins the cluster at ``address`` (on 127.0.0.1 only with ``loopback``)."""
+    import ray
+
+    ray.init(
+        address=address,
+        log_to_driver=False,
+        include_dashboard=False if loopback else None,
+        _node_ip_address="127.0.0.1" if loopback else None,
+    )
+
+
+def _submit(sweep: SweepSpec, present: set[str], outcome: SweepOutcome, sweep_id: str, uri: str):
+    """One Ray task per present device, asking for its resource: ref -> device name."""
+    import ray
+
+    task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[DeviceFailed])(run_device)
+    pending = {}
+    for device in sweep.devices:
+        if device.name not in present:
+            continue
+        ref = task.options(
+            resources={device.resource: 1},
+            num_cpus=0,
+            runtime_env={"env_vars": device_env(device, sweep_id, uri)},
+        ).remote({"name": device.name, "spec": device.spec})
+        pending[ref] = device.name
+        outcome.states[device.name].state = "running"
+        outcome.states[device.name].started = time.time()
+    return pending
 
 
 def _is_loopback(address: str | None) -> bool:
@@ -273,8 +322,12 @@ def _await_devices(sweep: SweepSpec, wait_s: float, echo) -> set[str]:
 
 
 def _watch(
-    pending: dict, outcome: SweepOutcome, uri: str, sweep: SweepSpec, echo, refresh_s, rejoin_s
-):
+    pending: dict, outcome: SweepOutcome, uri: str, sweep: SweepSpec, echo, refresh_s, rejoin_s,
+    tty: bool = True,
+):  # fmt: skip
+    """Until every task has ended: collect the ended ones, follow the nodes, and show the
+    progress: on a terminal the table (on a change, and every half minute or so), else one
+    line per finished cell and per change of a device's state."""
     import ray
 
     last, shown = 0.0, None
@@ -284,18 +337,7 @@ def _watch(
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=refresh_s)
         for ref in ready:
-            state = outcome.states[pending.pop(ref)]
-            state.finished = time.time()
-            try:
-                result = ray.get(ref)
-            except Exception as exc:  # the task failed after its retries, or was cancelled
-                if state.state != "missing":
-                    state.state = "failed"
-                    state.reason = _reason(exc)
-                continue
-            state.output = result["output"]
-            state.state = "done" if result["returncode"] == 0 else "failed"
-            state.reason = result["reason"]
+            _collect(ref, outcome.states[pending.pop(ref)])
         _check_nodes(pending, outcome, sweep, left, rejoin_s, echo)
         latest = progress(uri, sweep)
         if (latest is None) != unreachable:  # said once per outage, with the last counts
@@ -303,11 +345,59 @@ def _watch(
             echo(f"tracking server {redact_uri(uri)} " + (
                 "does not answer: the view keeps the last counts it had; the devices go on "
                 "measuring into their journals" if unreachable else "answers again"))  # fmt: skip
-        cells = cells if latest is None else latest
+        before, cells = cells, cells if latest is None else latest
         now_shown = (cells, [(s.state, s.reason) for s in outcome.states.values()])
-        if now_shown != shown or time.time() - last >= 15 * refresh_s or not pending:
-            echo(live_view(outcome, cells))  # on a change, and every half minute or so
+        if not tty:
+            for line in progress_lines(outcome, before, cells, shown):
+                echo(line)
+            shown = now_shown
+        elif now_shown != shown or time.time() - last >= 15 * refresh_s or not pending:
+            echo(live_view(outcome, cells))
             last, shown = time.time(), now_shown
+
+
+def _collect(ref, state: DeviceState) -> None:
+    """The end of a device's task: its output, its state and why."""
+    import ray
+
+    state.finished = time.time()
+    try:
+        result = ray.get(ref)
+    except Exception as exc:  # the task failed after its retries, or was cancelled
+        if state.state != "missing":
+            state.state = "failed"
+            state.reason = _reason(exc)
+        return
+    state.output = result["output"]
+    state.state = "done" if result["returncode"] == 0 else "failed"
+    state.reason = result["reason"]
+
+
+def progress_lines(outcome: SweepOutcome, before: dict, cells: dict, shown) -> list[str]:
+    """What changed since the last look, one line each: a cell a device finished (``[cpu-b
+    2/8] conv_block/onnxruntime finished``, its elapsed time and what is left), a device's
+    new state. ``shown``: the (cells, states) of the last look (None at the first)."""
+    lines = []
+    states = dict(zip(outcome.states, shown[1])) if shown else {}
+    now = time.time()
+    for name, s in outcome.states.items():
+        old, new = before.get(name, {}), cells.get(name, {})
+        total = _cells_of(s.device)
+        finished = [c for c in new.get("finished", []) if c not in old.get("finished", [])]
+        done = new.get("done", 0) - len(finished)
+        if shown is None and finished:  # before this sweep started (it resumes)
+            lines.append(f"[{name} {len(finished)}/{total}] finished before: "
+                         + ", ".join(finished))  # fmt: skip
+            finished = []
+        for cell in finished:
+            done += 1
+            elapsed = now - s.started if s.started else 0.0
+            left = elapsed / done * max(total - done, 0)
+            lines.append(f"[{name} {done}/{total}] {cell} finished ({duration(elapsed)} "
+                         f"elapsed, about {duration(left)} left)")  # fmt: skip
+        if states.get(name) != (s.state, s.reason) and s.state != "waiting":
+            lines.append(f"{name}: {s.state}" + (f" ({s.reason})" if s.reason else ""))
+    return lines
 
 
 def _check_nodes(pending: dict, outcome: SweepOutcome, sweep, left: dict, rejoin_s, echo):
@@ -354,19 +444,19 @@ def progress(tracking_uri: str, sweep: SweepSpec) -> dict[str, dict[str, Any]] |
 
     from mlflow_ngraph.tracking.mlflow_log import local_sqlite
 
-    empty = {"done": 0, "running": 0, "failed": 0, "current": ""}
+    empty = {"done": 0, "running": 0, "failed": 0, "current": "", "finished": []}
     store = local_sqlite(tracking_uri)
     if store is not None and not store.exists():
         # not created yet: opening it here would create it in place, half-made for a moment
         # under the device tasks that create it whole (mlflow_log.connect)
-        return {d.name: dict(empty) for d in sweep.devices}
+        return {d.name: {**empty, "finished": []} for d in sweep.devices}
     out: dict[str, dict[str, Any]] = {}
     try:
         with _bounded_requests():
             client = MlflowClient(tracking_uri)
             exp = client.get_experiment_by_name(sweep.experiment)
             for device in sweep.devices:
-                counts: dict[str, Any] = dict(empty)
+                counts: dict[str, Any] = {**empty, "finished": []}
                 out[device.name] = counts
                 if exp is None:
                     continue
@@ -376,6 +466,7 @@ def progress(tracking_uri: str, sweep: SweepSpec) -> dict[str, dict[str, Any]] |
                     [exp.experiment_id],
                     f"tags.`ngraph.role` = 'cell' and tags.`ngraph.device` = '{device.name}'",
                     max_results=1000,
+                    order_by=["attributes.end_time ASC"],
                 )
                 for run in runs:
                     status = run.info.status
@@ -383,6 +474,8 @@ def progress(tracking_uri: str, sweep: SweepSpec) -> dict[str, dict[str, Any]] |
                     counts[key] += 1
                     if status == "RUNNING":
                         counts["current"] = run.info.run_name
+                    elif status == "FINISHED":
+                        counts["finished"].append(run.info.run_name)
     except Exception as exc:  # the view is best effort: the server may be down meanwhile
         log.debug("progress unavailable: %s", exc)
         return None

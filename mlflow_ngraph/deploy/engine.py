@@ -224,8 +224,6 @@ def load_engine(
             matching the manifest, code not trusted, a host that cannot run it (see
             :func:`check_host`), or a runtime that fails to load it.
     """
-    from mlflow_ngraph.compilers.base import CompileContext
-    from mlflow_ngraph.compilers.registry import get_compiler
     from mlflow_ngraph.deploy import trust
 
     directory = Path(directory)
@@ -244,6 +242,17 @@ def load_engine(
     for text in check_host(manifest):
         warnings.warn(text, stacklevel=2)
         log.warning(text)
+    return DeployedEngine(directory, manifest, _loaded(directory, manifest))
+
+
+def _loaded(directory: Path, manifest: dict[str, Any]):
+    """The compiler's engine from the (checked) files of ``directory``.
+
+    Raises:
+        NgraphError: the runtime failed to load it, or found nothing it can load."""
+    from mlflow_ngraph.compilers.base import CompileContext
+    from mlflow_ngraph.compilers.registry import get_compiler
+
     compiler = get_compiler(manifest["compiler"])
     # only what the manifest lists (and verified) is ever handed to a loader
     onnx_files = sorted(
@@ -281,7 +290,7 @@ def load_engine(
             f"{manifest['compiler']} found no engine it can load in {directory} "
             f"(format {manifest.get('format')!r})"
         )
-    return DeployedEngine(directory, manifest, engine)
+    return engine
 
 
 def timed_runs(engine: DeployedEngine, x: np.ndarray, repetitions: int) -> dict[str, float]:

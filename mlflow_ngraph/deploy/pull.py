@@ -51,66 +51,16 @@ def download_verified(
             not the one logged or pinned, not its run's, not confined, a file missing,
             truncated or altered.
     """
-    from mlflow.exceptions import MlflowException
-
-    from mlflow_ngraph.deploy import trust
-
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     run = run if run is not None else client.get_run(candidate.run_id)
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".pull-", dir=parent))
-    artifact = f"engines/bs{candidate.batch_size}"
-    where = f"{candidate.label} (run {candidate.run_id})"
     try:
-        try:
-            name = f"{artifact}/{trust.MANIFEST}"
-            fetched = Path(client.download_artifacts(candidate.run_id, name, str(tmp)))
-        except MlflowException:
-            fetched = None
-        if fetched is None or not fetched.is_file():
-            raise NgraphError(
-                f"{where} has no engine logged (benchmarked with --no-engine-artifacts?): "
-                "benchmark it again with engines, or choose another with --compiler / --run"
-            )
-        local = tmp / "engine"
-        local.mkdir()
-        os.replace(fetched, local / trust.MANIFEST)
-        digest = trust.file_sha256(local / trust.MANIFEST)
-        recorded = run.data.params.get(trust.engine_param(candidate.batch_size))
-        if sha256:
-            trust.check_pin(digest, sha256, "the sha256 pinned with --sha256")
-        if recorded:
-            param = trust.engine_param(candidate.batch_size)
-            trust.check_pin(digest, recorded, f"the one its run recorded ({param})")
-        elif not sha256:
-            raise NgraphError(
-                f"{where} records no sha256 of its engine's manifest (logged before this "
-                "check existed): check the engine with whoever logged it and pin its manifest "
-                "with --sha256"
-            )
-        manifest = read_manifest(local)
-        if not manifest["files"]:
-            raise NgraphError(
-                f"{candidate.label}: the {candidate.compiler} engine runs in-process only "
-                "(nothing serialized): nothing to deploy"
-            )
-        trust.check_manifest(manifest)
-        trust.check_against_run(manifest, run.data.params, where)
-        if int(manifest["batch_size"]) != candidate.batch_size:
-            raise NgraphError(
-                f"{where}: the manifest is for batch size {manifest['batch_size']}, not "
-                f"{candidate.batch_size}: refusing it"
-            )
+        local, digest = _fetch_manifest(client, candidate, tmp)
+        _check_pinned(digest, candidate, run, sha256)
+        manifest = _checked_manifest(local, candidate, run)
         for entry in manifest["files"]:  # only what the manifest lists, confined
-            rel = Path(entry["path"])
-            (local / rel.parent).mkdir(parents=True, exist_ok=True)
-            got = Path(
-                client.download_artifacts(
-                    candidate.run_id, f"{artifact}/{entry['path']}", str(local / rel.parent)
-                )
-            )
-            if got != local / rel:
-                os.replace(got, local / rel)
+            _fetch_file(client, candidate, local, entry["path"])
         verify_files(local, manifest)
         source = {
             "run_id": candidate.run_id,
@@ -129,6 +79,89 @@ def download_verified(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _where(candidate: Candidate) -> str:
+    return f"{candidate.label} (run {candidate.run_id})"
+
+
+def _fetch_manifest(client, candidate: Candidate, tmp: Path) -> tuple[Path, str]:
+    """The engine's manifest alone, in ``tmp/engine``: (that folder, the manifest's sha256).
+
+    Raises:
+        NgraphError: the run logged no engine at this batch size."""
+    from mlflow.exceptions import MlflowException
+
+    from mlflow_ngraph.deploy import trust
+
+    try:
+        name = f"engines/bs{candidate.batch_size}/{trust.MANIFEST}"
+        fetched = Path(client.download_artifacts(candidate.run_id, name, str(tmp)))
+    except MlflowException:
+        fetched = None
+    if fetched is None or not fetched.is_file():
+        raise NgraphError(
+            f"{_where(candidate)} has no engine logged (benchmarked with --no-engine-artifacts?)"
+            ": benchmark it again with engines, or choose another with --compiler / --run"
+        )
+    local = tmp / "engine"
+    local.mkdir()
+    os.replace(fetched, local / trust.MANIFEST)
+    return local, trust.file_sha256(local / trust.MANIFEST)
+
+
+def _check_pinned(digest: str, candidate: Candidate, run, sha256: str | None) -> None:
+    """The manifest is the one pinned with ``--sha256`` and the one its run recorded.
+
+    Raises:
+        NgraphError: another manifest, or none recorded and none pinned."""
+    from mlflow_ngraph.deploy import trust
+
+    param = trust.engine_param(candidate.batch_size)
+    recorded = run.data.params.get(param)
+    if sha256:
+        trust.check_pin(digest, sha256, "the sha256 pinned with --sha256")
+    if recorded:
+        trust.check_pin(digest, recorded, f"the one its run recorded ({param})")
+    elif not sha256:
+        raise NgraphError(
+            f"{_where(candidate)} records no sha256 of its engine's manifest (logged before "
+            "this check existed): check the engine with whoever logged it and pin its "
+            "manifest with --sha256"
+        )
+
+
+def _checked_manifest(local: Path, candidate: Candidate, run) -> dict:
+    """The manifest in ``local``, confined and its run's, at the candidate's batch size.
+
+    Raises:
+        NgraphError: an in-process engine (no files), or a manifest refused."""
+    from mlflow_ngraph.deploy import trust
+
+    manifest = read_manifest(local)
+    if not manifest["files"]:
+        raise NgraphError(
+            f"{candidate.label}: the {candidate.compiler} engine runs in-process only "
+            "(nothing serialized): nothing to deploy"
+        )
+    trust.check_manifest(manifest)
+    trust.check_against_run(manifest, run.data.params, _where(candidate))
+    if int(manifest["batch_size"]) != candidate.batch_size:
+        raise NgraphError(
+            f"{_where(candidate)}: the manifest is for batch size {manifest['batch_size']}, "
+            f"not {candidate.batch_size}: refusing it"
+        )
+    return manifest
+
+
+def _fetch_file(client, candidate: Candidate, local: Path, path: str) -> None:
+    """One file the manifest lists, into its place under ``local``."""
+    rel = Path(path)
+    (local / rel.parent).mkdir(parents=True, exist_ok=True)
+    artifact = f"engines/bs{candidate.batch_size}/{path}"
+    got = Path(client.download_artifacts(candidate.run_id, artifact, str(local / rel.parent)))
+    if got != local / rel:
+        os.replace(got, local / rel)
 
 
 def creator(run) -> str:

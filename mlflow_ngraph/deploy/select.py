@@ -109,8 +109,6 @@ def candidates(
     Raises:
         NgraphError: no such experiment, or nothing matching (naming the filter).
     """
-    import pandas as pd
-
     from mlflow_ngraph.report.query import RunQuery, fetch_cells
     from mlflow_ngraph.report.tables import prepare
 
@@ -124,6 +122,15 @@ def candidates(
     if exclude:
         cells = cells[~cells["run_id"].isin(exclude)]
     frame, _ = prepare(cells)
+    frame = _narrowed(frame, device, model, run_id, batch_size)
+    return [_candidate(row) for row in frame.to_dict("records")]
+
+
+def _narrowed(frame, device: str, model: str, run_id: str | None, batch_size: int | None):
+    """The rows of the model's exact params, the run and the batch size asked for.
+
+    Raises:
+        NgraphError: nothing left after one of them (naming it)."""
     if ":" in model:
         frame = frame[frame["model_label"] == model_label(model)]
         if frame.empty:
@@ -140,31 +147,46 @@ def candidates(
                 f"no cell measured at batch size {batch_size} (measured: "
                 f"{', '.join(map(str, sizes)) or 'none'})"
             )
-    keep = [*METRICS, S.M_THROUGHPUT, S.M_CV, S.M_VALID, S.M_LATENCY_P99, S.M_LATENCY_P50,
-            S.M_THROUGHPUT_CI_LOW, S.M_THROUGHPUT_CI_HIGH]  # fmt: skip
-    out = []
-    for row in frame.to_dict("records"):
-        # a cell that failed before measuring any batch size has no per-batch row: it is
-        # listed (batch size 0) so that the reason it was set aside is shown
-        batch = row.get("batch_size")
-        batch = 0 if batch is None or pd.isna(batch) else int(batch)
-        metrics = {k: float(row[k]) for k in set(keep) if k in row and not pd.isna(row[k])}
-        out.append(
-            Candidate(
-                run_id=row["run_id"],
-                experiment_id=str(row.get("experiment_id", "")),
-                device=str(row["device"]),
-                model=str(row["model_label"]),
-                compiler=str(row["compiler"]),
-                flags=str(row.get("flags") or ""),
-                batch_size=batch,
-                metrics=metrics,
-                status=str(row.get("status") or ""),
-                reason=str(row.get("error") or ""),
-                stability=str(row.get("stability") or ""),
-            )
-        )
-    return out
+    return frame
+
+
+#: the figures a candidate carries (its ranking metric among them)
+KEPT_METRICS = frozenset(
+    (
+        *METRICS,
+        S.M_THROUGHPUT,
+        S.M_CV,
+        S.M_VALID,
+        S.M_LATENCY_P99,
+        S.M_LATENCY_P50,
+        S.M_THROUGHPUT_CI_LOW,
+        S.M_THROUGHPUT_CI_HIGH,
+    )
+)
+
+
+def _candidate(row: dict) -> Candidate:
+    """One (cell, batch size) row of compare's frame as a candidate. A cell that failed
+    before measuring any batch size has no per-batch row: it is listed (batch size 0) so
+    that the reason it was set aside is shown."""
+    import pandas as pd
+
+    batch = row.get("batch_size")
+    batch = 0 if batch is None or pd.isna(batch) else int(batch)
+    metrics = {k: float(row[k]) for k in KEPT_METRICS if k in row and not pd.isna(row[k])}
+    return Candidate(
+        run_id=row["run_id"],
+        experiment_id=str(row.get("experiment_id", "")),
+        device=str(row["device"]),
+        model=str(row["model_label"]),
+        compiler=str(row["compiler"]),
+        flags=str(row.get("flags") or ""),
+        batch_size=batch,
+        metrics=metrics,
+        status=str(row.get("status") or ""),
+        reason=str(row.get("error") or ""),
+        stability=str(row.get("stability") or ""),
+    )
 
 
 def rank(

@@ -37,6 +37,8 @@ class Comparison:
     tables: dict[str, pd.DataFrame]
     frame: pd.DataFrame
     notes: list[str] = field(default_factory=list)
+    #: per empty table, why it is (shown in its place)
+    why_empty: dict[str, str] = field(default_factory=dict)
 
 
 def split_values(values: Iterable[str]) -> tuple[str, ...]:
@@ -148,7 +150,11 @@ def run_compare(
         raise NgraphError(explain_selection(frame, query))
     depth_batches = query.batch_sizes or tables.DEFAULT_DEPTH_BATCHES
     built = build_tables(selected, table_names, ranges, depth_batches)
-    return Comparison(built, selected, _notes(selected, superseded))
+    notes = _notes(selected, superseded)
+    why = {n: tables.why_empty(n, selected, depth_batches) for n, t in built.items() if t.empty}
+    if "depth" in built and (note := tables.single_depth_note(built["depth"])):
+        notes.append(note)
+    return Comparison(built, selected, notes, why)
 
 
 def _filters(query: RunQuery, ranges: str) -> dict[str, str]:
@@ -219,7 +225,7 @@ def _execute(options: dict) -> None:
     client = MlflowClient(tracking_uri=uri)
     result = run_compare(client, uri, query, names, ranges, live=options["live"])
     shown = {n: result.tables[n] for n in parse_tables(options["table_names"], fmt)}
-    click.echo(render.render(shown, fmt), nl=False)
+    click.echo(render.render(shown, fmt, why_empty=result.why_empty), nl=False)
     with tempfile.TemporaryDirectory(prefix="ngraph-plots-") as scratch:
         figures = []
         if options["plots_dir"] is not None or options["log_report"]:

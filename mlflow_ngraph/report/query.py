@@ -30,6 +30,7 @@ from mlflow.tracking import MlflowClient
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.report.runsource import RunData, Searcher, from_record, searcher_for
 from mlflow_ngraph.tracking import schema
+from mlflow_ngraph.tracking.mlflow_log import redact_uri
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +166,49 @@ def resolve_experiments(client: MlflowClient, names_or_ids: Iterable[str]) -> li
         if experiment is None and ref.isdigit():
             experiment = _experiment_by_id(client, ref)
         if experiment is None:
-            raise NgraphError(f"no runs match --experiment {ref!r}: no such experiment")
+            raise NgraphError(
+                f"no runs match --experiment {ref!r}: no such experiment in "
+                f"{redact_uri(str(client.tracking_uri))}; {fill_hint(ref, client)}"
+            )
         ids.append(experiment.experiment_id)
     return ids
+
+
+def fill_hint(name: str, client: MlflowClient | None = None) -> str:
+    """The command that fills experiment ``name``: the blocks' grid, a packaged spec's
+    benchmark, or (for a name of the user's) the experiments the store holds instead."""
+    if name == BLOCKS_EXPERIMENT:
+        return (
+            "`mlflow-ngraph blocks --small` fills it (minutes on 2 cores; without --small the "
+            "paper's grid, hours)"
+        )
+    packaged = _packaged_specs()
+    if name in packaged:
+        return f"`mlflow-ngraph benchmark --spec {packaged[name]}` fills it"
+    if client is not None:
+        names = [e.name for e in _all_experiments(client)][:8]
+        if names:
+            return "experiments there: " + ", ".join(names)
+    return f"`mlflow-ngraph benchmark --experiment {name} ...` fills it"
+
+
+#: the experiment `mlflow-ngraph blocks` fills by default (Tables VII/VIII)
+BLOCKS_EXPERIMENT = "ngraph-blocks"
+
+
+def _packaged_specs() -> dict[str, str]:
+    """Experiment name -> the packaged spec that fills it (``ngraph-default`` -> ``default``)."""
+    from importlib import resources
+
+    import yaml
+
+    out = {}
+    for entry in (resources.files("mlflow_ngraph") / "experiments").iterdir():
+        if entry.name.endswith(".yaml") and not entry.name.startswith("sweep"):
+            data = yaml.safe_load(entry.read_text()) or {}
+            if data.get("experiment"):
+                out[data["experiment"]] = entry.name.removesuffix(".yaml")
+    return out
 
 
 def _experiment_by_id(client: MlflowClient, experiment_id: str):
@@ -432,7 +473,8 @@ def explain_empty(client: MlflowClient, experiment_ids: list[str], query: RunQue
     """One line naming the first filter (in a fixed order) after which nothing matches."""
     scope = f"--experiment {', '.join(query.experiments)}" if query.experiments else "any"
     if not _any_run(client, experiment_ids, RunQuery()):
-        return f"no runs match: no benchmark cell runs in {scope} experiment"
+        hint = f"; {fill_hint(query.experiments[0])}" if len(query.experiments) == 1 else ""
+        return f"no runs match: no benchmark cell runs in {scope} experiment{hint}"
     applied: dict = {}
     if query.sweeps:
         applied["sweeps"] = query.sweeps

@@ -12,6 +12,7 @@ import base64
 import html
 import json
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -34,6 +35,13 @@ TITLES = {
 
 #: rows of one table on the HTML page: a browser stays responsive, the CSV keeps them all
 HTML_MAX_ROWS = 2000
+
+#: on a terminal: the columns that name a row, repeated in each panel of a table wider than
+#: the terminal, and the columns that answer the question, first after them
+KEY_COLUMNS = {"cells": 4, "families": 3, "depth": 4, "compile": 2, "flips": 5}
+FIRST = {"cells": ("throughput", "speedup", "stability", "status")}
+#: shorter headers on a terminal (the names stay in CSV, JSON and markdown)
+SHORT = {"batch_size": "bs"}
 
 #: columns people do not need on screen (CSV and JSON keep them)
 HIDDEN = {
@@ -119,15 +127,54 @@ def _rows(shown: dict[str, list[str]]) -> list[tuple[str, ...]]:
     return list(zip(*shown.values(), strict=True))
 
 
-def to_terminal(frame: pd.DataFrame, hidden: Sequence[str] = ()) -> str:
-    """A fixed-width text table (the tool's one table printer); numbers right-aligned."""
+def to_terminal(
+    frame: pd.DataFrame,
+    hidden: Sequence[str] = (),
+    width: int | None = None,
+    keep: int = 1,
+    why_empty: str = "",
+) -> str:
+    """A fixed-width text table (the tool's one table printer); numbers right-aligned. With
+    ``width``, a wider table wraps to fit, its first ``keep`` columns in every panel."""
     from mlflow_ngraph.table import format_table
 
     shown = _text_columns(frame, hidden)
     if frame.empty or not shown:
-        return "(no rows)"
+        return f"(no rows: {why_empty})" if why_empty else "(no rows)"
     numeric = [pd.api.types.is_numeric_dtype(frame[c]) for c in shown]
-    return format_table(list(shown), _rows(shown), numeric)
+    headers = [SHORT.get(c, c) for c in shown]
+    return format_table(headers, _rows(shown), numeric, width=width, keep=keep)
+
+
+def _terminal_order(frame: pd.DataFrame, keep: int, first: Sequence[str]) -> pd.DataFrame:
+    """The ``keep`` naming columns, then those that answer the question, then the rest."""
+    keys = list(frame.columns[:keep])
+    ahead = [c for c in first if c in frame and c not in keys]
+    rest = [c for c in frame.columns if c not in keys and c not in ahead]
+    return frame[[*keys, *ahead, *rest]]
+
+
+def terminal_tables(
+    tables: Mapping[str, pd.DataFrame], width: int, why_empty: Mapping[str, str] | None = None
+) -> str:
+    """Every table for a terminal ``width`` columns wide, each under its title; a device
+    column of one value goes into the title."""
+    parts = []
+    for name, frame in tables.items():
+        title, keep = TITLES[name], KEY_COLUMNS.get(name, 1)
+        if "device" in frame and len(frame) and frame["device"].nunique(dropna=False) == 1:
+            title += f"; device {frame['device'].iloc[0]}"
+            frame = frame.drop(columns=["device"])
+            keep -= 1  # the device is one of the naming columns of every table that has it
+        body = to_terminal(
+            _terminal_order(frame, keep, FIRST.get(name, ())),
+            HIDDEN.get(name, ()),
+            width,
+            keep,
+            (why_empty or {}).get(name, ""),
+        )
+        parts.append(f"{textwrap.fill(title, width)}\n\n{body}")
+    return "\n\n\n".join(parts) + "\n"
 
 
 def _escape(text: str) -> str:
@@ -143,6 +190,11 @@ def to_markdown(frame: pd.DataFrame, hidden: Sequence[str] = ()) -> str:
     lines.append("|" + "|".join(" --- " for _ in shown) + "|")
     lines += ["| " + " | ".join(_escape(v) for v in row) + " |" for row in _rows(shown)]
     return "\n".join(lines)
+
+
+def _markdown_or_why(frame: pd.DataFrame, hidden: Sequence[str], why_empty: str) -> str:
+    text = to_markdown(frame, hidden)
+    return f"(no rows: {why_empty})" if text == "(no rows)" and why_empty else text
 
 
 def to_csv(frame: pd.DataFrame) -> str:
@@ -177,11 +229,18 @@ def _json(payload: list[dict] | dict[str, list[dict]]) -> str:
     return "[\n" + ",\n".join(lines) + "\n]"
 
 
-def render(tables: Mapping[str, pd.DataFrame], fmt: str) -> str:
+def render(
+    tables: Mapping[str, pd.DataFrame],
+    fmt: str,
+    width: int | None = None,
+    why_empty: Mapping[str, str] | None = None,
+) -> str:
     """All ``tables`` in one format.
 
     One table: JSON is a list of records and CSV a plain file. Several tables: JSON is an
     object of table name -> records, and CSV holds each table after a ``# <name>`` line.
+    A terminal's tables fit ``width`` columns (default: the terminal's); ``why_empty`` says,
+    per table, why it has no rows.
     """
     if fmt == "json":
         body = {name: records(df) for name, df in tables.items()}
@@ -191,13 +250,16 @@ def render(tables: Mapping[str, pd.DataFrame], fmt: str) -> str:
             return to_csv(next(iter(tables.values())))
         return "\n".join(f"# {name}\n{to_csv(df)}" for name, df in tables.items())
     if fmt == "markdown":
+        why = why_empty or {}
         parts = [
-            f"## {TITLES[n]}\n\n{to_markdown(df, HIDDEN.get(n, ()))}" for n, df in tables.items()
+            f"## {TITLES[n]}\n\n{_markdown_or_why(df, HIDDEN.get(n, ()), why.get(n, ''))}"
+            for n, df in tables.items()
         ]
         return "\n\n".join(parts) + "\n"
     if fmt == "terminal":
-        parts = [f"{TITLES[n]}\n\n{to_terminal(df, HIDDEN.get(n, ()))}" for n, df in tables.items()]
-        return "\n\n\n".join(parts) + "\n"
+        from mlflow_ngraph.table import terminal_width
+
+        return terminal_tables(tables, width or terminal_width(), why_empty)
     raise ValueError(f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
 
 

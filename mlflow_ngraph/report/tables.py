@@ -763,3 +763,56 @@ def _flip_row(group: dict[str, list]) -> dict | None:
         "identity_order": _order(names, ident),
         "compiler_order": _order(names, comp),
     }
+
+
+# --- why a table is empty ---------------------------------------------------------------
+#: what fills the depth tables: a depth x width grid of the blocks, in its own experiment
+FILL_DEPTH = (
+    "`mlflow-ngraph blocks --small` measures a depth x width grid of the blocks into "
+    "ngraph-blocks, then `mlflow-ngraph compare -e ngraph-blocks --table depth`"
+)
+
+
+def why_empty(name: str, frame: pd.DataFrame, depth_batches: Sequence[int]) -> str:
+    """Why table ``name`` has no row for ``frame`` (the rows compare selected), in words
+    that name what would fill it."""
+    results = frame[is_result(frame)]
+    if results.empty:
+        return "no OK measurement among these runs (see the per-cell table's status)"
+    if name == "depth":
+        return _why_no_depth(results, depth_batches)
+    if name == "compile":
+        return ("every engine came from the engine cache (its compile_s is a load) or only "
+                "identity ran")  # fmt: skip
+    if name == "flips":
+        return ("a ranking needs two models or more measured with identity and a compiler "
+                "at one batch size on one device")  # fmt: skip
+    return "nothing to aggregate"
+
+
+def _why_no_depth(results: pd.DataFrame, depth_batches: Sequence[int]) -> str:
+    blocks = block_params(results)
+    if blocks.empty:
+        return f"these runs hold no conv_block or mha_block; {FILL_DEPTH}"
+    if not (blocks["compiler"] == IDENTITY).any():
+        return f"the blocks have no identity run, the baseline of their speedups; {FILL_DEPTH}"
+    measured = sorted(int(b) for b in blocks["batch_size"].dropna().unique())
+    if not set(measured) & set(depth_batches):
+        return (
+            f"the blocks were measured at batch size(s) {', '.join(map(str, measured))}, the "
+            f"depth tables read {', '.join(map(str, depth_batches))} (choose with --batch-size)"
+        )
+    return f"no block speedup at those batch sizes; {FILL_DEPTH}"
+
+
+def single_depth_note(frame: pd.DataFrame) -> str | None:
+    """A note when the depth table has rows but no slope: every block at one depth."""
+    if frame.empty or "depths" not in frame:
+        return None
+    if frame["depths"].map(lambda d: "," in str(d)).any():
+        return None
+    shown = ", ".join(sorted({f"{m} d{d}" for m, d in zip(frame["model"], frame["depths"])}))
+    return (
+        f"Tables VII/VIII: each block was measured at one depth ({shown}); a slope needs two "
+        f"or more: {FILL_DEPTH}"
+    )

@@ -8,6 +8,7 @@ directory is logged as the run's ``engines/bs<b>`` artifact, which is what ``pul
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -76,6 +77,8 @@ class EngineCache:
     def lookup(self, key: str) -> Path | None:
         directory = self.root / key
         if directory.is_dir() and verify(directory):
+            with contextlib.suppress(OSError):  # its last use: `cache --prune` keeps it longer
+                os.utime(directory)
             return directory
         return None
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph import faultpoint
-from mlflow_ngraph.cluster import ENV_DEVICE_NAME, ENV_SWEEP_ID
 from mlflow_ngraph.errors import NgraphError, StoreAway
 from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.variables import ENV_DEVICE_NAME, ENV_SWEEP_ID
 
 log = logging.getLogger(__name__)
 

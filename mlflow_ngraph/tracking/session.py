@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlflow_ngraph import faultpoint
-from mlflow_ngraph.cluster import ENV_SWEEP_ID
 from mlflow_ngraph.errors import HostFault, NgraphError, StoreAway, host_fix
 from mlflow_ngraph.supply import host_fingerprint
 from mlflow_ngraph.tracking import index
@@ -28,11 +27,12 @@ from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.journal import Journal
 from mlflow_ngraph.tracking.recorder import CellRecorder
+from mlflow_ngraph.variables import ENV_SWEEP_ID
 
 if TYPE_CHECKING:
+    from mlflow_ngraph.cells import Cell
     from mlflow_ngraph.config import Spec
     from mlflow_ngraph.devices import DeviceProfile
-    from mlflow_ngraph.runner import Cell
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ def test_a_device_is_counted_by_its_name_not_by_its_profile(tracking_uri):
     _cell(client, exp, "cpu-b", "FINISHED")
     cells = progress(tracking_uri, parse_sweep(SPEC))
     assert cells["cpu-b"]["done"] == 1 and cells["cpu-b"]["failed"] == 0
-    assert cells["cpu-c"] == {"done": 0, "running": 0, "failed": 0, "current": ""}
+    assert cells["cpu-c"] == {"done": 0, "running": 0, "failed": 0, "current": "", "finished": []}
 
 
 def test_an_unreachable_server_is_said_within_seconds_not_counted_as_nothing():

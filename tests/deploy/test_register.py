@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from deploy_support import EXPERIMENT, benchmark, cli
 
-from tests._support import PYTHON
+from tests._support import POSTGRES, POSTGRES_URL, PYTHON, postgres_missing
 
 NAME = "tiny-openvino"
 SAFE = {"MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
@@ -116,28 +116,19 @@ def test_register_alias_load_by_alias_and_serve(store, tmp_path, monkeypatch):
         _stop(serve)
 
 
-def _postgres_available() -> bool:
-    try:
-        import psycopg2
-
-        psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres").close()
-        return True
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(not _postgres_available(), reason="no PostgreSQL on 127.0.0.1:5432")
+@pytest.mark.skipif(bool(postgres_missing()), reason=str(postgres_missing()))
 def test_register_on_a_postgresql_backed_server(tmp_path):
     import psycopg2
 
     database = f"ngraph_deploy_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(host="127.0.0.1", port=5432, user="postgres", dbname="postgres")
+    admin = psycopg2.connect(**POSTGRES)
     admin.autocommit = True
     admin.cursor().execute(f"CREATE DATABASE {database}")
     port = _free_port()
     server = subprocess.Popen(
         [str(Path(PYTHON).parent / "mlflow"), "server", "--backend-store-uri",
-         f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}", "--artifacts-destination",
+         f"{POSTGRES_URL.replace('postgresql:', 'postgresql+psycopg2:')}/{database}",
+         "--artifacts-destination",
          str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port)],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

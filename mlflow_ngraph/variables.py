@@ -1,0 +1,10 @@
+"""Environment variables by which the package's processes hand settings to each other.
+
+Below the cluster (which sets them for a device's benchmark) and the tracking code (which
+reads them into the runs it writes), so that each reads them downward.
+"""
+
+#: the name of the device a sweep task benchmarks (two hosts of one profile stay apart)
+ENV_DEVICE_NAME = "MLFLOW_NGRAPH_DEVICE_NAME"
+#: the id of the sweep a benchmark belongs to (tagged on every run it logs)
+ENV_SWEEP_ID = "MLFLOW_NGRAPH_SWEEP_ID"

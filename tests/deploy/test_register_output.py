@@ -1,0 +1,20 @@
+"""What ``register`` prints is for people: no raw terminal escape codes, no warning about
+MLflow's type hints (the registered model is data for the installed loader, not a Python
+model whose ``predict`` MLflow inspects)."""
+
+from __future__ import annotations
+
+from deploy_support import benchmark, cli
+
+
+def test_register_prints_no_escape_codes_and_no_type_hint_warning(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    benchmark(uri, tmp_path / "home", compilers=["identity", "onnxruntime"])
+    done = cli("register", "-e", "deploy", "--device", "cpu", "--model", "conv_block",
+               "--compiler", "onnxruntime", "--allow-unstable", "--tracking-uri", uri,
+               env={"PYTHONWARNINGS": "always"}, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "alias 'cpu' now points at it" in done.stdout
+    printed = done.stdout + done.stderr
+    assert "\x1b[" not in printed
+    assert "type hint" not in printed.lower()
