@@ -67,8 +67,9 @@ def relative_metrics(
     compiled: Throughputs, identity: Throughputs | None, paired: Throughputs | None = None
 ) -> dict[int, dict[str, float | None]]:
     """speedup, rtr, ase and bsr for every batch size of ``compiled``. ``paired``: the
-    speedups measured in rounds with the identity baseline (the median per-round ratio),
-    which stand in for the ratio of throughputs where the baseline is there."""
+    speedups measured in rounds with the identity baseline (the Hodges-Lehmann estimate of
+    the per-round ratios), which stand in for the ratio of throughputs where the baseline is
+    there."""
     out: dict[int, dict[str, float | None]] = {}
     for b in sorted(compiled):
         ident = identity or {}

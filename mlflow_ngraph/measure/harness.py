@@ -103,8 +103,8 @@ class Measurement:
     host_drift: float | None = None  # the baseline's spread across rounds (sd of log rate)
     #: the speedup's change between the rounds' halves, where their intervals part
     speedup_moved: float | None = None
-    speedup_paired: float | None = None  # median per-round ratio to the identity baseline
-    speedup_ci_low: float | None = None  # its 95% interval (sign test over the rounds)
+    speedup_paired: float | None = None  # per-round ratio to identity (Hodges-Lehmann)
+    speedup_ci_low: float | None = None  # its 95% interval (signed-rank, over the rounds)
     speedup_ci_high: float | None = None
     speedup_halfwidth: float | None = None
     #: energy_j_per_sample and power_w (total and per RAPL domain), where RAPL is readable

@@ -50,8 +50,8 @@ from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER
 #: a window lasts at least this long (pyperf: a value of at least 100 ms); the choice and its
 #: measured effect are in docs/measurement.md
 WINDOW_S = 0.1
-#: rounds before the stop rule may end a measurement: the sign test's 95% interval of a
-#: median needs 6 values (then it spans all six; at 20, the 6th to the 15th)
+#: rounds before the stop rule may end a measurement: the signed-rank 95% interval needs 6
+#: values (then it spans the smallest to the largest ratio)
 MIN_ROUNDS = 6
 #: default target of the stop rule: the figure's 95% interval within +-2%
 PRECISION = 0.02

@@ -208,8 +208,8 @@ def add_relative_metrics(frame: pd.DataFrame) -> pd.DataFrame:
     out = frame.drop(columns=[c for c in values.columns if c in frame], errors="ignore")
     out = pd.concat([out, values], axis=1)
     out[columns] = out[columns].astype(float)
-    # a speedup measured in rounds with its baseline (the median per-round ratio) stands in
-    # for the ratio of the two throughputs, as in the logged values
+    # a speedup measured in rounds with its baseline (the Hodges-Lehmann estimate of the
+    # per-round ratios) stands in for the ratio of the two throughputs, as in the logged values
     paired = out[schema.M_SPEEDUP_PAIRED].astype(float)
     use = out["speedup"].notna() & paired.notna() & (out["compiler"] != IDENTITY)
     out.loc[use, "speedup"] = paired[use]

@@ -79,8 +79,8 @@ M_THROUGHPUT_HALFWIDTH = "throughput_halfwidth"  # relative half-width of its 95
 M_LATENCY_SAMPLES = "latency_samples"  # per-request latencies behind the percentiles
 M_INTERLEAVED = "interleaved"  # 1: measured in rounds with the model's other engines
 M_HOST_DRIFT = "host_drift"  # the baseline's spread across rounds (sd of log rate)
-# the speedup measured in rounds with identity (median per-round ratio; the logged speedup
-# where there is one) and its 95% interval
+# the speedup measured in rounds with identity (Hodges-Lehmann of the per-round ratios; the
+# logged speedup where there is one) and its 95% interval
 M_SPEEDUP_PAIRED = "speedup_paired"
 M_SPEEDUP_CI_LOW = "speedup_ci_low"
 M_SPEEDUP_CI_HIGH = "speedup_ci_high"
