@@ -251,7 +251,7 @@ def run_sweep(
         loopback_only()
     cluster = start_local_cluster(sweep.devices, node_homes) if local else None
     try:
-        _connect(cluster.address if cluster else (address or "auto"), loopback)
+        _connect(cluster.address if cluster else address, loopback)
         with sigterm_interrupts():  # after ray.init, which installs handlers of its own
             echo(f"sweep {sweep_id}: {len(sweep.devices)} device(s) -> {redact_uri(tracking_uri)}")
             present = _await_devices(sweep, wait_s or 0.0, echo)
@@ -259,7 +259,7 @@ def run_sweep(
                 if name not in present:
                     state.state = "missing"
                     state.reason = f"not in the cluster after {wait_s or 0:g} s"
-            pending = _submit(sweep, present, outcome, sweep_id, tracking_uri)
+            pending = _submit(sweep, present, outcome, tracking_uri)
             rejoin_s = REJOIN_WAIT_S if wait_s is None else wait_s
             _watch(pending, outcome, tracking_uri, sweep, echo, refresh_s, rejoin_s, tty)
     finally:
@@ -269,20 +269,21 @@ def run_sweep(
     return outcome
 
 
-def _connect(address: str, loopback: bool) -> None:
-    """This driver joins the cluster at ``address`` (on 127.0.0.1 only with ``loopback``)."""
+def _connect(address: str | None, loopback: bool) -> None:
+    """Join the cluster at ``address`` (the running one for None or 'auto'; on 127.0.0.1
+    only with ``loopback``)."""
     import ray
 
     ray.init(
-        address=address,
+        address=address or "auto",
         log_to_driver=False,
         include_dashboard=False if loopback else None,
         _node_ip_address="127.0.0.1" if loopback else None,
     )
 
 
-def _submit(sweep: SweepSpec, present: set[str], outcome: SweepOutcome, sweep_id: str, uri: str):
-    """One Ray task per present device, asking for its resource: ref -> device name."""
+def _submit(sweep, present, outcome, tracking_uri) -> dict:
+    """One task per present device, asking for its resource: {its ref: its name}."""
     import ray
 
     task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[DeviceFailed])(run_device)
@@ -290,10 +291,9 @@ def _submit(sweep: SweepSpec, present: set[str], outcome: SweepOutcome, sweep_id
     for device in sweep.devices:
         if device.name not in present:
             continue
+        env = device_env(device, outcome.sweep_id, tracking_uri)
         ref = task.options(
-            resources={device.resource: 1},
-            num_cpus=0,
-            runtime_env={"env_vars": device_env(device, sweep_id, uri)},
+            resources={device.resource: 1}, num_cpus=0, runtime_env={"env_vars": env}
         ).remote({"name": device.name, "spec": device.spec})
         pending[ref] = device.name
         outcome.states[device.name].state = "running"
