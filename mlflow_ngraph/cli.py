@@ -294,28 +294,7 @@ def benchmark(
 ) -> None:
     """Compile and measure models x compilers x batch sizes on this device."""
     _setup_logging(-1 if quiet else verbose)
-    from mlflow_ngraph.config import load_spec_file, parse_batch_sizes
-
-    file_data = load_spec_file(resolve_spec_path(spec_file)) if spec_file else {}
-    data = merge_options(
-        file_data,
-        device=device,
-        models=_split_multi(models),
-        compilers=_split_multi(compilers),
-        batch_sizes=parse_batch_sizes(batch_sizes) if batch_sizes else None,
-        scenario=scenario,
-        warmup=warmup,
-        repetitions=repetitions,
-        min_duration=min_duration,
-        max_duration=max_duration,
-        tolerance=tolerance,
-        atol=atol,
-        rtol=rtol,
-        experiment=experiment,
-        tracking_uri=tracking_uri,
-        log_engines=False if no_engine_artifacts else None,
-        log_models=True if log_models else None,
-    )
+    data = _benchmark_data(click.get_current_context().params)
     _run(
         data,
         home,
@@ -325,6 +304,33 @@ def benchmark(
         stability=(max_interval, max_other_cpu, stable_retries, precision),
         quiet=quiet,
         experiment_explicit=experiment is not None,
+    )
+
+
+def _benchmark_data(options: dict[str, Any]) -> dict[str, Any]:
+    """The spec settings of a ``benchmark`` command line, from its parsed ``options``."""
+    from mlflow_ngraph.config import load_spec_file, parse_batch_sizes
+
+    spec_file, batch_sizes = options["spec_file"], options["batch_sizes"]
+    file_data = load_spec_file(resolve_spec_path(spec_file)) if spec_file else {}
+    return merge_options(
+        file_data,
+        device=options["device"],
+        models=_split_multi(options["models"]),
+        compilers=_split_multi(options["compilers"]),
+        batch_sizes=parse_batch_sizes(batch_sizes) if batch_sizes else None,
+        scenario=options["scenario"],
+        warmup=options["warmup"],
+        repetitions=options["repetitions"],
+        min_duration=options["min_duration"],
+        max_duration=options["max_duration"],
+        tolerance=options["tolerance"],
+        atol=options["atol"],
+        rtol=options["rtol"],
+        experiment=options["experiment"],
+        tracking_uri=options["tracking_uri"],
+        log_engines=False if options["no_engine_artifacts"] else None,
+        log_models=True if options["log_models"] else None,
     )
 
 
@@ -489,7 +495,17 @@ def blocks(
 ) -> None:
     """Run the depth x width x batch grid of conv_block and mha_block (Tables VII/VIII)."""
     _setup_logging(verbose)
+    data = _blocks_data(click.get_current_context().params)
+    _run(data, home, retry_failed)
+
+
+def _blocks_data(options: dict[str, Any]) -> dict[str, Any]:
+    """The spec settings of a ``blocks`` command line, from its parsed ``options``."""
     from mlflow_ngraph.config import parse_batch_sizes
+
+    kinds, widths, depths, small = (options[k] for k in ("kinds", "widths", "depths", "small"))
+    batch_sizes, warmup = options["batch_sizes"], options["warmup"]
+    repetitions, min_duration = options["repetitions"], options["min_duration"]
 
     kind_list = [k for k in kinds.replace(" ", ",").split(",") if k]
     width_list = _int_list(widths, "widths")
@@ -507,20 +523,19 @@ def blocks(
         warmup = SMALL_MEASURE["warmup"] if warmup is None else warmup
         repetitions = SMALL_MEASURE["repetitions"] if repetitions is None else repetitions
         min_duration = SMALL_MEASURE["min_duration"] if min_duration is None else min_duration
-    data = merge_options(
+    return merge_options(
         {},
-        device=device,
+        device=options["device"],
         models=models,
-        compilers=_split_multi(compilers),
+        compilers=_split_multi(options["compilers"]),
         batch_sizes=sizes,
-        scenario=scenario,
+        scenario=options["scenario"],
         warmup=warmup,
         repetitions=repetitions,
         min_duration=min_duration,
-        experiment=experiment,
-        tracking_uri=tracking_uri,
+        experiment=options["experiment"],
+        tracking_uri=options["tracking_uri"],
     )
-    _run(data, home, retry_failed)
 
 
 @cli.command("compilers")
@@ -570,6 +585,28 @@ def models_command() -> None:
     click.echo(format_table(["model", "family"], rows))
     click.echo("model sets: " + ", ".join(f"{k} ({len(v)})" for k, v in MODEL_SETS.items()))
     click.echo("also: any timm model name, a file ending in .onnx, or package.module:function")
+
+
+#: the commands whose settings are a benchmark spec, and how their options make it
+_SPEC_DATA = {"benchmark": _benchmark_data, "blocks": _blocks_data}
+
+
+def spec_of(args: list[str]) -> dict[str, Any]:
+    """The benchmark spec settings the command line ``mlflow-ngraph ARGS`` would run,
+    without running it (``benchmark`` and ``blocks``).
+
+    Raises:
+        NgraphError: another command, or an option the command rejects (one line).
+    """
+    name = args[0] if args else ""
+    if name not in _SPEC_DATA:
+        raise NgraphError(f"{name!r} does not run a benchmark spec ({', '.join(_SPEC_DATA)} do)")
+    command = cli.commands[name]
+    try:
+        with command.make_context(name, list(args[1:])) as ctx:
+            return _SPEC_DATA[name](ctx.params)
+    except click.ClickException as exc:
+        raise NgraphError(f"{name}: {exc.format_message()}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
