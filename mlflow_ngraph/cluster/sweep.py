@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from mlflow_ngraph.cluster import ENV_DEVICE_NAME, ENV_SWEEP_ID
+from mlflow_ngraph.cluster import ENV_DEVICE_NAME, ENV_PARENT_RUN, ENV_SWEEP_ID
 from mlflow_ngraph.cluster.spec import SweepDevice, SweepSpec
 from mlflow_ngraph.errors import NgraphError, StoreAway
 from mlflow_ngraph.tracking.mlflow_log import redact_uri
@@ -93,6 +93,26 @@ def sweep_key(sweep: SweepSpec, tracking_uri: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def sweep_store(tracking_uri: str | None, local: bool, address: str | None) -> str:
+    """The tracking URI every device of a sweep logs to: ``tracking_uri`` or the default,
+    a local sqlite file by its absolute path (a node's worker runs elsewhere).
+
+    Raises:
+        NgraphError: a local store for devices that are not all on this machine.
+    """
+    from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
+    if not local and uri.startswith(("sqlite:", "file:")) and not address:
+        raise NgraphError(
+            f"a sweep over remote devices needs a tracking server every device reaches, not "
+            f"{redact_uri(uri)}: set MLFLOW_TRACKING_URI=http://... (or use --local)"
+        )
+    return uri
+
+
 def run_device(device: dict[str, Any]) -> dict:
     """Body of a device's Ray task: benchmark the device on this node (its home, journal
     and caches are the node's: ``MLFLOW_NGRAPH_HOME`` as the node was started with). The
@@ -107,9 +127,7 @@ def run_device(device: dict[str, Any]) -> dict:
         spec_path = Path(tmp) / "spec.yaml"
         spec_path.write_text(yaml.safe_dump(device["spec"]))
         command = [sys.executable, "-m", "mlflow_ngraph", "benchmark", "--spec", str(spec_path)]
-        done = subprocess.run(
-            command, env=full_env, capture_output=True, text=True, preexec_fn=_die_with_task()
-        )
+        done = _benchmark(command, full_env)
     tail = redact_uri(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "")
     if done.returncode == StoreAway.exit_code:  # measured into the journal: later, resume
         time.sleep(STORE_AWAY_PAUSE_S)
@@ -122,6 +140,36 @@ def run_device(device: dict[str, Any]) -> dict:
         "output": redact_uri(done.stdout),
         "node": node,
     }
+
+
+#: seconds a cancelled device's benchmark has to mark its open runs KILLED (as Ctrl-C does)
+#: before it is killed
+STOP_S = 20.0
+
+
+def _benchmark(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run a device's benchmark to its end. A cancelled task (``ray.cancel``, which raises
+    KeyboardInterrupt here) stops it as Ctrl-C does, so its runs end KILLED and the next
+    run resumes them; it is polled each second so the interrupt is seen while it runs."""
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_die_with_task(),
+    )  # fmt: skip
+    try:
+        while True:
+            try:
+                out, err = proc.communicate(timeout=1.0)
+                return subprocess.CompletedProcess(command, proc.returncode, out, err)
+            except subprocess.TimeoutExpired:
+                continue
+    except KeyboardInterrupt:
+        proc.terminate()  # the benchmark takes SIGTERM as Ctrl-C
+        try:
+            proc.communicate(timeout=STOP_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
 
 
 def _die_with_task():
@@ -140,11 +188,15 @@ def _die_with_task():
     return lambda: libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def device_env(device: SweepDevice, sweep_id: str, tracking_uri: str) -> dict[str, str]:
+def device_env(
+    device: SweepDevice, sweep_id: str, tracking_uri: str, parent_run: str | None = None
+) -> dict[str, str]:
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     env.update(
         {ENV_DEVICE_NAME: device.name, ENV_SWEEP_ID: sweep_id, "MLFLOW_TRACKING_URI": tracking_uri}
     )
+    if parent_run:
+        env[ENV_PARENT_RUN] = parent_run
     return env
 
 
@@ -201,15 +253,27 @@ def run_sweep(
     node_homes: Path | None = None,
     echo=print,
     refresh_s: float = 2.0,
+    parent_run: str | None = None,
+    every_device: bool = False,
+    on_started=None,
 ) -> SweepOutcome:
     """Run every device's benchmark on the Ray cluster; returns each device's end state.
-    Everything started on Ray (tasks, and with ``local`` the cluster) is released.
+    Everything started on Ray (tasks, and with ``local`` the cluster) is released; on
+    KeyboardInterrupt (a cancel) every device's benchmark is first stopped as Ctrl-C stops
+    it, its runs KILLED.
 
     ``wait_s``: how long a device absent from the cluster is waited for, at the start (0
     when not given) and when its node left mid-sweep (:data:`REJOIN_WAIT_S` when not
     given). ``address``: a cluster's; one on 127.0.0.1 (a cluster of this machine) keeps
     this driver on 127.0.0.1 too. ``node_homes`` (with ``local``): each device's node keeps
-    its journal and caches in ``node_homes/<device>``."""
+    its journal and caches in ``node_homes/<device>``. ``parent_run``: the run each
+    device's benchmark run is nested under. ``every_device``: a device still absent after
+    ``wait_s`` is an error, raised before anything runs. ``on_started()`` is called once
+    every device's task is submitted.
+
+    Raises:
+        NgraphError: the cluster does not answer, or (``every_device``) a device has no node.
+    """
     import ray
 
     sweep_id = sweep_key(sweep, tracking_uri)
@@ -218,38 +282,114 @@ def run_sweep(
     if loopback:
         loopback_only()
     cluster = start_local_cluster(sweep.devices, node_homes) if local else None
+    pending: dict = {}
     try:
-        ray.init(
-            address=cluster.address if cluster else (address or "auto"),
-            log_to_driver=False,
-            include_dashboard=False if loopback else None,
-            _node_ip_address="127.0.0.1" if loopback else None,
-        )
+        _connect(cluster.address if cluster else address, loopback)
         echo(f"sweep {sweep_id}: {len(sweep.devices)} device(s) -> {redact_uri(tracking_uri)}")
         present = _await_devices(sweep, wait_s or 0.0, echo)
-        for name, state in outcome.states.items():
-            if name not in present:
-                state.state, state.reason = "missing", f"not in the cluster after {wait_s or 0:g} s"
-        task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[DeviceFailed])(run_device)
-        pending = {}
-        for device in sweep.devices:
-            if device.name not in present:
-                continue
-            ref = task.options(
-                resources={device.resource: 1},
-                num_cpus=0,
-                runtime_env={"env_vars": device_env(device, sweep_id, tracking_uri)},
-            ).remote({"name": device.name, "spec": device.spec})
-            pending[ref] = device.name
-            outcome.states[device.name].state = "running"
-            outcome.states[device.name].started = time.time()
+        absent = [d for d in sweep.devices if d.name not in present]
+        if every_device and absent:
+            raise NgraphError(no_node(absent[0], address))
+        for device in absent:
+            outcome.states[device.name].state = "missing"
+            outcome.states[device.name].reason = f"not in the cluster after {wait_s or 0:g} s"
+        pending = _submit(sweep, present, outcome, tracking_uri, parent_run)
+        if on_started is not None:
+            on_started(outcome)
         rejoin_s = REJOIN_WAIT_S if wait_s is None else wait_s
         _watch(pending, outcome, tracking_uri, sweep, echo, refresh_s, rejoin_s)
+    except KeyboardInterrupt:
+        _stop(pending, outcome, echo)
+        raise
     finally:
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
     return outcome
+
+
+def no_node(device: SweepDevice, address: str | None) -> str:
+    return (
+        f"device {device.name!r} has no node in the Ray cluster at {address or 'auto'}: start "
+        f"one on the device with ray start --address=<head>:6379 "
+        f"--resources='{{\"{device.resource}\": 1}}'"
+    )
+
+
+def _connect(address: str | None, loopback: bool) -> None:
+    """Join the cluster at ``address`` (the running one for None or 'auto').
+
+    Raises:
+        NgraphError: nothing answers there (one line).
+    """
+    import ray
+
+    if address and not address.startswith(("ray://", "auto")):
+        _check_answers(address)
+    try:
+        ray.init(
+            address=address or "auto",
+            log_to_driver=False,
+            include_dashboard=False if loopback else None,
+            _node_ip_address="127.0.0.1" if loopback else None,
+        )
+    except ConnectionError as exc:
+        raise NgraphError(f"Ray cluster at {address or 'auto'} does not answer: {exc}") from None
+
+
+#: seconds a Ray address is given to accept a connection before it is said not to answer
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _check_answers(address: str) -> None:
+    """One line, at once, for an address where nothing listens (``ray.init`` would retry
+    for a minute)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise NgraphError(f"Ray address {address!r} is not HOST:PORT (nor 'auto')")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise NgraphError(
+            f"Ray cluster at {address} does not answer ({exc.strerror or exc}): start its "
+            f"head with ray start --head, or give the address it printed"
+        ) from None
+
+
+def _submit(sweep, present, outcome, tracking_uri, parent_run) -> dict:
+    """One task per present device, asking for its resource: {its ref: its name}."""
+    import ray
+
+    task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=[DeviceFailed])(run_device)
+    pending = {}
+    for device in sweep.devices:
+        if device.name not in present:
+            continue
+        env = device_env(device, outcome.sweep_id, tracking_uri, parent_run)
+        ref = task.options(
+            resources={device.resource: 1}, num_cpus=0, runtime_env={"env_vars": env}
+        ).remote({"name": device.name, "spec": device.spec})
+        pending[ref] = device.name
+        outcome.states[device.name].state = "running"
+        outcome.states[device.name].started = time.time()
+    return pending
+
+
+def _stop(pending: dict, outcome: SweepOutcome, echo) -> None:
+    """Cancel every running device's task: its benchmark stops as Ctrl-C stops it
+    (:func:`_benchmark`); waited for :data:`STOP_S` and a little more."""
+    import ray
+
+    if not pending or not ray.is_initialized():
+        return
+    echo(f"cancelling {len(pending)} device(s): their benchmarks stop, their runs end KILLED")
+    for ref in pending:
+        ray.cancel(ref)
+    ray.wait(list(pending), num_returns=len(pending), timeout=STOP_S + 10)
+    for name in pending.values():
+        outcome.states[name].state, outcome.states[name].reason = "cancelled", "cancelled"
 
 
 def _is_loopback(address: str | None) -> bool:
