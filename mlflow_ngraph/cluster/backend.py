@@ -42,6 +42,7 @@ from mlflow.projects.utils import (
 )
 
 from mlflow_ngraph.cluster.driver import Driver
+from mlflow_ngraph.cluster.sweep import check_answers
 from mlflow_ngraph.errors import NgraphError
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,7 @@ class RayBackend(AbstractBackend):
         try:
             config = parse_config(backend_config)
             require_ray()
+            check_answers(config.address)
             job = plan_job(project_uri, entry_point, dict(params or {}), version, config,
                            tracking_uri, experiment_id)  # fmt: skip
             driver = Driver(default_home() / "projects" / job["sweep_id"])

@@ -119,19 +119,19 @@ class Driver:
 
     def follow(self, echo) -> None:
         """``echo`` the driver's output, from its start, until it ends."""
-        offset, rest = 0, ""
+        offset, rest = 0, b""
         while True:
             alive = self.alive()
-            with open(self.log_path) as log:
+            with open(self.log_path, "rb") as log:
                 log.seek(offset)
                 chunk = log.read()
                 offset = log.tell()
-            *lines, rest = (rest + chunk).split("\n")
+            *lines, rest = (rest + chunk).split(b"\n")
             for line in lines:
-                echo(line)
+                echo(line.decode(errors="replace"))
             if not alive:
                 if rest:
-                    echo(rest)
+                    echo(rest.decode(errors="replace"))
                 return
             time.sleep(POLL_S)
 
@@ -187,9 +187,11 @@ def project_run(job: dict[str, Any]) -> str:
     found = ml._find_run(client, project["experiment_id"], tags)
     if found:
         return found
+    # the run's `device` param names every device (not the entry point's default)
+    devices = ",".join(d["name"] for d in job["sweep"]["devices"])
     run = get_or_create_run(
         None, project["uri"], project["experiment_id"], project["work_dir"],
-        project["version"], project["entry_point"], project["params"],
+        project["version"], project["entry_point"], {**project["params"], "device": devices},
     )  # fmt: skip
     ml.log_batch(client, run.info.run_id, tags={**tags, MLFLOW_PROJECT_BACKEND: "ngraph-ray"})
     return run.info.run_id

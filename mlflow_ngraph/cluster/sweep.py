@@ -324,8 +324,7 @@ def _connect(address: str | None, loopback: bool) -> None:
     """
     import ray
 
-    if address and not address.startswith(("ray://", "auto")):
-        _check_answers(address)
+    check_answers(address)
     try:
         ray.init(
             address=address or "auto",
@@ -341,11 +340,13 @@ def _connect(address: str | None, loopback: bool) -> None:
 CONNECT_TIMEOUT_S = 5.0
 
 
-def _check_answers(address: str) -> None:
-    """One line, at once, for an address where nothing listens (``ray.init`` would retry
-    for a minute)."""
+def check_answers(address: str | None) -> None:
+    """One line, at once, for a HOST:PORT address where nothing listens (``ray.init``
+    would retry for a minute); 'auto' and ``ray://`` addresses are left to Ray."""
     import socket
 
+    if not address or address.startswith(("ray://", "auto")):
+        return
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise NgraphError(f"Ray address {address!r} is not HOST:PORT (nor 'auto')")
