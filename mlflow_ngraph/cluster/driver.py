@@ -222,6 +222,8 @@ def drive(driver: Driver) -> int:
 
     def on_started(outcome) -> None:
         started.append(outcome)
+        # Ray took SIGTERM when it started (it exits there): a cancel again from here on
+        signal.signal(signal.SIGTERM, _interrupt)
         driver.set_state("running")
 
     def end(phase: str, line: str, status: str, code: int) -> int:
@@ -241,7 +243,7 @@ def drive(driver: Driver) -> int:
         check_outcome(outcome)
     except NgraphError as exc:
         return end("failed" if started else "refused", str(exc), "FAILED", exc.exit_code)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):  # SystemExit: Ray's SIGTERM, while it starts
         return end("cancelled", f"run {run_id} cancelled: run the same command to resume",
                    "KILLED", 130)  # fmt: skip
     done = (f"run {run_id}: every device done; mlflow-ngraph compare -e {sweep.experiment} "
