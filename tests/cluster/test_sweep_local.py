@@ -61,14 +61,20 @@ def sweep(tmp_path_factory):
     command = [PYTHON, "-m", "mlflow_ngraph", "sweep", str(tmp / "sweep.yaml"), "--local"]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
+    sockets, pids = watch(proc)
+    out, err = proc.communicate()
+    return proc.returncode, out, err, uri, sockets, pids
+
+
+def watch(proc: subprocess.Popen) -> tuple[set[str], set[int]]:
+    """Until ``proc`` ends: the listening sockets of it and its descendants, and their pids."""
     sockets: set[str] = set()
     pids: set[int] = set()
     while proc.poll() is None:
         pids |= _descendants(proc.pid)
         sockets.update(_listening(pids))
         time.sleep(1)
-    out, err = proc.communicate()
-    return proc.returncode, out, err, uri, sockets, pids
+    return sockets, pids
 
 
 def test_the_sweep_measures_every_device_and_compares_them(sweep):
