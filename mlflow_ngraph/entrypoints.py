@@ -14,7 +14,7 @@ from __future__ import annotations
 #: (``--models "a b"`` -> ``--model a --model b``)
 LIST_OPTIONS: dict[str, dict[str, str]] = {
     "benchmark": {"--models": "--model", "--compilers": "--compiler"},
-    "blocks": {},
+    "blocks": {"--compilers": "--compiler"},
     "compare": {},
 }
 

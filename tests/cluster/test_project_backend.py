@@ -249,7 +249,8 @@ def test_a_driver_killed_with_kill_9_is_resumed_by_the_same_command(tmp_path):
 
 # --- every entry point -------------------------------------------------------------------------
 def test_the_blocks_entry_point_runs_on_each_device(tmp_path):
-    params = {"kinds": "conv_block", "widths": "8", "depths": "1", "batch_sizes": "1"}
+    params = {"kinds": "conv_block", "widths": "8", "depths": "1", "batch_sizes": "1",
+              "compilers": "identity"}  # fmt: skip
     done = subprocess.run(_command({"local": True, "devices": DEVICES}, params, "blocks"),
                           cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
                           timeout=900)  # fmt: skip
