@@ -200,11 +200,21 @@ def device_env(
     return env
 
 
+#: Ray's usage statistics: off, and the word that they are off, which Ray's dashboard
+#: head sends to usage-stats.ray.io even so, sent to a closed loopback port instead
+NO_USAGE_STATS = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_USAGE_STATS_REPORT_URL": "http://127.0.0.1:9/",
+}
+
+
 def loopback_only() -> None:
     """Keep Ray on 127.0.0.1: it turns 127.0.0.1 into the host's own address when it
-    connects, unless told that this is not a cluster of hosts; every node and worker
-    started from this process inherits the setting."""
+    connects, unless told that this is not a cluster of hosts, and it sends usage
+    statistics unless told not to; every node and worker started from this process
+    inherits the settings."""
     os.environ[LOOPBACK_ONLY] = "0"
+    os.environ.update(NO_USAGE_STATS)
     import ray._private.ray_constants as constants
 
     constants.ENABLE_RAY_CLUSTER = False  # when ray was imported before the variable was set
@@ -218,10 +228,31 @@ def start_local_cluster(devices: list[SweepDevice], homes: Path | None = None):
     from ray.cluster_utils import Cluster
 
     head = {"num_cpus": 0, "_system_config": FAST_HEALTH_CHECK, **LOCAL_NODE}
-    cluster = Cluster(initialize_head=True, head_node_args=head)
+    with _no_cloud_probe():
+        cluster = Cluster(initialize_head=True, head_node_args=head)
     for device in devices:
         add_device_node(cluster, device, homes / device.name if homes else None)
     return cluster
+
+
+@contextmanager
+def _no_cloud_probe():
+    """While the head starts: Ray's dashboard head, which runs even without a dashboard,
+    asks the cloud metadata address (169.254.169.254) which cloud it runs on unless
+    ``$HOME/ray_bootstrap_config.yaml`` (an autoscaler's config) is there; the head's
+    processes get a HOME that holds an empty one. The cluster runs nothing there."""
+    home = Path(tempfile.gettempdir()) / "mlflow-ngraph-ray-head"
+    home.mkdir(exist_ok=True)
+    (home / "ray_bootstrap_config.yaml").write_text("{}\n")
+    saved = os.environ.get("HOME")
+    os.environ["HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = saved
 
 
 def add_device_node(cluster, device: SweepDevice, home: Path | None = None):
