@@ -5,4 +5,4 @@ import sys
 from _common import run_cli
 
 if __name__ == "__main__":
-    run_cli("benchmark", sys.argv[1:], multi={"--models": "--model", "--compilers": "--compiler"})
+    run_cli("benchmark", sys.argv[1:])

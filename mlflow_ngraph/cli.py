@@ -270,20 +270,7 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
 def benchmark(**o: Any) -> None:
     """Compile and measure models x compilers x batch sizes on this device."""
     _setup_logging(-1 if o["quiet"] else o["verbose"])
-    from mlflow_ngraph.config import load_spec_file, parse_batch_sizes
-
-    file_data = load_spec_file(resolve_spec_path(o["spec_file"])) if o["spec_file"] else {}
-    passed = ("device", "scenario", "warmup", "repetitions", "min_duration", "max_duration",
-              "tolerance", "atol", "rtol", "experiment", "tracking_uri")  # fmt: skip
-    data = merge_options(
-        file_data,
-        **{name: o[name] for name in passed},
-        models=_split_multi(o["models"]),
-        compilers=_split_multi(o["compilers"]),
-        batch_sizes=parse_batch_sizes(o["batch_sizes"]) if o["batch_sizes"] else None,
-        log_engines=False if o["no_engine_artifacts"] else None,
-        log_models=True if o["log_models"] else None,
-    )
+    data = _benchmark_data(o)
     _run(
         data,
         o["home"],
@@ -293,6 +280,33 @@ def benchmark(**o: Any) -> None:
         stability=(o["max_interval"], o["max_other_cpu"], o["stable_retries"], o["precision"]),
         quiet=o["quiet"],
         experiment_explicit=o["experiment"] is not None,
+    )
+
+
+def _benchmark_data(options: dict[str, Any]) -> dict[str, Any]:
+    """The spec settings of a ``benchmark`` command line, from its parsed ``options``."""
+    from mlflow_ngraph.config import load_spec_file, parse_batch_sizes
+
+    spec_file, batch_sizes = options["spec_file"], options["batch_sizes"]
+    file_data = load_spec_file(resolve_spec_path(spec_file)) if spec_file else {}
+    return merge_options(
+        file_data,
+        device=options["device"],
+        models=_split_multi(options["models"]),
+        compilers=_split_multi(options["compilers"]),
+        batch_sizes=parse_batch_sizes(batch_sizes) if batch_sizes else None,
+        scenario=options["scenario"],
+        warmup=options["warmup"],
+        repetitions=options["repetitions"],
+        min_duration=options["min_duration"],
+        max_duration=options["max_duration"],
+        tolerance=options["tolerance"],
+        atol=options["atol"],
+        rtol=options["rtol"],
+        experiment=options["experiment"],
+        tracking_uri=options["tracking_uri"],
+        log_engines=False if options["no_engine_artifacts"] else None,
+        log_models=True if options["log_models"] else None,
     )
 
 
@@ -452,6 +466,11 @@ def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) 
 def blocks(**o: Any) -> None:
     """Run the depth x width x batch grid of conv_block and mha_block (Tables VII/VIII)."""
     _setup_logging(o["verbose"])
+    _run(_blocks_data(o), o["home"], o["retry_failed"])
+
+
+def _blocks_data(o: dict[str, Any]) -> dict[str, Any]:
+    """The spec settings of a ``blocks`` command line, from its parsed options ``o``."""
     from mlflow_ngraph.config import parse_batch_sizes
 
     small = o["small"]
@@ -464,7 +483,7 @@ def blocks(**o: Any) -> None:
     measure = {name: o[name] for name in SMALL_MEASURE}
     if small:  # the small grid's settings, where the command line gives none
         measure = {k: SMALL_MEASURE[k] if v is None else v for k, v in measure.items()}
-    data = merge_options(
+    return merge_options(
         {},
         **measure,
         device=o["device"],
@@ -475,7 +494,6 @@ def blocks(**o: Any) -> None:
         experiment=o["experiment"],
         tracking_uri=o["tracking_uri"],
     )
-    _run(data, o["home"], o["retry_failed"])
 
 
 def _block_grid(kinds: str, widths: str | None, depths: str | None, small: bool) -> list[dict]:
@@ -536,6 +554,28 @@ def models_command() -> None:
     click.echo(format_table(["model", "family"], rows))
     click.echo("model sets: " + ", ".join(f"{k} ({len(v)})" for k, v in MODEL_SETS.items()))
     click.echo("also: any timm model name, a file ending in .onnx, or package.module:function")
+
+
+#: the commands whose settings are a benchmark spec, and how their options make it
+_SPEC_DATA = {"benchmark": _benchmark_data, "blocks": _blocks_data}
+
+
+def spec_of(args: list[str]) -> dict[str, Any]:
+    """The benchmark spec settings the command line ``mlflow-ngraph ARGS`` would run,
+    without running it (``benchmark`` and ``blocks``).
+
+    Raises:
+        NgraphError: another command, or an option the command rejects (one line).
+    """
+    name = args[0] if args else ""
+    if name not in _SPEC_DATA:
+        raise NgraphError(f"{name!r} does not run a benchmark spec ({', '.join(_SPEC_DATA)} do)")
+    command = cli.commands[name]
+    try:
+        with command.make_context(name, list(args[1:])) as ctx:
+            return _SPEC_DATA[name](ctx.params)
+    except click.ClickException as exc:
+        raise NgraphError(f"{name}: {exc.format_message()}") from None
 
 
 def main(argv: list[str] | None = None) -> None:

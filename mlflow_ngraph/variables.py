@@ -8,3 +8,6 @@ reads them into the runs it writes), so that each reads them downward.
 ENV_DEVICE_NAME = "MLFLOW_NGRAPH_DEVICE_NAME"
 #: the id of the sweep a benchmark belongs to (tagged on every run it logs)
 ENV_SWEEP_ID = "MLFLOW_NGRAPH_SWEEP_ID"
+#: the run every device's benchmark run is nested under (the ``mlflow run`` run of the
+#: ``ngraph-ray`` project backend)
+ENV_PARENT_RUN = "MLFLOW_NGRAPH_PARENT_RUN_ID"

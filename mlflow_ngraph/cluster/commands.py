@@ -57,21 +57,13 @@ def sweep_command(spec_file, local, address, wait_s, tracking_uri, home) -> None
 
     from mlflow_ngraph.cli import _setup_logging, default_home, resolve_spec_path
     from mlflow_ngraph.cluster.spec import load_sweep
-    from mlflow_ngraph.cluster.sweep import check_outcome, require_ray, run_sweep
-    from mlflow_ngraph.errors import NgraphError
-    from mlflow_ngraph.tracking.mlflow_log import redact_uri, resolve_tracking_uri
+    from mlflow_ngraph.cluster.sweep import check_outcome, require_ray, run_sweep, sweep_store
+    from mlflow_ngraph.tracking.mlflow_log import redact_uri
 
     _setup_logging(0)
     require_ray()
     sweep = load_sweep(resolve_spec_path(str(spec_file)))
-    uri = resolve_tracking_uri(tracking_uri or sweep.shared.get("tracking_uri"))
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        uri = "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
-    if not local and uri.startswith(("sqlite:", "file:")) and not address:
-        raise NgraphError(
-            f"a sweep over remote devices needs a tracking server every device reaches, not "
-            f"{redact_uri(uri)}: set MLFLOW_TRACKING_URI=http://... (or use --local)"
-        )
+    uri = sweep_store(tracking_uri or sweep.shared.get("tracking_uri"), local, address)
     homes = (home or default_home()) / "nodes" if local else None
     outcome = run_sweep(
         sweep, uri, local=local, address=address, wait_s=wait_s, node_homes=homes,

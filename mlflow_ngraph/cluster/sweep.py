@@ -30,7 +30,7 @@ import yaml
 from mlflow_ngraph.cluster.spec import SweepDevice, SweepSpec
 from mlflow_ngraph.errors import NgraphError, StoreAway
 from mlflow_ngraph.tracking.mlflow_log import redact_uri
-from mlflow_ngraph.variables import ENV_DEVICE_NAME, ENV_SWEEP_ID
+from mlflow_ngraph.variables import ENV_DEVICE_NAME, ENV_PARENT_RUN, ENV_SWEEP_ID
 from mlflow_ngraph.view import duration
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,26 @@ def sigterm_interrupts():
         signal.signal(signal.SIGTERM, previous)
 
 
+def sweep_store(tracking_uri: str | None, local: bool, address: str | None) -> str:
+    """The tracking URI every device of a sweep logs to: ``tracking_uri`` or the default,
+    a local sqlite file by its absolute path (a node's worker runs elsewhere).
+
+    Raises:
+        NgraphError: a local store for devices that are not all on this machine.
+    """
+    from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
+    if not local and uri.startswith(("sqlite:", "file:")) and not address:
+        raise NgraphError(
+            f"a sweep over remote devices needs a tracking server every device reaches, not "
+            f"{redact_uri(uri)}: set MLFLOW_TRACKING_URI=http://... (or use --local)"
+        )
+    return uri
+
+
 def run_device(device: dict[str, Any]) -> dict:
     """Body of a device's Ray task: benchmark the device on this node (its home, journal
     and caches are the node's: ``MLFLOW_NGRAPH_HOME`` as the node was started with). The
@@ -137,9 +157,7 @@ def run_device(device: dict[str, Any]) -> dict:
         spec_path = Path(tmp) / "spec.yaml"
         spec_path.write_text(yaml.safe_dump(device["spec"]))
         command = [sys.executable, "-m", "mlflow_ngraph", "benchmark", "--spec", str(spec_path)]
-        done = subprocess.run(
-            command, env=full_env, capture_output=True, text=True, preexec_fn=_die_with_task()
-        )
+        done = _benchmark(command, full_env)
     tail = redact_uri(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "")
     if done.returncode == StoreAway.exit_code:  # measured into the journal: later, resume
         time.sleep(STORE_AWAY_PAUSE_S)
@@ -152,6 +170,36 @@ def run_device(device: dict[str, Any]) -> dict:
         "output": redact_uri(done.stdout),
         "node": node,
     }
+
+
+#: seconds a cancelled device's benchmark has to mark its open runs KILLED (as Ctrl-C does)
+#: before it is killed
+STOP_S = 20.0
+
+
+def _benchmark(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run a device's benchmark to its end. A cancelled task (``ray.cancel``, which raises
+    KeyboardInterrupt here) stops it as Ctrl-C does, so its runs end KILLED and the next
+    run resumes them; it is polled each second so the interrupt is seen while it runs."""
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_die_with_task(),
+    )  # fmt: skip
+    try:
+        while True:
+            try:
+                out, err = proc.communicate(timeout=1.0)
+                return subprocess.CompletedProcess(command, proc.returncode, out, err)
+            except subprocess.TimeoutExpired:
+                continue
+    except KeyboardInterrupt:
+        proc.terminate()  # the benchmark takes SIGTERM as Ctrl-C
+        try:
+            proc.communicate(timeout=STOP_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
 
 
 def _die_with_task():
@@ -170,19 +218,33 @@ def _die_with_task():
     return lambda: libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def device_env(device: SweepDevice, sweep_id: str, tracking_uri: str) -> dict[str, str]:
+def device_env(
+    device: SweepDevice, sweep_id: str, tracking_uri: str, parent_run: str | None = None
+) -> dict[str, str]:
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     env.update(
         {ENV_DEVICE_NAME: device.name, ENV_SWEEP_ID: sweep_id, "MLFLOW_TRACKING_URI": tracking_uri}
     )
+    if parent_run:
+        env[ENV_PARENT_RUN] = parent_run
     return env
+
+
+#: Ray's usage statistics: off, and the word that they are off, which Ray's dashboard
+#: head sends to usage-stats.ray.io even so, sent to a closed loopback port instead
+NO_USAGE_STATS = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_USAGE_STATS_REPORT_URL": "http://127.0.0.1:9/",
+}
 
 
 def loopback_only() -> None:
     """Keep Ray on 127.0.0.1: it turns 127.0.0.1 into the host's own address when it
-    connects, unless told that this is not a cluster of hosts; every node and worker
-    started from this process inherits the setting."""
+    connects, unless told that this is not a cluster of hosts, and it sends usage
+    statistics unless told not to; every node and worker started from this process
+    inherits the settings."""
     os.environ[LOOPBACK_ONLY] = "0"
+    os.environ.update(NO_USAGE_STATS)
     import ray._private.ray_constants as constants
 
     constants.ENABLE_RAY_CLUSTER = False  # when ray was imported before the variable was set
@@ -196,10 +258,31 @@ def start_local_cluster(devices: list[SweepDevice], homes: Path | None = None):
     from ray.cluster_utils import Cluster
 
     head = {"num_cpus": 0, "_system_config": FAST_HEALTH_CHECK, **LOCAL_NODE}
-    cluster = Cluster(initialize_head=True, head_node_args=head)
+    with _no_cloud_probe():
+        cluster = Cluster(initialize_head=True, head_node_args=head)
     for device in devices:
         add_device_node(cluster, device, homes / device.name if homes else None)
     return cluster
+
+
+@contextmanager
+def _no_cloud_probe():
+    """While the head starts: Ray's dashboard head, which runs even without a dashboard,
+    asks the cloud metadata address (169.254.169.254) which cloud it runs on unless
+    ``$HOME/ray_bootstrap_config.yaml`` (an autoscaler's config) is there; the head's
+    processes get a HOME that holds an empty one. The cluster runs nothing there."""
+    home = Path(tempfile.gettempdir()) / "mlflow-ngraph-ray-head"
+    home.mkdir(exist_ok=True)
+    (home / "ray_bootstrap_config.yaml").write_text("{}\n")
+    saved = os.environ.get("HOME")
+    os.environ["HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = saved
 
 
 def add_device_node(cluster, device: SweepDevice, home: Path | None = None):
@@ -232,16 +315,28 @@ def run_sweep(
     echo=print,
     refresh_s: float = 2.0,
     tty: bool = True,
+    parent_run: str | None = None,
+    every_device: bool = False,
+    on_started=None,
 ) -> SweepOutcome:
     """Run every device's benchmark on the Ray cluster; returns each device's end state.
-    Everything started on Ray (tasks, and with ``local`` the cluster) is released.
+    Everything started on Ray (tasks, and with ``local`` the cluster) is released; on
+    KeyboardInterrupt (a cancel) every device's benchmark is first stopped as Ctrl-C stops
+    it, its runs KILLED.
 
     ``wait_s``: how long a device absent from the cluster is waited for, at the start (0
     when not given) and when its node left mid-sweep (:data:`REJOIN_WAIT_S` when not
     given). ``address``: a cluster's; one on 127.0.0.1 (a cluster of this machine) keeps
     this driver on 127.0.0.1 too. ``node_homes`` (with ``local``): each device's node keeps
     its journal and caches in ``node_homes/<device>``. ``tty``: the progress is a table
-    redrawn on a terminal, one line per finished cell in a log."""
+    redrawn on a terminal, one line per finished cell in a log. ``parent_run``: the run
+    each device's benchmark run is nested under. ``every_device``: a device still absent
+    after ``wait_s`` is an error, raised before anything runs. ``on_started()`` is called
+    once every device's task is submitted.
+
+    Raises:
+        NgraphError: the cluster does not answer, or (``every_device``) a device has no node.
+    """
     import ray
 
     sweep_id = sweep_key(sweep, tracking_uri)
@@ -250,18 +345,26 @@ def run_sweep(
     if loopback:
         loopback_only()
     cluster = start_local_cluster(sweep.devices, node_homes) if local else None
+    pending: dict = {}
     try:
         _connect(cluster.address if cluster else address, loopback)
         with sigterm_interrupts():  # after ray.init, which installs handlers of its own
             echo(f"sweep {sweep_id}: {len(sweep.devices)} device(s) -> {redact_uri(tracking_uri)}")
             present = _await_devices(sweep, wait_s or 0.0, echo)
-            for name, state in outcome.states.items():
-                if name not in present:
-                    state.state = "missing"
-                    state.reason = f"not in the cluster after {wait_s or 0:g} s"
-            pending = _submit(sweep, present, outcome, tracking_uri)
+            absent = [d for d in sweep.devices if d.name not in present]
+            if every_device and absent:
+                raise NgraphError(no_node(absent[0], address))
+            for device in absent:
+                outcome.states[device.name].state = "missing"
+                outcome.states[device.name].reason = f"not in the cluster after {wait_s or 0:g} s"
+            pending = _submit(sweep, present, outcome, tracking_uri, parent_run)
+            if on_started is not None:
+                on_started(outcome)
             rejoin_s = REJOIN_WAIT_S if wait_s is None else wait_s
             _watch(pending, outcome, tracking_uri, sweep, echo, refresh_s, rejoin_s, tty)
+    except KeyboardInterrupt:
+        _stop(pending, outcome, echo)
+        raise
     finally:
         ray.shutdown()
         if cluster is not None:
@@ -269,20 +372,58 @@ def run_sweep(
     return outcome
 
 
-def _connect(address: str | None, loopback: bool) -> None:
-    """Join the cluster at ``address`` (the running one for None or 'auto'; on 127.0.0.1
-    only with ``loopback``)."""
-    import ray
-
-    ray.init(
-        address=address or "auto",
-        log_to_driver=False,
-        include_dashboard=False if loopback else None,
-        _node_ip_address="127.0.0.1" if loopback else None,
+def no_node(device: SweepDevice, address: str | None) -> str:
+    return (
+        f"device {device.name!r} has no node in the Ray cluster at {address or 'auto'}: start "
+        f"one on the device with ray start --address=<head>:6379 "
+        f"--resources='{{\"{device.resource}\": 1}}'"
     )
 
 
-def _submit(sweep, present, outcome, tracking_uri) -> dict:
+def _connect(address: str | None, loopback: bool) -> None:
+    """Join the cluster at ``address`` (the running one for None or 'auto').
+
+    Raises:
+        NgraphError: nothing answers there (one line).
+    """
+    import ray
+
+    check_answers(address)
+    try:
+        ray.init(
+            address=address or "auto",
+            log_to_driver=False,
+            include_dashboard=False if loopback else None,
+            _node_ip_address="127.0.0.1" if loopback else None,
+        )
+    except ConnectionError as exc:
+        raise NgraphError(f"Ray cluster at {address or 'auto'} does not answer: {exc}") from None
+
+
+#: seconds a Ray address is given to accept a connection before it is said not to answer
+CONNECT_TIMEOUT_S = 5.0
+
+
+def check_answers(address: str | None) -> None:
+    """One line, at once, for a HOST:PORT address where nothing listens (``ray.init``
+    would retry for a minute); 'auto' and ``ray://`` addresses are left to Ray."""
+    import socket
+
+    if not address or address.startswith(("ray://", "auto")):
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise NgraphError(f"Ray address {address!r} is not HOST:PORT (nor 'auto')")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise NgraphError(
+            f"Ray cluster at {address} does not answer ({exc.strerror or exc}): start its "
+            f"head with ray start --head, or give the address it printed"
+        ) from None
+
+
+def _submit(sweep, present, outcome, tracking_uri, parent_run) -> dict:
     """One task per present device, asking for its resource: {its ref: its name}."""
     import ray
 
@@ -291,7 +432,7 @@ def _submit(sweep, present, outcome, tracking_uri) -> dict:
     for device in sweep.devices:
         if device.name not in present:
             continue
-        env = device_env(device, outcome.sweep_id, tracking_uri)
+        env = device_env(device, outcome.sweep_id, tracking_uri, parent_run)
         ref = task.options(
             resources={device.resource: 1}, num_cpus=0, runtime_env={"env_vars": env}
         ).remote({"name": device.name, "spec": device.spec})
@@ -299,6 +440,21 @@ def _submit(sweep, present, outcome, tracking_uri) -> dict:
         outcome.states[device.name].state = "running"
         outcome.states[device.name].started = time.time()
     return pending
+
+
+def _stop(pending: dict, outcome: SweepOutcome, echo) -> None:
+    """Cancel every running device's task: its benchmark stops as Ctrl-C stops it
+    (:func:`_benchmark`); waited for :data:`STOP_S` and a little more."""
+    import ray
+
+    if not pending or not ray.is_initialized():
+        return
+    echo(f"cancelling {len(pending)} device(s): their benchmarks stop, their runs end KILLED")
+    for ref in pending:
+        ray.cancel(ref)
+    ray.wait(list(pending), num_returns=len(pending), timeout=STOP_S + 10)
+    for name in pending.values():
+        outcome.states[name].state, outcome.states[name].reason = "cancelled", "cancelled"
 
 
 def _is_loopback(address: str | None) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 from mlflow_ngraph import faultpoint
 from mlflow_ngraph.errors import NgraphError, StoreAway
 from mlflow_ngraph.tracking import schema as S
-from mlflow_ngraph.variables import ENV_DEVICE_NAME, ENV_SWEEP_ID
+from mlflow_ngraph.variables import ENV_DEVICE_NAME, ENV_PARENT_RUN, ENV_SWEEP_ID
 
 log = logging.getLogger(__name__)
 
@@ -359,13 +359,18 @@ def run_experiment(client, name: str, explicit: bool = False) -> tuple[str, str]
         return ensure_experiment(client, name), name
     experiment = client.get_experiment(client.get_run(active).info.experiment_id)
     if explicit and experiment.name != name:
-        raise NgraphError(
-            f"experiment {name!r} (-P experiment / --experiment) is not the experiment of this "
-            f"mlflow run ({experiment.name!r}): choose it with "
-            f"'mlflow run . --experiment-name {name} ...' and leave -P experiment out"
-        )
+        raise experiment_mismatch(name, experiment.name)
     _mark_runs_view(client, experiment)
     return experiment.experiment_id, experiment.name
+
+
+def experiment_mismatch(name: str, project_experiment: str) -> NgraphError:
+    """The error of ``-P experiment`` naming another experiment than the ``mlflow run``'s."""
+    return NgraphError(
+        f"experiment {name!r} (-P experiment / --experiment) is not the experiment of this "
+        f"mlflow run ({project_experiment!r}): choose it with "
+        f"'mlflow run . --experiment-name {name} ...' and leave -P experiment out"
+    )
 
 
 def _find_runs(client, experiment_id: str, tags: dict[str, str]) -> list:
@@ -444,9 +449,12 @@ def device_name(profile_name: str) -> str:
 
 def parent_run(client, experiment_id: str, spec, profile, environment: dict, tags: dict) -> str:
     """The benchmark's parent run: the ``mlflow run`` run when inside one, else the run of
-    an earlier invocation of the same spec on this device, else a new one."""
+    an earlier invocation of the same spec on this device, else a new one. Under the
+    ``ngraph-ray`` project backend it is the device's run nested under the project's."""
     device = device_name(profile.name)
     role_tags = {S.T_ROLE: "benchmark", S.T_SPEC_HASH: spec.spec_hash, S.T_DEVICE: device}
+    if os.environ.get(ENV_PARENT_RUN):
+        role_tags[S.T_PARENT] = os.environ[ENV_PARENT_RUN]
     sweep = os.environ.get(ENV_SWEEP_ID)
     try:
         run_id = os.environ.get("MLFLOW_RUN_ID") or find_or_create_run(

@@ -20,7 +20,7 @@ P_FLAG_PREFIX = "flag."
 P_SCENARIO = "scenario"
 
 # --- tags -------------------------------------------------------------------------------
-T_ROLE = "ngraph.role"  # "benchmark" (parent), "cell" (child), "report"
+T_ROLE = "ngraph.role"  # "benchmark" (parent), "cell" (child), "report", "project" (ngraph-ray)
 T_CELL_KEY = "ngraph.cell_key"
 T_SPEC_HASH = "ngraph.spec_hash"
 T_STATUS = "ngraph.status"  # OK, INVALID (output check failed), FAILED

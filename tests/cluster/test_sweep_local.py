@@ -40,14 +40,15 @@ def _descendants(pid: int) -> set[int]:
     return found | {pid}
 
 
-def _listening(pids: set[int]) -> list[str]:
-    """``address:port`` of every listening TCP socket of ``pids``."""
-    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+def _listening(pids: set[int], states: str = "-ltnpH") -> list[str]:
+    """``address:port`` of every listening TCP socket of ``pids`` (with ``states``
+    "-atnpH": of every TCP socket, and the peer's of a connected one)."""
+    out = subprocess.run(["ss", states], capture_output=True, text=True).stdout
     sockets = []
     for line in out.splitlines():
         owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
         if owners & pids:
-            sockets.append(line.split()[3])
+            sockets += [a for a in line.split()[3:5] if not a.endswith(":*")]
     return sockets
 
 
@@ -61,14 +62,21 @@ def sweep(tmp_path_factory):
     command = [PYTHON, "-m", "mlflow_ngraph", "sweep", str(tmp / "sweep.yaml"), "--local"]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)  # fmt: skip
+    sockets, pids = watch(proc)
+    out, err = proc.communicate()
+    return proc.returncode, out, err, uri, sockets, pids
+
+
+def watch(proc: subprocess.Popen, states: str = "-ltnpH") -> tuple[set[str], set[int]]:
+    """Until ``proc`` ends: the sockets of it and its descendants (listening ones, or those
+    ``states`` selects, see :func:`_listening`), and their pids."""
     sockets: set[str] = set()
     pids: set[int] = set()
     while proc.poll() is None:
         pids |= _descendants(proc.pid)
-        sockets.update(_listening(pids))
+        sockets.update(_listening(pids, states))
         time.sleep(1)
-    out, err = proc.communicate()
-    return proc.returncode, out, err, uri, sockets, pids
+    return sockets, pids
 
 
 def test_the_sweep_measures_every_device_and_compares_them(sweep):

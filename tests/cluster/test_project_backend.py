@@ -1,0 +1,339 @@
+"""``mlflow run . -e benchmark --backend ngraph-ray``: MLflow's own command on a Ray cluster
+of this machine (two fake devices, every socket on 127.0.0.1), a real sqlite store.
+
+The backend is found through its entry point; both devices' cells land under the project's
+run as ``sweep`` logs them; the submitted run waits, reports and cancels as MLflow expects;
+a client killed with ``kill -9`` is picked up by the same command; every bad input is one
+line and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests._support import PYTHON, REPO
+from tests.cluster.test_sweep_local import _descendants, watch
+
+MLFLOW = str(Path(PYTHON).parent / "mlflow")
+DEVICES = [{"name": "xeon-a", "profile": "xeon"}, {"name": "cpu-b", "profile": "cpu"}]
+TINY = {
+    "models": "conv_block:width=8,depth=1,image_size=32",
+    "compilers": "identity",
+    "batch_sizes": "1",
+    "warmup": "1",
+    "repetitions": "3",
+    "min_duration": "0.05",
+}
+#: three cells on one device, two batch sizes: a cancel or a kill lands between them
+LONGER = {**TINY, "compilers": "identity torchscript onnxruntime", "batch_sizes": "1,2"}
+LOOPBACK = ("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    return {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}",
+            "MLFLOW_NGRAPH_HOME": str(tmp / "home"), "PYTHONPATH": str(REPO)}  # fmt: skip
+
+
+def _command(config: dict | str, params: dict, entry: str = "benchmark") -> list[str]:
+    config_text = config if isinstance(config, str) else json.dumps(config)
+    args = [MLFLOW, "run", str(REPO), "-e", entry, "--experiment-name", "backend-test",
+            "--backend", "ngraph-ray", "--backend-config", config_text]  # fmt: skip
+    for key, value in params.items():
+        args += ["-P", f"{key}={value}"]
+    return args
+
+
+def _client(tmp: Path):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
+
+
+def _runs(tmp: Path, role: str) -> list:
+    client = _client(tmp)
+    exp = client.get_experiment_by_name("backend-test")
+    return client.search_runs([exp.experiment_id], f"tags.`ngraph.role` = '{role}'")
+
+
+def _assert_nested_once(tmp: Path, cells_per_device: dict[str, int]) -> None:
+    """One project run, FINISHED; under it one benchmark run per device; under each, its
+    cells, each once, FINISHED, every metric once per step."""
+    (project,) = _runs(tmp, "project")
+    assert project.info.status == "FINISHED", project.info.status
+    assert project.data.tags["mlflow.project.backend"] == "ngraph-ray"
+    devices = _runs(tmp, "benchmark")
+    assert sorted(r.data.tags["ngraph.device"] for r in devices) == sorted(cells_per_device)
+    assert {r.data.tags["mlflow.parentRunId"] for r in devices} == {project.info.run_id}
+    parent_of = {r.info.run_id: r.data.tags["ngraph.device"] for r in devices}
+    cells = _runs(tmp, "cell")
+    keys = Counter(r.data.tags["ngraph.cell_key"] for r in cells)
+    assert all(n == 1 for n in keys.values()), keys
+    per_device = Counter(parent_of[r.data.tags["mlflow.parentRunId"]] for r in cells)
+    assert per_device == Counter(cells_per_device), per_device
+    sweep = project.data.tags["ngraph.sweep"]
+    client = _client(tmp)
+    for run in (*devices, *cells):
+        assert run.data.tags["ngraph.sweep"] == sweep
+    for run in cells:
+        assert run.info.status == "FINISHED", (run.info.run_name, run.info.status)
+        for key in run.data.metrics:
+            steps = Counter(m.step for m in client.get_metric_history(run.info.run_id, key))
+            assert all(n == 1 for n in steps.values()), (run.info.run_name, key)
+
+
+# --- found through the entry point -----------------------------------------------------------
+def test_the_backend_is_found_through_its_entry_point():
+    import importlib.metadata
+
+    from mlflow.projects.backend import loader
+
+    from mlflow_ngraph.cluster.backend import RayBackend
+
+    names = [e.name for e in importlib.metadata.entry_points(group="mlflow.project_backend")]
+    assert "ngraph-ray" in names
+    assert isinstance(loader.load_backend("ngraph-ray"), RayBackend)
+
+
+# --- a local two-device run ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("backend")
+    command = _command({"local": True, "devices": DEVICES}, TINY)
+    with open(tmp / "out", "w") as out, open(tmp / "err", "w") as err:  # no pipe fills up
+        proc = subprocess.Popen(command, cwd=tmp, env=_env(tmp), stdout=out, stderr=err)
+        sockets, pids = watch(proc, "-atnpH")  # every socket, listening or connected
+    out, err = (tmp / "out").read_text(), (tmp / "err").read_text()
+    return tmp, proc.returncode, out, err, sockets, pids
+
+
+def test_both_devices_cells_land_under_the_project_run(local_run):
+    tmp, code, out, err, _, _ = local_run
+    assert code == 0, (out + err)[-3000:]
+    assert "xeon-a" in out and "cpu-b" in out and "every device done" in out, out[-3000:]
+    _assert_nested_once(tmp, {"xeon-a": 1, "cpu-b": 1})
+    cells = _runs(tmp, "cell")
+    assert sorted(r.data.params["device"] for r in cells) == ["cpu-b", "xeon-a"]
+    assert all("throughput.bs1" in r.data.metrics for r in cells)
+
+
+def test_the_local_run_talks_on_loopback_only_and_releases_everything(local_run):
+    *_, sockets, pids = local_run
+    assert sockets, "no socket was seen: the check saw nothing"
+    assert all(s.startswith(LOOPBACK) for s in sockets), sockets
+    time.sleep(2)
+    alive = [p for p in pids if os.path.exists(f"/proc/{p}")]
+    assert not alive, alive
+
+
+# --- wait, status, cancel, synchronous: false --------------------------------------------------
+def _first_result(tmp: Path, timeout: float = 480) -> None:
+    """Wait until a cell has logged a result (and not every cell is done)."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            logged = [r for r in _runs(tmp, "cell") if "throughput.bs1" in r.data.metrics]
+        except Exception:  # the store is being created by a device's benchmark
+            logged = []
+        if logged:
+            return
+        assert time.time() < deadline, f"no result logged in time: {_said(tmp)}"
+        time.sleep(0.5)
+
+
+def _said(tmp: Path) -> str:
+    """What the client and the driver printed (the end of it)."""
+    logs = [tmp / "client.out", *(tmp / "home" / "projects").glob("*/driver.log")]
+    return "\n".join(p.read_text()[-2000:] for p in logs if p.exists())
+
+
+def _backend_config(**more) -> dict:
+    from mlflow.projects.utils import PROJECT_ENV_MANAGER, PROJECT_SYNCHRONOUS
+
+    # what mlflow run adds to every backend config
+    return {"local": True, "devices": DEVICES[:1], PROJECT_SYNCHRONOUS: False,
+            PROJECT_ENV_MANAGER: None, **more}  # fmt: skip
+
+
+@pytest.fixture
+def in_store(tmp_path, monkeypatch):
+    import mlflow
+
+    for key, value in _env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    experiment_id = mlflow.tracking.MlflowClient(uri).create_experiment("backend-test")
+    yield uri, experiment_id
+    mlflow.set_tracking_uri(None)
+
+
+def test_wait_status_and_cancel_then_the_same_run_resumes(tmp_path, in_store):
+    from mlflow_ngraph.cluster.backend import RayBackend
+
+    uri, experiment_id = in_store
+    backend = RayBackend()
+    started = time.time()
+    submitted = backend.run(str(REPO), "benchmark", dict(LONGER), None,
+                            _backend_config(synchronous=False), uri, experiment_id)  # fmt: skip
+    assert time.time() - started < 120  # back once the device's task is submitted
+    assert submitted.get_status() == "RUNNING"
+    _first_result(tmp_path)
+    submitted.cancel()
+    assert submitted.get_status() == "KILLED"
+    assert not submitted.wait()
+    project = _client(tmp_path).get_run(submitted.run_id)
+    assert project.info.status == "KILLED"
+    cells = _runs(tmp_path, "cell")
+    assert cells and len([r for r in cells if r.info.status == "FINISHED"]) < 3
+    assert not [r for r in cells if r.info.status == "RUNNING"], "a cell was left RUNNING"
+    # the same run again: into the same project run, the rest measured, nothing twice
+    again = backend.run(str(REPO), "benchmark", dict(LONGER), None,
+                        _backend_config(synchronous=True), uri, experiment_id)  # fmt: skip
+    assert again.run_id == submitted.run_id
+    assert again.wait() and again.get_status() == "FINISHED"
+    _assert_nested_once(tmp_path, {"xeon-a": 3})
+
+
+# --- kill -9 of the client ---------------------------------------------------------------------
+def _make_store(tmp: Path) -> None:
+    """The store and the experiment, made before a command that the test watches the store
+    of: two processes creating one sqlite store's tables at once break one of them."""
+    _client(tmp).create_experiment("backend-test")
+
+
+def test_a_client_killed_with_kill_9_is_picked_up_by_the_same_command(tmp_path):
+    _make_store(tmp_path)
+    config = {"local": True, "devices": DEVICES[:1]}
+    command = _command(config, LONGER)
+    with open(tmp_path / "client.out", "w") as out:
+        client = subprocess.Popen(command, cwd=tmp_path, env=_env(tmp_path), stdout=out,
+                                  stderr=subprocess.STDOUT)  # fmt: skip
+    _first_result(tmp_path)
+    client.send_signal(signal.SIGKILL)
+    client.wait()
+    done = subprocess.run(command, cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    _assert_nested_once(tmp_path, {"xeon-a": 3})
+
+
+def test_a_driver_killed_with_kill_9_is_resumed_by_the_same_command(tmp_path):
+    from mlflow_ngraph.cluster.driver import Driver
+
+    _make_store(tmp_path)
+    config = {"local": True, "devices": DEVICES[:1], "synchronous": False}
+    started = subprocess.run(_command(config, LONGER), cwd=tmp_path, env=_env(tmp_path),
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert started.returncode == 0, (started.stdout + started.stderr)[-3000:]
+    assert "goes on in the background" in started.stdout, started.stdout
+    _first_result(tmp_path)
+    (directory,) = (tmp_path / "home" / "projects").iterdir()
+    pid = Driver(directory).state()["pid"]
+    victims = _descendants(pid)
+    for p in victims:  # the driver and everything it started, at once
+        os.kill(p, signal.SIGKILL)
+    sync = {k: v for k, v in config.items() if k != "synchronous"}
+    done = subprocess.run(_command(sync, LONGER), cwd=tmp_path, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    _assert_nested_once(tmp_path, {"xeon-a": 3})
+
+
+# --- every entry point -------------------------------------------------------------------------
+def test_the_blocks_entry_point_runs_on_each_device(tmp_path):
+    params = {"kinds": "conv_block", "widths": "8", "depths": "1", "batch_sizes": "1",
+              "compilers": "identity"}  # fmt: skip
+    done = subprocess.run(_command({"local": True, "devices": DEVICES}, params, "blocks"),
+                          cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    _assert_nested_once(tmp_path, {"xeon-a": 1, "cpu-b": 1})
+
+
+# --- bad input: one line, a non-zero exit ------------------------------------------------------
+def _one_error_line(done: subprocess.CompletedProcess, fragment: str) -> None:
+    text = done.stdout + done.stderr
+    assert done.returncode != 0, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    errors = [line for line in text.splitlines() if " ERROR " in line or "Error:" in line]
+    assert len(errors) == 1 and fragment in errors[0], text[-3000:]
+
+
+BAD_CONFIGS = [
+    ('{"devices": ["xeon"]', "Invalid backend config JSON"),  # MLflow's own check
+    ({"local": True, "devices": ["cpu"], "nodes": 2}, "unknown key 'nodes'"),
+    ({"local": True}, "'devices' must list the devices"),
+    ({"local": True, "devices": ["tpu"]}, "unknown profile 'tpu'"),
+    ({"address": "127.0.0.1:9", "devices": ["cpu"]}, "Ray cluster at 127.0.0.1:9 does not answer"),
+]
+
+
+@pytest.mark.parametrize("config,fragment", BAD_CONFIGS)
+def test_a_bad_backend_config_is_one_line(tmp_path, config, fragment):
+    done = subprocess.run(_command(config, TINY), cwd=tmp_path, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    _one_error_line(done, fragment)
+
+
+def test_a_backend_config_file_that_is_not_json_fails_in_mlflow(tmp_path):
+    """MLflow reads a ``.json`` backend config before any backend is loaded: its error,
+    not ours (a plug-in cannot reach it), and a non-zero exit."""
+    (tmp_path / "cluster.json").write_text("{devices: [xeon]")
+    done = subprocess.run(_command(str(tmp_path / "cluster.json"), TINY), cwd=tmp_path,
+                          env=_env(tmp_path), capture_output=True, text=True)  # fmt: skip
+    assert done.returncode != 0
+    assert "parse JSON cluster spec from file" in done.stderr, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "entry,params,fragment",
+    [
+        ("compare", {}, "entry point 'compare' runs locally"),
+        ("sweep", {"spec": "x.yaml"}, "entry point 'sweep' cannot run under --backend ngraph-ray"),
+        ("benchmark", {"device": "cpu"}, "-P device=cpu: under --backend ngraph-ray"),
+        ("benchmark", {"batch_sizes": "x"}, "batch size 'x' is not an integer"),
+    ],
+)
+def test_an_entry_point_the_backend_cannot_run_is_one_line(tmp_path, entry, params, fragment):
+    config = {"local": True, "devices": ["cpu"]}
+    done = subprocess.run(_command(config, params, entry), cwd=tmp_path, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    _one_error_line(done, fragment)
+
+
+def test_no_ray_installed_names_the_extra(tmp_path):
+    blocked = ("import sys; sys.modules['ray'] = None; from mlflow.cli import cli; "
+               "sys.argv[0] = 'mlflow'; cli()")  # fmt: skip
+    command = [sys.executable, "-c", blocked, *_command({"local": True, "devices": ["cpu"]},
+                                                         TINY)[1:]]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    _one_error_line(done, "pip install 'mlflow-ngraph[cluster]'")
+
+
+@pytest.fixture
+def one_device_cluster(tmp_path, monkeypatch):
+    from mlflow_ngraph.cluster.spec import parse_sweep
+    from mlflow_ngraph.cluster.sweep import LOOPBACK_ONLY, start_local_cluster
+
+    monkeypatch.setenv(LOOPBACK_ONLY, "0")
+    sweep = parse_sweep({"devices": [{"name": "cpu", "profile": "cpu"}], "models": ["resnet18"]})
+    cluster = start_local_cluster(sweep.devices, tmp_path / "nodes")
+    yield cluster
+    cluster.shutdown()
+
+
+def test_a_device_with_no_node_is_one_line(tmp_path, one_device_cluster):
+    config = {"address": one_device_cluster.address, "devices": ["cpu", "orin"]}
+    done = subprocess.run(_command(config, TINY), cwd=tmp_path, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    _one_error_line(done, "device 'orin' has no node in the Ray cluster")
+    assert not _runs(tmp_path, "cell"), "a device ran although another has no node"
