@@ -12,7 +12,7 @@ anything is loaded:
 - only those files are downloaded.
 
 :func:`load_registered` then loads the checked local copy with MLflow, and
-``mlflow-ngraph serve`` serves it with ``mlflow models serve``.
+``mlflow-ngraph serve`` serves it with MLflow's scoring server (``deploy/serving.py``).
 """
 
 from __future__ import annotations
