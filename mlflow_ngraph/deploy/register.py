@@ -164,6 +164,7 @@ def log_engine_model(
     from mlflow.entities import LoggedModelOutput
 
     from mlflow_ngraph.deploy.pyfunc_model import CONFIG_KEY
+    from mlflow_ngraph.deploy.registered import trust_setting
     from mlflow_ngraph.deploy.trust import MANIFEST, file_sha256
 
     engine = load_engine(engine_dir, trust_code=trust_code)
@@ -187,15 +188,17 @@ def log_engine_model(
     )
     # data only: the engine folder, loaded by the installed loader module, never code
     engine_dir = Path(engine_dir)
-    info = mlflow.pyfunc.log_model(
-        model_id=model.model_id,
-        loader_module=LOADER_MODULE,
-        data_path=str(engine_dir),
-        model_config={CONFIG_KEY: digest},
-        signature=fixed_signature(x, y),
-        input_example=x,
-        pip_requirements=_requirements(manifest),
-    )
+    # MLflow loads the model to check its input example: as trusted as the load above
+    with trust_setting(trust_code):
+        info = mlflow.pyfunc.log_model(
+            model_id=model.model_id,
+            loader_module=LOADER_MODULE,
+            data_path=str(engine_dir),
+            model_config={CONFIG_KEY: digest},
+            signature=fixed_signature(x, y),
+            input_example=x,
+            pip_requirements=_requirements(manifest),
+        )
     step = candidate.batch_size
     client.log_outputs(candidate.run_id, models=[LoggedModelOutput(model.model_id, step=step)])
     metrics = {k: v for k, v in candidate.metrics.items() if not math.isnan(v)}
