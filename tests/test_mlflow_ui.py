@@ -66,11 +66,13 @@ def test_the_printed_address_opens_the_designed_view(viewed):
     assert f"answer: {page}&workflowType=machine_learning\n" in out
     assert f"charts: {page}&workflowType=machine_learning&compareRunsMode=CHART\n" in out
     state = _state(client.get_experiment(eid), key)
-    expected = ["params.`model`", "params.`compiler`", "params.`device`"]
-    for b in BATCH_SIZES:
-        expected += [f"metrics.`throughput.bs{b}`", f"metrics.`speedup.bs{b}`"]
-    expected += ["tags.`ngraph.stability`", "tags.`ngraph.status`"]
-    assert state["selectedColumns"] == expected
+    # who, the answer at the sorted batch size, the verdicts, then the other batch sizes
+    expected = ["params.`model`", "params.`compiler`"]
+    expected += ["metrics.`speedup.bs2`", "metrics.`throughput.bs2`"]
+    expected += ["tags.`ngraph.stability`", "tags.`ngraph.status`", "params.`device`"]
+    expected += ["metrics.`throughput.bs1`", "metrics.`speedup.bs1`"]
+    assert state["selectedColumns"] == expected == state["columnOrder"]
+    assert state["columnWidths"]["attributes.`Run Name`"] == ui.NAME_WIDTH
     assert state["orderByKey"] == "metrics.`speedup.bs2`" and state["orderByAsc"] is False
     assert state["runsHiddenMode"] == "SHOW_ALL"
 

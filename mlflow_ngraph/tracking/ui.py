@@ -93,22 +93,28 @@ def _column(kind: str, key: str) -> str:
     return f"{kind}.`{key}`"
 
 
-def columns(batch_sizes: Sequence[int]) -> list[str]:
-    """The runs table's columns: who, then throughput and speedup at every batch size,
-    then the verdicts (stability, output check)."""
-    out = [_column("params", k) for k in (S.P_MODEL, S.P_COMPILER, S.P_DEVICE)]
-    for b in batch_sizes:
-        out += [
-            _column("metrics", S.flat_key(S.M_THROUGHPUT, b)),
-            _column("metrics", S.flat_key(S.M_SPEEDUP, b)),
-        ]
-    return out + [_column("tags", S.T_STABILITY), _column("tags", S.T_STATUS)]
+def columns(batch_sizes: Sequence[int], sort_key: str | None = None) -> list[str]:
+    """The runs table's columns, in this order: model and compiler, the answer at the
+    sorted batch size (the sort key and its partner, throughput or speedup), the verdicts
+    (stability, output check), the device, then throughput and speedup at every other batch
+    size. The first ones fit beside the run's name on a laptop's screen."""
+    pairs = [
+        [_column("metrics", S.flat_key(name, b)) for name in (S.M_THROUGHPUT, S.M_SPEEDUP)]
+        for b in batch_sizes
+    ]
+    chosen = _column("metrics", sort_key) if sort_key else None
+    first = next((p for p in pairs if chosen in p), [])
+    first = sorted(first, key=lambda column: column != chosen)
+    out = [_column("params", S.P_MODEL), _column("params", S.P_COMPILER), *first]
+    out += [_column("tags", S.T_STABILITY), _column("tags", S.T_STATUS)]
+    out.append(_column("params", S.P_DEVICE))
+    return out + [c for p in pairs for c in p if c not in first]
 
 
 #: the runs table's column widths (px): the model's label and the run's name are long
 WIDTHS = {"params.`model`": 120, "params.`compiler`": 110, "params.`device`": 70}
 NAME_COLUMN = "attributes.`Run Name`"
-NAME_WIDTH, METRIC_WIDTH, TAG_WIDTH = 250, 105, 120
+NAME_WIDTH, METRIC_WIDTH, TAG_WIDTH = 250, 105, 105
 
 
 def widths(selected: Sequence[str]) -> dict[str, int]:
@@ -252,10 +258,10 @@ def view_state(
         "lifecycleFilter": "Active",
         "datasetsFilter": [],
         "modelVersionFilter": "All Runs",
-        "selectedColumns": columns(batch_sizes),
+        "selectedColumns": columns(batch_sizes, sort_key),
         # MLflow groups columns by kind (metrics, params, tags): this order puts who first
-        "columnOrder": columns(batch_sizes),
-        "columnWidths": widths(columns(batch_sizes)),
+        "columnOrder": columns(batch_sizes, sort_key),
+        "columnWidths": widths(columns(batch_sizes, sort_key)),
         # dropped by MLflow 3.17's loader (the metric sort shows the runs flat anyway);
         # kept for the versions that read it
         "runsExpanded": {parent_id: True} if parent_id else {},
