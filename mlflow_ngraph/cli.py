@@ -351,13 +351,32 @@ def _run(
     finally:
         signal.signal(signal.SIGTERM, previous)
     click.echo(format_summary(rows, spec, experiment=runner.experiment_name))
+    _say_view(runner, uri)
+
+
+def _say_view(runner, uri: str) -> None:
+    """Where the answer opens in MLflow's UI: the designed view when it was written, else
+    the experiment's runs."""
+    from urllib.parse import urlencode
+
+    from mlflow_ngraph.tracking.mlflow_log import redact
+    from mlflow_ngraph.tracking.ui import WORKFLOW, view_address
+
     experiment_id = getattr(runner, "experiment_id", None)
-    if experiment_id and not uri.startswith(("http://", "https://")):
-        page = f"http://127.0.0.1:5000/#/experiments/{experiment_id}"
+    if not experiment_id:
+        return
+    served = uri.startswith(("http://", "https://"))
+    base = redact(uri) if served else "http://127.0.0.1:5000"
+    if not served:
         click.echo(
-            f"runs: mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1 --port 5000, "
-            f"then {page}?workflowType=machine_learning"
+            f"MLflow UI: mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1 --port 5000"
         )
+    key = getattr(runner.store, "view_key", None)
+    if key:
+        click.echo(f"answer: {view_address(base, experiment_id, key)}")
+        click.echo(f"charts: {view_address(base, experiment_id, key, charts=True)}")
+    else:
+        click.echo(f"runs: {base}/#/experiments/{experiment_id}/runs?{urlencode(WORKFLOW)}")
 
 
 def _plan(data: dict[str, Any], home: Path):

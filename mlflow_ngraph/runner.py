@@ -289,7 +289,7 @@ class Runner:
                 shutdown()  # the spare worker started for a cell that will not come
             if self.view:
                 self.view.stop()
-        self.store.finish(self.host_failures)
+        self.store.finish(self.host_failures, self.rows)
         self._order_rows()
         return self.rows
 

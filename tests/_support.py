@@ -85,3 +85,32 @@ def postgres_missing(port: int | None = None) -> str | None:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return f"no PostgreSQL reachable at {where} as user postgres ({first})"
     return None
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, process, seconds: float = 120) -> None:
+    """Wait until ``url`` answers; fails the test when ``process`` (the server) exits
+    first, with the end of its stderr, or after ``seconds``."""
+    import time
+    import urllib.request
+
+    deadline = time.time() + seconds
+    while True:
+        if process.poll() is not None:
+            error = process.stderr.read()[-2000:] if process.stderr else ""
+            raise AssertionError(f"{process.args[:4]} exited: {error}")
+        if time.time() > deadline:
+            raise AssertionError(f"{url} did not answer in {seconds} s")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(0.5)

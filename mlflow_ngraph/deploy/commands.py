@@ -278,15 +278,17 @@ def register(name: str | None, sha256: str | None, trust_code: bool | None, **op
 @click.option("--tracking-uri", help="Default: MLFLOW_TRACKING_URI, then MLflow's.")
 @_trust_option
 def serve(model_uri: str, host: str, port: int, tracking_uri: str | None, trust_code) -> None:
-    """Serve a registered engine (models:/NAME@ALIAS) with `mlflow models serve`, after
+    """Serve a registered engine (models:/NAME@ALIAS) with MLflow's scoring server, after
     checking its MLmodel and engine files against the registered version's manifest_sha256:
-    what runs is the installed loader, never code from the store."""
+    what runs is the installed loader, never code from the store. A request of another
+    shape than the engine's (its batch size) gets HTTP 400 with a one-line message."""
     import os
     import shutil
     import signal
     import subprocess
     import sys
 
+    from mlflow.pyfunc.scoring_server import _SERVER_MODEL_PATH as SERVER_MODEL_PATH
     from mlflow.tracking import MlflowClient
 
     from mlflow_ngraph.deploy.registered import fetch_registered
@@ -300,12 +302,11 @@ def serve(model_uri: str, host: str, port: int, tracking_uri: str | None, trust_
             local, version = fetch_registered(MlflowClient(uri), model_uri, tmp)
         click.echo(f"serving {version.name} version {version.version}, checked, from {local}")
         env = {**os.environ, TRUST_ENV: "1" if trusted(trust_code) else "0"}
-        # `mlflow models serve` starts uvicorn from PATH: this environment's, activated or not
-        bin_dir = str(Path(sys.executable).parent)
-        env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
-        mlflow_cli = str(Path(sys.executable).with_name("mlflow"))
-        command = [mlflow_cli, "models", "serve", "-m", str(local), "--env-manager", "local"]
-        process = subprocess.Popen([*command, "-h", host, "-p", str(port)], env=env)
+        # what `mlflow models serve --env-manager local` runs, with one-line refusals
+        env[SERVER_MODEL_PATH] = str(local)
+        app = "mlflow_ngraph.deploy.serving:create_app"
+        command = [sys.executable, "-m", "uvicorn", "--factory", app, "--host", host]
+        process = subprocess.Popen([*command, "--port", str(port)], env=env)
         # SIGTERM or Ctrl-C here ends the server too (and the checked copy is removed)
         previous = signal.signal(signal.SIGTERM, lambda *_: process.terminate())
         try:
@@ -316,7 +317,7 @@ def serve(model_uri: str, host: str, port: int, tracking_uri: str | None, trust_
         finally:
             signal.signal(signal.SIGTERM, previous)
         if code and code != -signal.SIGTERM:
-            raise NgraphError(f"mlflow models serve ended with status {code}")
+            raise NgraphError(f"the scoring server ended with status {code}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -53,6 +53,46 @@ def default_name(candidate: Candidate) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
 
 
+def logged_model_name(candidate: Candidate) -> str:
+    """``conv_block-w64-d2-openvino-bs8``: a logged model's name, after the model (its short
+    name, as the cell run's), the compiler (its flags set away from the defaults) and the
+    batch size (letters, digits, ``-`` and ``_``, as MLflow allows)."""
+    from mlflow_ngraph.summary import cell_run_name
+
+    rest = candidate.label[len(candidate.model) :]  # " openvino[FLAG=V] bs8"
+    text = cell_run_name(candidate.model, "", {}, ()) + rest
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-")
+
+
+def fixed_signature(x: np.ndarray, y: Any):
+    """The signature of an engine: its one input shape, batch size included (an engine
+    takes no other), and its outputs' shapes."""
+    from mlflow.models import ModelSignature, infer_signature
+    from mlflow.types.schema import Schema, TensorSpec
+
+    inferred = infer_signature(x, y)
+    inputs = Schema([TensorSpec(np.dtype(x.dtype), tuple(x.shape))])
+    outputs = inferred.outputs
+    if isinstance(y, np.ndarray):
+        outputs = Schema([TensorSpec(np.dtype(y.dtype), tuple(y.shape))])
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+#: significant digits of a figure shown in a logged model's params or a version's tags
+#: (the exact values are the model's metrics)
+DISPLAY_DIGITS = 4
+
+
+def display_value(value: Any) -> str:
+    """A param's text: floats rounded to :data:`DISPLAY_DIGITS` significant digits, whole
+    from 1000 up (``66304``, ``124.1``, ``0.1811``)."""
+    if isinstance(value, float) and math.isfinite(value):
+        if abs(value) >= 1000:
+            return f"{value:.0f}"
+        return f"{value:.{DISPLAY_DIGITS}g}"
+    return str(value)
+
+
 def _requirements(manifest: dict[str, Any]) -> list[str]:
     """The engine's runtime pinned as it was built (no requirement inference: MLflow would
     load the model in a subprocess to guess them)."""
@@ -67,19 +107,65 @@ def _requirements(manifest: dict[str, Any]) -> list[str]:
     return out
 
 
+#: run params a logged model repeats (the model's init params, the runtime's choices at its
+#: batch size are added by prefix): what tells engines apart in the experiment's Models list
+RUN_PARAMS = ("scenario", "compiler_version", "parameter_count", "family")
+#: figures a logged model shows as params, rounded (its metrics hold the exact values)
+SHOWN_FIGURES = (S.M_THROUGHPUT, S.M_LATENCY_P50, S.M_SPEEDUP)
+
+
+def model_params(
+    candidate: Candidate, manifest: dict[str, Any], digest: str, run_params: dict[str, str]
+) -> dict[str, str]:
+    """A logged model's params: what the engine is (device, model, compiler, batch size,
+    flags, the runtime's choices at its batch size), its manifest's hash (``digest``) and
+    its headline figures, floats rounded for display (the exact figures are the model's
+    metrics)."""
+    b = candidate.batch_size
+    runtime = f"runtime.bs{b}."
+    params: dict[str, Any] = {
+        "device": candidate.device,
+        "model": candidate.model,
+        "compiler": candidate.compiler,
+        "batch_size": b,
+        **{k: v for k, v in run_params.items() if k in RUN_PARAMS or k.startswith("model.")},
+        **{f"flag.{k}": v for k, v in sorted(manifest["flags"].items())},
+        **{
+            f"runtime.{k[len(runtime) :]}": v
+            for k, v in run_params.items()
+            if k.startswith(runtime)
+        },
+        "manifest_sha256": digest,
+        **{k: candidate.metrics[k] for k in SHOWN_FIGURES if k in candidate.metrics},
+    }
+    return {k: display_value(_number(v)) for k, v in params.items() if v != ""}
+
+
+def _number(value: Any) -> Any:
+    """A param's text that holds a float, as the float (so it is rounded for display)."""
+    if isinstance(value, str) and re.fullmatch(r"-?\d+\.\d+(e-?\d+)?", value):
+        return float(value)
+    return value
+
+
 def log_engine_model(
     engine_dir: Path, candidate: Candidate, tracking_uri: str, trust_code: bool | None = True
 ):
     """Log ``engine_dir`` (verified) as a logged model of the candidate's cell run, with the
     cell's metrics at its batch size linked to it. ``trust_code``: whether an engine that runs
     code may be loaded (to take its signature); the benchmark's own engines are trusted.
-    Returns MLflow's ModelInfo."""
+    Returns MLflow's ModelInfo.
+
+    The model is created first (``initialize_logged_model``) and filled outside any active
+    run: logged inside the cell run, MLflow would copy all of the run's params onto it
+    (unrounded, the manifest hash of another batch size among them) and log its config as
+    the run's params (a warning once a second batch size is logged)."""
     import mlflow
-    from mlflow.models import infer_signature
+    from mlflow.entities import LoggedModelOutput
 
     from mlflow_ngraph.deploy.pyfunc_model import CONFIG_KEY
+    from mlflow_ngraph.deploy.registered import trust_setting
     from mlflow_ngraph.deploy.trust import MANIFEST, file_sha256
-    from mlflow_ngraph.tracking.mlflow_log import quiet_run_links
 
     engine = load_engine(engine_dir, trust_code=trust_code)
     try:
@@ -89,30 +175,34 @@ def log_engine_model(
         engine.close()
     manifest = engine.manifest
     mlflow.set_tracking_uri(tracking_uri)
-    params = {
-        "device": candidate.device,
-        "model": candidate.model,
-        "compiler": candidate.compiler,
-        "batch_size": candidate.batch_size,
-        **{f"flag.{k}": v for k, v in sorted(manifest["flags"].items())},
-    }
+    client = mlflow.MlflowClient(tracking_uri)
+    run_params = client.get_run(candidate.run_id).data.params
+    digest = file_sha256(Path(engine_dir) / MANIFEST)
+    model = mlflow.initialize_logged_model(
+        name=logged_model_name(candidate),
+        source_run_id=candidate.run_id,
+        params=model_params(candidate, manifest, digest, run_params),
+        model_type=MODEL_TYPE,
+        tags={"ngraph.compiler": candidate.compiler, "ngraph.device": candidate.device},
+        experiment_id=candidate.experiment_id,
+    )
     # data only: the engine folder, loaded by the installed loader module, never code
     engine_dir = Path(engine_dir)
-    with quiet_run_links(), mlflow.start_run(run_id=candidate.run_id):
+    # MLflow loads the model to check its input example: as trusted as the load above
+    with trust_setting(trust_code):
         info = mlflow.pyfunc.log_model(
-            name=f"engine-bs{candidate.batch_size}",
+            model_id=model.model_id,
             loader_module=LOADER_MODULE,
             data_path=str(engine_dir),
-            model_config={CONFIG_KEY: file_sha256(engine_dir / MANIFEST)},
-            signature=infer_signature(x, y),
+            model_config={CONFIG_KEY: digest},
+            signature=fixed_signature(x, y),
             input_example=x,
             pip_requirements=_requirements(manifest),
-            params={k: str(v) for k, v in params.items()},
-            model_type=MODEL_TYPE,
-            tags={"ngraph.compiler": candidate.compiler, "ngraph.device": candidate.device},
         )
-        metrics = {k: v for k, v in candidate.metrics.items() if not math.isnan(v)}
-        mlflow.log_metrics(metrics, model_id=info.model_id, step=candidate.batch_size)
+    step = candidate.batch_size
+    client.log_outputs(candidate.run_id, models=[LoggedModelOutput(model.model_id, step=step)])
+    metrics = {k: v for k, v in candidate.metrics.items() if not math.isnan(v)}
+    mlflow.log_metrics(metrics, model_id=info.model_id, step=step, run_id=candidate.run_id)
     return info
 
 

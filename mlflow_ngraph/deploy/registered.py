@@ -12,7 +12,7 @@ anything is loaded:
 - only those files are downloaded.
 
 :func:`load_registered` then loads the checked local copy with MLflow, and
-``mlflow-ngraph serve`` serves it with ``mlflow models serve``.
+``mlflow-ngraph serve`` serves it with MLflow's scoring server (``deploy/serving.py``).
 """
 
 from __future__ import annotations
@@ -146,7 +146,9 @@ def fetch_registered(client, model_uri: str, directory: Path) -> tuple[Path, Any
 
 
 @contextmanager
-def _trust_setting(trust_code: bool | None):
+def trust_setting(trust_code: bool | None):
+    """Inside the block, MLflow's loads of an engine trust code as ``trust_code`` says
+    (``None``: as the environment says)."""
     from mlflow_ngraph.deploy.trust import TRUST_ENV
 
     before = os.environ.get(TRUST_ENV)
@@ -179,7 +181,7 @@ def load_registered(
     tmp = Path(tempfile.mkdtemp(prefix="ngraph-registered-"))
     try:
         local, _ = fetch_registered(client, model_uri, tmp)
-        with _trust_setting(trust_code):
+        with trust_setting(trust_code):
             return mlflow.pyfunc.load_model(str(local))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

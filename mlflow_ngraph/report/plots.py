@@ -13,6 +13,11 @@ A figure whose data is absent is skipped, and :class:`PlotResult` says why.
   depth.
 - ``fig12_cpu_<device>.png``: CPU usage (solid) and its reduction against identity
   (dashed) vs batch size per family.
+
+Figures 5, 6 and 7 show their uncertainty: a bar of the 95% interval (throughput's, or the
+speedup's paired interval) at every point that is one measurement, and a red ring around
+every point that holds an UNSTABLE measurement (noise on its host: its interval too wide,
+other processes took the CPU, or the host drifted).
 """
 
 from __future__ import annotations
@@ -54,6 +59,19 @@ PALETTE = (
     "tab:gray",
 )
 BATCH_AXIS = "batch size [samples]"
+UNSTABLE = "UNSTABLE"
+UNSTABLE_LABEL = "UNSTABLE (noise on this host)"
+#: a ring around the point, drawn over the line and its interval bar
+UNSTABLE_STYLE = {
+    "s": 90,
+    "facecolors": "none",
+    "edgecolors": "red",
+    "linewidths": 1.5,
+    "zorder": 5,
+    "label": UNSTABLE_LABEL,
+}
+THROUGHPUT_CI = ("throughput_ci_low", "throughput_ci_high")
+SPEEDUP_CI = ("speedup_ci_low", "speedup_ci_high")
 
 
 @dataclass
@@ -103,8 +121,10 @@ def _batch_axis(ax: Axes, batch_sizes: Iterable[int]) -> None:
 
 
 def _legend(figure: Figure, handles: dict[str, Line2D]) -> None:
+    """The figure's legend, the UNSTABLE ring last (after the compilers)."""
     if handles:
-        figure.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize=8)
+        ordered = sorted(handles, key=lambda label: label == UNSTABLE_LABEL)
+        figure.legend([handles[k] for k in ordered], ordered, loc="outside right upper", fontsize=8)
 
 
 def _save(figure: Figure, path: Path, result: PlotResult) -> None:
@@ -125,19 +145,71 @@ def _models(frame: pd.DataFrame) -> list[str]:
 
 
 def _lines(
-    ax: Axes, data: pd.DataFrame, x: str, y: str, colors: dict, handles: dict, **override
+    ax: Axes,
+    data: pd.DataFrame,
+    x: str,
+    y: str,
+    colors: dict,
+    handles: dict,
+    interval: tuple[str, str] | None = None,
+    **override,
 ) -> None:
-    """One line per compiler label: the mean of ``y`` at each ``x``."""
+    """One line per compiler label: the mean of ``y`` at each ``x``, with the 95% interval
+    (columns ``interval``) as bars where a point is one measurement, and a ring around
+    every point that holds an UNSTABLE one."""
     if data[y].notna().sum() == 0:
         _no_data(ax)
         return
     for label in sorted(set(data["compiler_label"]), key=tables.compiler_rank):
-        series = data[data["compiler_label"] == label].groupby(x)[y].mean().dropna()
+        part = data[data["compiler_label"] == label]
+        series = part.groupby(x)[y].mean().dropna()
         if series.empty:
             continue
         style = {**_style(label, colors), **override}
         (line,) = ax.plot(series.index.astype(float), series.values, label=label, **style)
         handles.setdefault(label, line)
+        if interval is not None:
+            _interval_bars(ax, part, x, y, interval, style["color"])
+        _mark_unstable(ax, part, x, series, handles)
+
+
+def _interval_bars(
+    ax: Axes, part: pd.DataFrame, x: str, y: str, interval: tuple[str, str], color: str
+) -> None:
+    """Bars from the interval's columns at the points that are one measurement (a mean of
+    several models has no interval of its own)."""
+    low, high = interval
+    if low not in part or high not in part:
+        return
+    counts = part.groupby(x)[y].transform("count")
+    rows = part[(counts == 1) & part[y].notna() & part[low].notna() & part[high].notna()]
+    if rows.empty:
+        return
+    values = rows[y].to_numpy(dtype=float)
+    below = np.clip(values - rows[low].to_numpy(dtype=float), 0, None)
+    above = np.clip(rows[high].to_numpy(dtype=float) - values, 0, None)
+    ax.errorbar(
+        rows[x].to_numpy(dtype=float),
+        values,
+        yerr=np.vstack([below, above]),
+        fmt="none",
+        ecolor=color,
+        elinewidth=1,
+        capsize=3,
+        alpha=0.8,
+    )
+
+
+def _mark_unstable(ax: Axes, part: pd.DataFrame, x: str, series: pd.Series, handles: dict):
+    """A red ring around each point of ``series`` that holds an UNSTABLE measurement."""
+    if "stability" not in part:
+        return
+    flagged = set(part.loc[part["stability"] == UNSTABLE, x].dropna())
+    points = series[series.index.isin(flagged)]
+    if points.empty:
+        return
+    ring = ax.scatter(points.index.astype(float), points.values, **UNSTABLE_STYLE)
+    handles.setdefault(UNSTABLE_LABEL, ring)
 
 
 def _no_data(ax: Axes) -> None:
@@ -161,7 +233,8 @@ def plot_throughput(frame: pd.DataFrame, out_dir: Path, result: PlotResult) -> N
         families = _families(part)
         columns = {f: _models(part[part["family"] == f]) for f in families}
         rows = max(len(m) for m in columns.values())
-        figure, axes = _grid(rows, len(families), f"Throughput vs batch size on {device}")
+        title = f"Throughput vs batch size on {device} (bars: 95% interval)"
+        figure, axes = _grid(rows, len(families), title)
         handles: dict[str, Line2D] = {}
         for col, family in enumerate(families):
             for row in range(rows):
@@ -171,7 +244,7 @@ def plot_throughput(frame: pd.DataFrame, out_dir: Path, result: PlotResult) -> N
                     continue
                 model = columns[family][row]
                 cell = part[part["model_label"] == model]
-                _lines(ax, cell, "batch_size", "throughput", colors, handles)
+                _lines(ax, cell, "batch_size", "throughput", colors, handles, THROUGHPUT_CI)
                 ax.set_title(f"{family}: {model}", fontsize=9)
                 ax.set_ylabel("throughput [samples/s]")
                 _batch_axis(ax, cell["batch_size"])
@@ -180,9 +253,15 @@ def plot_throughput(frame: pd.DataFrame, out_dir: Path, result: PlotResult) -> N
 
 
 def _family_device_grid(
-    data: pd.DataFrame, metric: str, title: str, ylabel: str, colors: dict[str, str]
+    data: pd.DataFrame,
+    metric: str,
+    title: str,
+    ylabel: str,
+    colors: dict[str, str],
+    interval: tuple[str, str] | None = None,
 ) -> Figure:
-    """Rows: devices; columns: families; a line per compiler of the family mean."""
+    """Rows: devices; columns: families; a line per compiler of the family mean (with the
+    ``interval`` columns' bars where the family has one model)."""
     devices, families = sorted(set(data["device"])), _families(data)
     figure, axes = _grid(len(devices), len(families), title)
     handles: dict[str, Line2D] = {}
@@ -190,7 +269,7 @@ def _family_device_grid(
         for c, family in enumerate(families):
             ax = axes[r][c]
             cell = data[(data["device"] == device) & (data["family"] == family)]
-            _lines(ax, cell, "batch_size", metric, colors, handles)
+            _lines(ax, cell, "batch_size", metric, colors, handles, interval)
             ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")  # identity / linear
             ax.set_title(f"{family} on {device}", fontsize=9)
             ax.set_ylabel(ylabel)
@@ -208,8 +287,10 @@ def plot_speedup(frame: pd.DataFrame, out_dir: Path, result: PlotResult) -> None
             "fig06 speedup: no compiled run of a non-block model with an identity baseline"
         )
         return
-    title = "Speedup over identity (family mean; dotted line = identity)"
-    figure = _family_device_grid(data, "speedup", title, "speedup [x identity]", _colors(frame))
+    title = "Speedup over identity (family mean; dotted line = identity; bars: 95% interval)"
+    figure = _family_device_grid(
+        data, "speedup", title, "speedup [x identity]", _colors(frame), SPEEDUP_CI
+    )
     _save(figure, out_dir / "fig06_speedup.png", result)
 
 
@@ -281,6 +362,8 @@ def _depth_lines(ax: Axes, cell: pd.DataFrame, colors: dict, handles: dict) -> N
             series.index, series.values, marker="o", markersize=3, color=colors[pair], label=pair
         )
         handles.setdefault(pair, line)
+        _interval_bars(ax, group, "depth", "speedup", SPEEDUP_CI, colors[pair])
+        _mark_unstable(ax, group, "depth", series, handles)
     depths = sorted(set(cell["depth"]))
     if depths:
         ax.set_xticks(depths)

@@ -650,21 +650,6 @@ def log_engine(client, run_id: str, directory: Path, batch_size: int) -> None:
     client.log_artifacts(run_id, str(directory), artifact_path=f"engines/bs{batch_size}")
 
 
-@contextlib.contextmanager
-def quiet_run_links():
-    """No "View run ... at <tracking URI>" line from MLflow inside the block (a fluent
-    ``mlflow.start_run`` prints one when its run ends, with the URI's password in clear)."""
-    before = os.environ.get(_QUIET)
-    os.environ[_QUIET] = "true"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(_QUIET, None)
-        else:
-            os.environ[_QUIET] = before
-
-
 def _log_json(client, run_id: str, name: str, data: Any) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / name

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from mlflow_ngraph import faultpoint
 from mlflow_ngraph.errors import HostFault, NgraphError, StoreAway, host_fix
 from mlflow_ngraph.supply import host_fingerprint
-from mlflow_ngraph.tracking import index
+from mlflow_ngraph.tracking import index, ui
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.journal import Journal
@@ -74,6 +74,8 @@ class StoreSession:
         self.open_cells: dict[str, Cell] = {}
         self.parent_id: str | None = None
         self._runs: dict[str, str] = {}  # cell key -> its run, once opened here
+        #: the share key of the designed view (tracking/ui.py), once written
+        self.view_key: str | None = None
 
     def start(self, env: dict[str, Any]) -> None:
         """Connect, find or create the experiment, and open the parent run.
@@ -360,6 +362,33 @@ class StoreSession:
         return tags
 
     # --- the invocation's end ----------------------------------------------------------------
+    def publish(self, rows: Sequence[Any]) -> None:
+        """The shared view, the descriptions and the run colors (``view_key`` once written).
+        Cosmetic: a store that refuses them (a user who may not edit the experiment) is said
+        in one warning; a store that went away is the caller's to handle."""
+        cells = {
+            run_id: (c.model.label, c.compiler.name, c.flags)
+            for c in self.cells
+            if (run_id := self.journal.cell(c.key).run_id)
+        }
+        device = ml.device_name(self.profile.name)
+        try:
+            self.view_key = ui.publish(
+                self.client,
+                self.experiment_id,
+                self.parent_id,
+                self.spec,
+                device,
+                rows,
+                cells,
+            )
+        except Exception as exc:
+            if ml.is_store_error(exc) and not ml.store_answers(self.tracking_uri):
+                raise
+            text = str(exc).strip()
+            first = text.splitlines()[0][:300] if text else type(exc).__name__
+            log.warning("the MLflow view of this run was not written: %s", first)
+
     def killed(self) -> None:
         """Mark the open cells' runs and the parent KILLED (not while the store is
         unreachable: that would only wait for it)."""
@@ -372,8 +401,9 @@ class StoreSession:
             except Exception as finish_exc:
                 log.debug("could not mark run %s KILLED: %s", run_id, finish_exc)
 
-    def finish(self, host_failures: Sequence[str] = ()) -> None:
-        """The results index and the parent's end, once the store holds every cell. The
+    def finish(self, host_failures: Sequence[str] = (), rows: Sequence[Any] = ()) -> None:
+        """The designed view of ``rows`` (the summary's rows, :mod:`..ui`), the results
+        index and the parent's end, once the store holds every cell. The
         journal's ``indexed`` record comes last: a kill before it leaves a re-run that opens
         the store and ends the parent, never a parent RUNNING for good.
 
@@ -393,6 +423,7 @@ class StoreSession:
         if self.ready(force=True):
             try:
                 run_ids = [r for r in (self.journal.cell(c.key).run_id for c in self.cells) if r]
+                self.publish(rows)
                 index.write(self.client, self.parent_id, index.snapshot(self.client, run_ids))
                 faultpoint.point("index_written")
                 ml.finish(self.client, self.parent_id, "FINISHED", announce=True)

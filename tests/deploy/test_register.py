@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -18,7 +16,7 @@ import numpy as np
 import pytest
 from deploy_support import EXPERIMENT, benchmark, cli
 
-from tests._support import POSTGRES, POSTGRES_URL, PYTHON, postgres_missing
+from tests._support import POSTGRES, POSTGRES_URL, PYTHON, free_port, postgres_missing, wait_http
 
 NAME = "tiny-openvino"
 SAFE = {"MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
@@ -27,25 +25,6 @@ SAFE = {"MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
 def register(uri, *extra):
     args = ["register", "-e", EXPERIMENT, "--device", "cpu", "--model", "conv_block"]
     return cli(*args, *extra, "--tracking-uri", uri, env=SAFE)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(url: str, process: subprocess.Popen, seconds: float = 120) -> None:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"{process.args[:4]} exited: {process.stderr.read()[-2000:]}")
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise AssertionError(f"{url} did not answer in {seconds} s")
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -94,7 +73,7 @@ def test_register_alias_load_by_alias_and_serve(store, tmp_path, monkeypatch):
     with pytest.raises(mlflow.exceptions.MlflowException):
         mlflow.pyfunc.load_model(f"models:/{NAME}@nosuchalias")
 
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, **SAFE, "MLFLOW_TRACKING_URI": uri}
     env["PATH"] = f"{Path(PYTHON).parent}:{env['PATH']}"
     serve = subprocess.Popen(
@@ -103,7 +82,7 @@ def test_register_alias_load_by_alias_and_serve(store, tmp_path, monkeypatch):
         env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        _wait(f"http://127.0.0.1:{port}/ping", serve)
+        wait_http(f"http://127.0.0.1:{port}/ping", serve)
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/invocations",
             data=json.dumps({"inputs": x.tolist()}).encode(),
@@ -124,7 +103,7 @@ def test_register_on_a_postgresql_backed_server(tmp_path):
     admin = psycopg2.connect(**POSTGRES)
     admin.autocommit = True
     admin.cursor().execute(f"CREATE DATABASE {database}")
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [str(Path(PYTHON).parent / "mlflow"), "server", "--backend-store-uri",
          f"{POSTGRES_URL.replace('postgresql:', 'postgresql+psycopg2:')}/{database}",
@@ -134,7 +113,7 @@ def test_register_on_a_postgresql_backed_server(tmp_path):
     )  # fmt: skip
     try:
         uri = f"http://127.0.0.1:{port}"
-        _wait(f"{uri}/health", server)
+        wait_http(f"{uri}/health", server)
         benchmark(uri, tmp_path / "home", compilers=["identity", "onnxruntime"])
         done = register(uri, "--batch-size", "1", "--name", "pg-engine")
         assert done.returncode == 0, done.stderr[-3000:]

@@ -196,18 +196,16 @@ def _tamper_logged_model(client, logged, tmp_path, how):
 
 
 def test_serve_serves_the_checked_registered_engine(store, tmp_path):
-    import socket
     import subprocess
-    import time
     import urllib.request
 
     from deploy_support import PYTHON
 
+    from tests._support import free_port, wait_http
+
     uri, _ = store
     name = _register_onnx(uri)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, **SAFE, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     serve = subprocess.Popen(
         [PYTHON, "-m", "mlflow_ngraph", "serve", f"models:/{name}@cpu", "-p", str(port),
@@ -215,15 +213,7 @@ def test_serve_serves_the_checked_registered_engine(store, tmp_path):
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline = time.time() + 180
-        while True:
-            assert serve.poll() is None, serve.stderr.read()[-3000:]
-            assert time.time() < deadline, "mlflow-ngraph serve did not answer"
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
+        wait_http(f"http://127.0.0.1:{port}/ping", serve, 180)
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/invocations",
             data=json.dumps({"inputs": _x().tolist()}).encode(),

@@ -50,3 +50,44 @@ def test_plots_without_data_are_skipped_with_the_reason(compare_cli, tmp_path):
         "plot skipped: fig12 CPU: no CPU usage measured for non-block models",
     ):
         assert reason in result.stderr
+
+
+def test_points_show_their_interval_and_unstable_ones_are_ringed():
+    """One model per panel: each point is one measurement, so it carries its 95% interval
+    as a bar; an UNSTABLE point gets a red ring and a legend entry."""
+    import pandas as pd
+    from matplotlib.collections import PathCollection
+    from matplotlib.container import ErrorbarContainer
+    from matplotlib.figure import Figure
+
+    from mlflow_ngraph.report import plots
+
+    frame = pd.DataFrame(
+        {
+            "compiler_label": ["identity", "identity", "openvino", "openvino"],
+            "batch_size": [1, 8, 1, 8],
+            "throughput": [100.0, 400.0, 150.0, 900.0],
+            "throughput_ci_low": [95.0, 380.0, 140.0, 600.0],
+            "throughput_ci_high": [105.0, 420.0, 160.0, 1200.0],
+            "stability": ["STABLE", "STABLE", "STABLE", "UNSTABLE"],
+        }
+    )
+    ax = Figure().subplots()
+    handles: dict = {}
+    plots._lines(ax, frame, "batch_size", "throughput", {"openvino": "tab:blue"}, handles,
+                 plots.THROUGHPUT_CI)  # fmt: skip
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 2  # one per compiler, a bar at each of its points
+    (_, _, (segments,)) = bars[1]
+    spans = sorted(tuple(seg[:, 1]) for seg in segments.get_segments())
+    assert spans == [(140.0, 160.0), (600.0, 1200.0)]
+    (ring,) = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert ring.get_offsets().tolist() == [[8.0, 900.0]]
+    assert plots.UNSTABLE_LABEL in handles
+
+    # a family mean of several models has no interval of its own: no bar, the ring stays
+    twice = pd.concat([frame, frame.assign(throughput=frame["throughput"] * 2)])
+    ax = Figure().subplots()
+    plots._lines(ax, twice, "batch_size", "throughput", {}, {}, plots.THROUGHPUT_CI)
+    assert not [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len([c for c in ax.collections if isinstance(c, PathCollection)]) == 1
