@@ -327,7 +327,6 @@ def _run(
     target half-width)."""
     from mlflow_ngraph.runner import Runner
     from mlflow_ngraph.summary import format_summary
-    from mlflow_ngraph.tracking.mlflow_log import redact
     from mlflow_ngraph.view import make_view
 
     _check_run_options(cell_timeout, stability)
