@@ -62,7 +62,10 @@ def test_the_logged_model_is_named_after_model_compiler_and_batch(registered):
 def test_the_signature_states_the_batch_the_engine_takes(registered):
     uri, _, version = registered
     mlflow.set_tracking_uri(uri)
-    info = mlflow.models.get_model_info(f"models:/{NAME}/{version.version}")
+    try:
+        info = mlflow.models.get_model_info(f"models:/{NAME}/{version.version}")
+    finally:  # the process-wide URI would become every later client's registry
+        mlflow.set_tracking_uri(None)
     (spec,) = info.signature.inputs.inputs
     assert tuple(spec.shape) == SHAPE
     (out,) = info.signature.outputs.inputs
