@@ -138,7 +138,8 @@ def sweep_store(tracking_uri: str | None, local: bool, address: str | None) -> s
     if not local and uri.startswith(("sqlite:", "file:")) and not address:
         raise NgraphError(
             f"a sweep over remote devices needs a tracking server every device reaches, not "
-            f"{redact_uri(uri)}: set MLFLOW_TRACKING_URI=http://... (or use --local)"
+            f"{redact_uri(uri)}: set MLFLOW_TRACKING_URI=http://... (or run on this machine: "
+            f'sweep --local, or "local": true in the backend config)'
         )
     return uri
 
