@@ -372,6 +372,10 @@ class GroupCell:
 FREEZE_ENV = "MLFLOW_NGRAPH_FREEZE_IDLE"
 
 
+def _freeze_idle() -> bool:
+    return os.environ.get(FREEZE_ENV, "1") != "0"
+
+
 class _Proxy:
     """A group member's worker as the rounds see it: one window on command."""
 
@@ -382,7 +386,7 @@ class _Proxy:
         """One window of this worker, the others of the group stopped meanwhile: a runtime's
         thread pool spins for a while after its last request (ONNX Runtime, OpenMP, TBB),
         and on a small host that spin takes the next engine's cores."""
-        freeze = os.environ.get(FREEZE_ENV, "1") != "0"
+        freeze = _freeze_idle()
         if freeze:
             self.cell.worker.resume()
         kind, payload = self.group.ask(self.cell, ("window", seconds), ("window", "window_error"))
@@ -571,7 +575,7 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
                 cell.state = "busy"  # its batch size failed: it goes on to its next gate
         names = {cell.name: cell for cell in warmed}
         base = baseline if baseline in names else None
-        if os.environ.get(FREEZE_ENV, "1") != "0":
+        if _freeze_idle():
             for cell in warmed:  # each runs only for its own windows (_Proxy.window)
                 cell.worker.pause()
         try:

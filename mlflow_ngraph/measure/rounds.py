@@ -38,6 +38,7 @@ the engine has been measured for ``max_s`` seconds. The stop reason is recorded:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -130,9 +131,11 @@ def throughput_figures(windows) -> tuple[float, tuple[float, float] | None, floa
 EXACT_SIGNED_RANK_N = 200
 
 
+@functools.cache
 def _signed_rank_k(n: int, confidence: float) -> int:
     """The largest k with P(T <= k) <= (1 - confidence) / 2 for the Wilcoxon signed-rank
-    statistic T of ``n`` values (-1 when even k = 0 is too likely)."""
+    statistic T of ``n`` values (-1 when even k = 0 is too likely). Cached: the stop rule
+    asks for it after every round."""
     from scipy import stats
 
     alpha = (1 - confidence) / 2
