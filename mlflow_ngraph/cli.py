@@ -129,6 +129,10 @@ LAZY_COMMANDS = {
         "mlflow_ngraph.cache:cache_command",
         "Show the size of the engine and export caches, or prune them.",
     ),
+    "tune": (
+        "mlflow_ngraph.tune.commands:tune",
+        "Find the fastest verified configuration of a model across compilers and knobs.",
+    ),
     "sweep": (
         "mlflow_ngraph.cluster.commands:sweep_command",
         "Benchmark every device of a sweep spec on a Ray cluster; compare them at the end.",
@@ -612,7 +616,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 #: the commands whose finished work a re-run keeps (journal, store) and skips
-RESUMABLE = ("benchmark", "blocks", "sweep", "sync")
+RESUMABLE = ("benchmark", "blocks", "sweep", "sync", "tune")
 
 
 def _interrupted(argv: list[str]) -> str:

@@ -7,6 +7,8 @@ the same device and model:
 - RTR_c(b) = T_c(b) / T_c(1)                 relative throughput rate
 - ASE_c(b) = T_c(b) / (b * T_c(1))           absolute scaling efficiency
 - BSR_c(b) = ASE_c(b) / ASE_identity(b)      batch scaling resilience
+- payback_c(b) = compile_c / (1/T_identity(b) - 1/T_c(b))   samples after which the compile
+  time is paid back against eager (infinite when c is not faster)
 - depth slope: least-squares slope of speedup against depth; retention: speedup at the
   deepest stack / speedup at depth 1.
 
@@ -15,6 +17,7 @@ Each returns ``None`` when an input it needs is missing: nothing is ever divided
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 Throughputs = Mapping[int, float]  # batch size -> samples/s
@@ -63,21 +66,41 @@ def retention(depth_speedups: Mapping[int, float]) -> float | None:
     return last / first if _ok(first) and last is not None else None
 
 
+def payback(compile_s: float | None, identity: float | None, ratio: float | None) -> float | None:
+    """Samples after which ``compile_s`` is paid back against identity: ``compile_s /
+    (1/T_identity - 1/T_c)`` with ``T_c = ratio * T_identity`` (``ratio``: the speedup,
+    paired where measured in rounds). ``inf`` when the compiler is not faster."""
+    if compile_s is None or compile_s != compile_s or compile_s < 0:
+        return None
+    if not _ok(identity) or ratio is None or ratio != ratio:
+        return None
+    if ratio <= 1.0:
+        return math.inf
+    return compile_s * identity * ratio / (ratio - 1.0)
+
+
 def relative_metrics(
-    compiled: Throughputs, identity: Throughputs | None, paired: Throughputs | None = None
+    compiled: Throughputs,
+    identity: Throughputs | None,
+    paired: Throughputs | None = None,
+    compile_s: Mapping[int, float] | None = None,
 ) -> dict[int, dict[str, float | None]]:
-    """speedup, rtr, ase and bsr for every batch size of ``compiled``. ``paired``: the
-    speedups measured in rounds with the identity baseline (the Hodges-Lehmann estimate of
-    the per-round ratios), which stand in for the ratio of throughputs where the baseline is
-    there."""
+    """speedup, rtr, ase, bsr and payback for every batch size of ``compiled``. ``paired``:
+    the speedups measured in rounds with the identity baseline (the Hodges-Lehmann estimate
+    of the per-round ratios), which stand in for the ratio of throughputs where the baseline
+    is there. ``compile_s``: the seconds each batch size's engine took to build (absent
+    where it came from a cache: no payback then)."""
     out: dict[int, dict[str, float | None]] = {}
     for b in sorted(compiled):
         ident = identity or {}
         ratio = speedup(compiled[b], ident.get(b))
+        value = (paired or {}).get(b, ratio) if ratio is not None else None
         out[b] = {
-            "speedup": (paired or {}).get(b, ratio) if ratio is not None else None,
+            "speedup": value,
             "rtr": rtr(compiled, b),
             "ase": ase(compiled, b),
             "bsr": bsr(compiled, ident, b) if identity else None,
         }
+        if compile_s is not None:
+            out[b]["payback_inferences"] = payback(compile_s.get(b), ident.get(b), value)
     return out

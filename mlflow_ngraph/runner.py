@@ -54,6 +54,8 @@ __all__ = ["CHECK_SEED", "Cell", "Plan", "Row", "Runner", "compare_outputs", "pl
 log = logging.getLogger(__name__)
 
 ISOLATION_MODES = ("process", "none")
+#: the group member name of an identity engine measured only as a baseline (``reference``)
+REFERENCE_KEY = "identity-reference"
 #: default of ``--cell-timeout``: generous enough for a TVM tuning of a large model
 DEFAULT_CELL_TIMEOUT_S = 1800.0
 
@@ -178,6 +180,8 @@ class Runner:
         precision: float = PRECISION,
         view: PlainView | None = None,
         experiment_explicit: bool = False,
+        reference: bool = False,
+        parent_run: str | None = None,
     ) -> None:
         if isolation not in ISOLATION_MODES:
             raise NgraphError(f"isolation {isolation!r} is not one of: process, none")
@@ -198,6 +202,13 @@ class Runner:
         self.rows: list[Row] = []
         #: the experiment was named on the command line (not taken from the spec file)
         self.experiment_explicit = experiment_explicit
+        #: a group whose identity cell was measured before gets an identity engine of its
+        #: own to pair its speedups with (``mlflow-ngraph tune``: every trial is paired)
+        self.reference = reference
+        #: batch size -> the record of that reference (None: it failed), the last group's
+        self.references: dict[int, dict | None] = {}
+        #: the run the cells nest under, owned by the caller (a tune), else the benchmark's
+        self.parent_run = parent_run
         self.store: StoreSession | None = None  # once run() started
         self.estimate: Estimate | None = None  # once run() has planned what is left
 
@@ -252,6 +263,7 @@ class Runner:
             self.plan.cells,
             retry_failed=self.retry_failed,
             experiment_explicit=self.experiment_explicit,
+            parent_run=self.parent_run,
         )
         if self._finished_before():
             self._order_rows()
@@ -483,10 +495,15 @@ class Runner:
         ]
         ahead = [Ahead(c.model.name, c.compiler.name, dict(c.model.params)) for c in following]
         baseline = next((c.key for c, *_ in jobs if c.compiler.name == "identity"), None)
-        if len(jobs) == 1:
+        members = [job[3] for job in jobs]
+        if baseline is None and self.reference:
+            sizes = sorted({b for _, pending, *_ in jobs for b in pending})
+            members.append(self._reference_member(cells[0], sizes))
+            baseline = members[-1].name
+        elif len(jobs) == 1:
             log.info("%s: one engine to measure: its windows run back to back", jobs[0][0].name)
         run_group(
-            [job[3] for job in jobs],
+            members,
             list(self.spec.batch_sizes),
             baseline,
             self.spec.measure,
@@ -503,6 +520,29 @@ class Runner:
                 if b not in outcome.seen and outcome.death:
                     self._failed(cell, b, outcome.death)
             self._close_cell(cell)
+
+    def _reference_member(self, cell: Cell, sizes: list[int]):
+        """An identity engine measured with the group, its speedups' baseline: its records
+        are kept in :attr:`references`, not logged as a cell (the model's identity cell
+        holds the identity's results)."""
+        from mlflow_ngraph.isolation import GroupCell
+
+        identity = get_compiler("identity")
+        reference = Cell(cell.model, identity, {}, REFERENCE_KEY, "reference")
+        task = self._task(reference, sizes)
+        task.log_file = str(self.home / "logs" / REFERENCE_KEY / "worker.log")
+        self.references = {}
+
+        def on_event(kind: str, payload: Any) -> None:
+            if kind == "log":
+                log.log(*payload)
+            elif kind == "record":
+                self.references[payload[0]] = payload[1]
+            elif kind == "failed":
+                log.warning("the identity reference failed at bs%d: %s", *payload)
+                self.references[payload[0]] = None
+
+        return GroupCell(REFERENCE_KEY, task, on_event)
 
     def _close_cell(self, cell: Cell) -> None:
         host = [r for c, r in self._host_failed if c is cell]

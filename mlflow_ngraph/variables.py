@@ -11,3 +11,6 @@ ENV_SWEEP_ID = "MLFLOW_NGRAPH_SWEEP_ID"
 #: the run every device's benchmark run is nested under (the ``mlflow run`` run of the
 #: ``ngraph-ray`` project backend)
 ENV_PARENT_RUN = "MLFLOW_NGRAPH_PARENT_RUN_ID"
+#: the run of the ``mlflow-ngraph tune`` whose trials a benchmark measures (tagged on every
+#: cell it logs: ``ngraph.tune``)
+ENV_TUNE_RUN = "MLFLOW_NGRAPH_TUNE_RUN_ID"

@@ -102,6 +102,8 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 # sets these itself (the options' environment variables, as a user may set them).
 os.environ.setdefault("MLFLOW_NGRAPH_BENCHMARK_PRECISION", "0.5")
 os.environ.setdefault("MLFLOW_NGRAPH_BENCHMARK_STABLE_RETRIES", "0")
+os.environ.setdefault("MLFLOW_NGRAPH_TUNE_PRECISION", "0.5")
+os.environ.setdefault("MLFLOW_NGRAPH_TUNE_STABLE_RETRIES", "0")
 # ... so their figures are often UNSTABLE, which pull and register would set aside
 os.environ.setdefault("MLFLOW_NGRAPH_PULL_ALLOW_UNSTABLE", "1")
 os.environ.setdefault("MLFLOW_NGRAPH_REGISTER_ALLOW_UNSTABLE", "1")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -79,6 +80,56 @@ def _convert(kind: type, value: Any) -> Any:
     if kind is int:
         return int(str(value), 0) if isinstance(value, str) else int(value)
     return kind(value)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One flag of a compiler that ``mlflow-ngraph tune`` searches, and the values it tries.
+
+    Args:
+        name: the flag (a key of :attr:`Compiler.flags`).
+        choices: the values tried, in order (``None``: the runtime's own default).
+        when: the knob exists only where these other knobs have these values (inter-op
+            threads only with parallel execution): combinations that cannot go together are
+            never built.
+        precision: the knob can change the arithmetic's precision (bf16, fp16): searched
+            only with ``--allow-precision``; the output check judges its engines as any.
+    """
+
+    name: str
+    choices: tuple
+    when: tuple[tuple[str, Any], ...] = ()
+    precision: bool = False
+
+    def applies(self, chosen: dict[str, Any]) -> bool:
+        """Whether this knob exists given the values ``chosen`` so far."""
+        return all(chosen.get(key) == value for key, value in self.when)
+
+
+@dataclass(frozen=True)
+class HostLimits:
+    """What a search space may range over on this host."""
+
+    #: cores this process may run on (its affinity), the top of every thread count
+    cores: int
+    device: str = "cpu"
+    scenario: str = "throughput"
+
+    @classmethod
+    def here(cls, device: str = "cpu", scenario: str = "throughput") -> HostLimits:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cores = os.cpu_count() or 1
+        return cls(max(1, cores), device, scenario)
+
+    def counts(self, start: int = 1) -> tuple[int, ...]:
+        """Powers of two from ``start`` up to the cores, and the cores themselves."""
+        values, n = [], start
+        while n < self.cores:
+            values.append(n)
+            n *= 2
+        return (*values, self.cores)
 
 
 @dataclass
@@ -216,6 +267,12 @@ class Compiler(ABC):
             if not ok:
                 return False, reason
         return True, "available"
+
+    def search_space(self, host: HostLimits) -> list[Knob]:
+        """The knobs ``mlflow-ngraph tune`` searches on ``host``, in the order they are
+        chosen (a knob's ``when`` names only knobs before it); empty: only the defaults.
+        A plug-in compiler declares its own next to its :attr:`flags`."""
+        return []
 
     def writes_engine(self, flags: dict[str, Any]) -> bool:
         """Whether its engines under ``flags`` are files that can be deployed (``pull``):

@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph.compilers._torch import TorchCallableEngine, require_module, torch_device
-from mlflow_ngraph.compilers.base import CompileContext, Compiler, EngineFiles, Flag
+from mlflow_ngraph.compilers.base import (
+    CompileContext,
+    Compiler,
+    EngineFiles,
+    Flag,
+    HostLimits,
+    Knob,
+)
 from mlflow_ngraph.errors import CompileFailed
 
 log = logging.getLogger(__name__)
@@ -109,6 +116,12 @@ class InductorCompiler(Compiler):
         ),
     }
     batch_agnostic = False
+
+    def search_space(self, host: HostLimits) -> list[Knob]:
+        """The mode; on the CPU the CUDA-graph modes are the same as their plain ones."""
+        if host.device == "cpu":
+            return [Knob("mode", ("default", "max-autotune-no-cudagraphs"))]
+        return [Knob("mode", MODES)]
 
     def availability(self, device: str = "cpu") -> tuple[bool, str]:
         ok, reason = super().availability(device)

@@ -26,7 +26,15 @@ from typing import Any
 import numpy as np
 
 from mlflow_ngraph.compilers._export import export_onnx
-from mlflow_ngraph.compilers.base import CompileContext, Compiler, Engine, EngineFiles, Flag
+from mlflow_ngraph.compilers.base import (
+    CompileContext,
+    Compiler,
+    Engine,
+    EngineFiles,
+    Flag,
+    HostLimits,
+    Knob,
+)
 from mlflow_ngraph.errors import CompileFailed, CompilerUnavailable, NgraphError
 
 log = logging.getLogger(__name__)
@@ -192,6 +200,21 @@ class OnnxRuntimeCompiler(Compiler):
         ),
     }
     batch_agnostic = False
+
+    def search_space(self, host: HostLimits) -> list[Knob]:
+        """Olive's ONNX Runtime space: thread counts, execution mode and graph
+        optimizations; inter-op threads only with parallel execution, IO binding only on a
+        GPU (on the CPU provider it binds nothing)."""
+        threads = (0, *host.counts())  # 0: ONNX Runtime's own choice
+        knobs = [
+            Knob("graph_optimization_level", ("basic", "extended", "all")),
+            Knob("intra_op_num_threads", threads),
+            Knob("execution_mode", ("sequential", "parallel")),
+            Knob("inter_op_num_threads", threads, when=(("execution_mode", "parallel"),)),
+        ]
+        if host.device == "cuda":
+            knobs.append(Knob("io_binding", (True, False)))
+        return knobs
 
     def version(self) -> str:
         for distribution in ("onnxruntime", "onnxruntime-gpu"):

@@ -28,7 +28,15 @@ from typing import Any
 import numpy as np
 
 from mlflow_ngraph.compilers._export import export_onnx
-from mlflow_ngraph.compilers.base import CompileContext, Compiler, Engine, EngineFiles, Flag
+from mlflow_ngraph.compilers.base import (
+    CompileContext,
+    Compiler,
+    Engine,
+    EngineFiles,
+    Flag,
+    HostLimits,
+    Knob,
+)
 from mlflow_ngraph.errors import CompileFailed, CompilerUnavailable, NgraphError
 
 log = logging.getLogger(__name__)
@@ -212,6 +220,21 @@ class OpenVinoCompiler(Compiler):
         "ENABLE_CPU_PINNING": Flag(bool, None, help="pin inference threads to cores (CPU)"),
     }
     batch_agnostic = False
+
+    def search_space(self, host: HostLimits) -> list[Knob]:
+        """The hint, and what it would otherwise choose itself: streams, threads and the
+        requests a THROUGHPUT hint plans for. bf16/f16 only with ``--allow-precision``."""
+        return [
+            Knob("PERFORMANCE_HINT", ("THROUGHPUT", "LATENCY")),
+            Knob("NUM_STREAMS", (None, *host.counts())),
+            Knob("INFERENCE_NUM_THREADS", (None, *host.counts())),
+            Knob(
+                "PERFORMANCE_HINT_NUM_REQUESTS",
+                (None, *HostLimits(host.cores * 2).counts()),
+                when=(("PERFORMANCE_HINT", "THROUGHPUT"),),
+            ),
+            Knob("INFERENCE_PRECISION_HINT", ("f32", "bf16", "f16"), precision=True),
+        ]
 
     def compile(self, model: Any, flags: dict[str, Any], ctx: CompileContext) -> OpenVinoEngine:
         import openvino

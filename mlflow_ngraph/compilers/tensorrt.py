@@ -27,7 +27,15 @@ from typing import Any
 import numpy as np
 
 from mlflow_ngraph.compilers._export import export_onnx
-from mlflow_ngraph.compilers.base import CompileContext, Compiler, Engine, EngineFiles, Flag
+from mlflow_ngraph.compilers.base import (
+    CompileContext,
+    Compiler,
+    Engine,
+    EngineFiles,
+    Flag,
+    HostLimits,
+    Knob,
+)
 from mlflow_ngraph.errors import CompileFailed
 
 log = logging.getLogger(__name__)
@@ -65,6 +73,14 @@ class TensorRtCompiler(Compiler):
         ),
         "timing_cache": Flag(str, None, help="timing cache file, read and updated per build"),
     }
+
+    def search_space(self, host: HostLimits) -> list[Knob]:
+        """The builder's effort and CUDA graphs; FP16 only with ``--allow-precision``."""
+        return [
+            Knob("builder_optimization_level", (3, 4, 5)),
+            Knob("cuda_graph", (False, True)),
+            Knob("fp16", (False, True), precision=True),
+        ]
 
     def version(self) -> str:
         version = super().version()

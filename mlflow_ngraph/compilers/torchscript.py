@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph.compilers._torch import TorchCallableEngine, require_module, torch_device
-from mlflow_ngraph.compilers.base import CompileContext, Compiler, EngineFiles, Flag
+from mlflow_ngraph.compilers.base import (
+    CompileContext,
+    Compiler,
+    EngineFiles,
+    Flag,
+    HostLimits,
+    Knob,
+)
 from mlflow_ngraph.errors import CompileFailed, NgraphError
 
 log = logging.getLogger(__name__)
@@ -78,6 +85,13 @@ class TorchScriptCompiler(Compiler):
     }
     # traced at the batch's shape, and the profiling executor specializes on it
     batch_agnostic = False
+
+    def search_space(self, host: HostLimits) -> list[Knob]:
+        """The inference rewrite, and (without it, which needs a frozen module) freezing."""
+        return [
+            Knob("optimize_for_inference", (True, False)),
+            Knob("freeze", (True, False), when=(("optimize_for_inference", False),)),
+        ]
 
     def resolve_flags(self, given: dict[str, Any]) -> dict[str, Any]:
         """Validate the flags; ``optimize_for_inference`` without ``freeze`` is rejected

@@ -107,6 +107,17 @@ class CellState:
             if S.is_usable(r["status"]) and r["metrics"].get(S.M_THROUGHPUT) is not None
         }
 
+    def compile_times(self) -> dict[int, float]:
+        """The compile seconds of every usable batch size whose engine was built in its run
+        (an engine loaded from a cache paid no compile: it has no payback)."""
+        return {
+            b: r["metrics"][S.M_COMPILE]
+            for b, r in self.measured.items()
+            if S.is_usable(r["status"])
+            and r["metrics"].get(S.M_COMPILE) is not None
+            and not r["metrics"].get(S.M_CACHE_HIT)
+        }
+
 
 class Journal:
     """Append-only record of finished work, keyed by cell key and batch size."""

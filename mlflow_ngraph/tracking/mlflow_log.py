@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import sqlite3
+import sys
 import tempfile
 import threading
 import time
@@ -527,7 +529,7 @@ def stored_results(
     and of the tags) takes its status from its ``valid`` metric and is marked ``torn``: its
     metrics stand, only its tags are to be written."""
     data = client.get_run(run_id).data
-    relative = {S.M_SPEEDUP, S.M_RTR, S.M_ASE, S.M_BSR}
+    relative = {S.M_SPEEDUP, S.M_RTR, S.M_ASE, S.M_BSR, S.M_PAYBACK}
     measured: dict[int, dict[str, Any]] = {}
     failed: dict[int, str] = {}
     for b in batch_sizes:
@@ -613,6 +615,23 @@ def log_batch(
     )
 
 
+#: how MLflow's stores keep an infinite metric (the largest float; a payback that never
+#: comes is one); readers turn it back into ``inf`` with :func:`read_value`
+STORED_INF = sys.float_info.max
+
+
+def stored_value(value: float) -> float:
+    """``value`` as the store keeps it: +-inf as +-the largest float."""
+    if value in (math.inf, -math.inf):
+        return math.copysign(STORED_INF, value)
+    return value
+
+
+def read_value(value: float) -> float:
+    """A stored metric as it was meant: the largest float is ``inf``."""
+    return math.copysign(math.inf, value) if abs(value) >= STORED_INF else value
+
+
 def batch_metrics(values: dict[str, float | None], batch_size: int) -> list[MetricValue]:
     """Each value stepped at the batch size, and flat under ``<name>.bs<batch>`` when it is
     one of ``schema.FLAT_METRICS``; missing values (``None``, NaN) are left out, never logged
@@ -621,6 +640,7 @@ def batch_metrics(values: dict[str, float | None], batch_size: int) -> list[Metr
     for name, value in values.items():
         if value is None or value != value:
             continue
+        value = stored_value(value)
         out.append((name, value, batch_size))
         if name in S.FLAT_METRICS:
             out.append((S.flat_key(name, batch_size), value, batch_size))

@@ -83,12 +83,13 @@ class CellRecorder:
         )
 
     def relative(self, run_id: str, values: list[ml.MetricValue], has_baseline: bool) -> None:
-        """Relative metrics (speedup, RTR, ASE, BSR); a resume re-logs none the run holds."""
+        """Relative metrics (speedup, RTR, ASE, BSR, payback); a resume re-logs none the run
+        holds (an infinite payback is stored as the largest float)."""
         logged = self.client.get_run(run_id).data.metrics
         changed = [
             (key, value, step)
             for key, value, step in values
-            if logged.get(S.flat_key(key.split(".bs")[0], step)) != value
+            if logged.get(S.flat_key(key.split(".bs")[0], step)) != ml.stored_value(value)
         ]
         note = (
             "identity baseline of this device and model"
@@ -108,7 +109,10 @@ class CellRecorder:
         identity = journal.cell(baseline).throughputs() if baseline else {}
         values: list[ml.MetricValue] = []
         paired = state.paired_speedups()
-        for b, rel in M.relative_metrics(state.throughputs(), identity or None, paired).items():
+        relative = M.relative_metrics(
+            state.throughputs(), identity or None, paired, state.compile_times()
+        )
+        for b, rel in relative.items():
             values += ml.batch_metrics(rel, b)
         self.relative(run_id, values, bool(identity))
 

@@ -41,6 +41,8 @@ T_STOP_REASON = "ngraph.stop_reason"  # .bs<b>: precision, max_duration
 T_ATTEMPTS = "ngraph.attempts"  # .bs<b>: measurements made of a batch size (--stable-retries)
 T_REFERENCE = "ngraph.reference"  # what the outputs were checked against
 T_SWEEP = "ngraph.sweep"  # the sweep id of every run a sweep started
+T_TUNE = "ngraph.tune"  # on a cell: the tune run whose trial it is (its role stays "cell")
+T_TUNE_KEY = "ngraph.tune_key"  # on a tune run: what it searches (its resume key)
 
 STABILITY_STABLE = "STABLE"
 STABILITY_UNSTABLE = "UNSTABLE"
@@ -126,6 +128,8 @@ M_SPEEDUP = "speedup"
 M_RTR = "rtr"
 M_ASE = "ase"
 M_BSR = "bsr"
+#: samples after which the compile time is paid back against identity (inf: never)
+M_PAYBACK = "payback_inferences"
 
 
 #: the per-batch metrics also logged flat (``throughput.bs8``): what the runs table sorts on,
@@ -157,6 +161,7 @@ FLAT_METRICS = frozenset(
         M_RTR,
         M_ASE,
         M_BSR,
+        M_PAYBACK,
     }
 )
 

@@ -27,7 +27,7 @@ from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.journal import Journal
 from mlflow_ngraph.tracking.recorder import CellRecorder
-from mlflow_ngraph.variables import ENV_SWEEP_ID
+from mlflow_ngraph.variables import ENV_SWEEP_ID, ENV_TUNE_RUN
 
 if TYPE_CHECKING:
     from mlflow_ngraph.cells import Cell
@@ -57,8 +57,12 @@ class StoreSession:
         cells: Sequence[Cell],
         retry_failed: bool = False,
         experiment_explicit: bool = False,
+        parent_run: str | None = None,
     ) -> None:
         self.tracking_uri = tracking_uri
+        #: a run of the caller's (a tune's) that the cells nest under: it is neither
+        #: described, indexed nor ended here (its owner does that)
+        self.parent_run = parent_run
         self.home = Path(home)
         self.spec = spec
         self.profile = profile
@@ -88,14 +92,17 @@ class StoreSession:
         self.experiment_id, self.experiment_name = ml.run_experiment(
             self.client, self.spec.experiment, self.experiment_explicit
         )
-        self.parent_id = ml.parent_run(
-            self.client,
-            self.experiment_id,
-            self.spec,
-            self.profile,
-            env,
-            {S.T_HOST: env["host"]},
-        )
+        if self.parent_run:
+            self.parent_id = self.parent_run
+        else:
+            self.parent_id = ml.parent_run(
+                self.client,
+                self.experiment_id,
+                self.spec,
+                self.profile,
+                env,
+                {S.T_HOST: env["host"]},
+            )
         faultpoint.point("parent_started")
         self.journal.ensure_store_recorded()
         self.recorder = CellRecorder(
@@ -359,6 +366,9 @@ class StoreSession:
         sweep = os.environ.get(ENV_SWEEP_ID)
         if sweep:
             tags[S.T_SWEEP] = sweep
+        tune = os.environ.get(ENV_TUNE_RUN)
+        if tune:
+            tags[S.T_TUNE] = tune
         return tags
 
     # --- the invocation's end ----------------------------------------------------------------
@@ -420,7 +430,9 @@ class StoreSession:
                 f"not the compiler ({host_failures[0]}); every result measured is kept: "
                 f"{host_fix(host_failures[0])}, then run the same command again to measure them"
             )
-        if self.ready(force=True):
+        if self.parent_run and self.ready(force=True):
+            return  # every cell's results are in the store; the parent is its owner's
+        if self.ready(force=True) and not self.parent_run:
             try:
                 run_ids = [r for r in (self.journal.cell(c.key).run_id for c in self.cells) if r]
                 self.publish(rows)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mlflow_ngraph.compilers.base import CompileContext, Compiler, Engine, Flag
+from mlflow_ngraph.compilers.base import CompileContext, Compiler, Engine, Flag, HostLimits, Knob
 from mlflow_ngraph.compilers.tvm.build import _tune_and_build
 from mlflow_ngraph.compilers.tvm.database import database_source
 from mlflow_ngraph.compilers.tvm.engine import TvmEngine, _first_line
@@ -47,6 +47,11 @@ class TvmCompiler(Compiler):
         ),
         "opt_level": Flag(int, 3, choices=(0, 1, 2, 3), help="TVM PassContext opt_level"),
     }
+
+    def search_space(self, host: HostLimits) -> list[Knob]:
+        """The tuning budget: untuned, the default, and four times it (each trial of the
+        tune pays its own tuning, so the budget of the tune bounds how far this goes)."""
+        return [Knob("trials", (0, DEFAULT_TRIALS, 4 * DEFAULT_TRIALS))]
 
     def availability(self, device: str = "cpu") -> tuple[bool, str]:
         ok, reason = super().availability(device)

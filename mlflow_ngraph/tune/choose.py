@@ -1,0 +1,144 @@
+"""What a tune concludes: the winner and its lead, the best per compiler and batch size, the
+Pareto front of throughput against p99 latency, and the winner as a spec fragment."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tune.trials import Trial, short_flags
+
+
+@dataclass
+class Verdict:
+    """The winner of a tune, the runner-up it was measured against, and whether its lead
+    is beyond noise (their speedup intervals, from the same rounds, do not overlap)."""
+
+    winner: Trial
+    runner_up: Trial | None
+    beyond_noise: bool
+
+    def sentence(self) -> str:
+        w = self.winner
+        head = f"winner: {w.label} at bs{w.batch_size}: {_figure(w)} over eager"
+        if self.runner_up is None:
+            return head + " (no other finalist at its batch size)"
+        r = self.runner_up
+        if self.beyond_noise:
+            return head + f"; its lead over {r.label} ({_figure(r)}) is beyond noise"
+        return (
+            head + f"; a tie within noise with {r.label} ({_figure(r)}): their intervals "
+            "overlap, so either is as good on this host"
+        )
+
+
+def _figure(t: Trial) -> str:
+    text = f"{t.speedup:.2f}x" if t.speedup is not None else "-"
+    if t.interval:
+        text += f" [{t.interval[0]:.2f}-{t.interval[1]:.2f}]"
+    return text
+
+
+def lead_beyond_noise(winner: Trial, other: Trial, higher: bool = True) -> bool:
+    """Whether ``winner``'s speedup interval clears ``other``'s (the direction of the
+    objective: for a latency to minimize the winner's speedup is still the higher)."""
+    a, b = winner.interval, other.interval
+    if a is None or b is None:
+        return False
+    return a[0] > b[1]
+
+
+def verdict(finals: Sequence[Trial], value, higher: bool) -> Verdict | None:
+    """The winner among feasible finalists by ``value(trial)`` (the objective's own metric),
+    and its lead over the best other finalist at the same batch size."""
+    pool = [t for t in finals if t.feasible and value(t) is not None]
+    if not pool:
+        return None
+    pool.sort(key=value, reverse=higher)
+    winner = pool[0]
+    same_b = [t for t in pool[1:] if t.batch_size == winner.batch_size]
+    runner_up = same_b[0] if same_b else None
+    beyond = runner_up is not None and lead_beyond_noise(winner, runner_up)
+    return Verdict(winner, runner_up, beyond)
+
+
+def closest_miss(trials: Sequence[Trial], constraints) -> str:
+    """The one line for a tune where nothing met the constraints: the candidate that
+    missed by the least, and by how much."""
+    misses = []
+    for trial in trials:
+        if trial.status != S.STATUS_OK:
+            continue
+        miss = constraints.miss(trial.metrics)
+        if miss is not None:
+            misses.append((miss[0], trial, miss[1]))
+    if not misses:
+        return "no configuration was measured valid: see the FAILED and INVALID trials above"
+    share, trial, text = min(misses, key=lambda m: m[0])
+    return (
+        f"no configuration meets the constraints: the closest, {trial.label} at "
+        f"bs{trial.batch_size}, has {text}"
+    )
+
+
+def pareto_front(points: Sequence[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
+    """The points no other beats on both throughput (higher) and p99 latency (lower), by
+    throughput descending. ``points``: ``(throughput, p99 ms, payload)``."""
+    ordered = sorted(points, key=lambda p: (-p[0], p[1]))
+    front: list[tuple[float, float, Any]] = []
+    best_latency = math.inf
+    for point in ordered:
+        if point[1] < best_latency:
+            front.append(point)
+            best_latency = point[1]
+    return front
+
+
+def best_per_compiler(trials: Sequence[Trial], higher: bool) -> list[Trial]:
+    """The best valid trial of each (compiler, batch size) by its paired figure; a final
+    measurement of a configuration stands for its search trial."""
+    best: dict[tuple[str, int], Trial] = {}
+    for trial in trials:
+        if trial.status != S.STATUS_OK or not trial.values:
+            continue
+        key = (trial.compiler, trial.batch_size)
+        held = best.get(key)
+        if held is None or (trial.stage == "final" and held.stage != "final"):
+            best[key] = trial
+            continue
+        if trial.stage == held.stage and (
+            (trial.values[0] > held.values[0]) if higher else (trial.values[0] < held.values[0])
+        ):
+            best[key] = trial
+    return sorted(best.values(), key=lambda t: (t.batch_size, t.compiler))
+
+
+def spec_fragment(winner: Trial, model_label: str, model_name: str, params: dict) -> str:
+    """The winner as a spec ``benchmark --spec`` accepts."""
+    flags = {k: v for k, v in winner.flags.items() if v is not None}
+    model: Any = {"name": model_name, "params": dict(params)} if params else model_name
+    data = {
+        "models": [model],
+        "compilers": [{"name": winner.compiler, "flags": flags}],
+        "batch_sizes": [winner.batch_size],
+    }
+    head = (
+        f"# the tune's winner for {model_label}: {winner.label} at batch size {winner.batch_size}\n"
+    )
+    return head + yaml.safe_dump(data, sort_keys=False)
+
+
+def require_winner(result: Verdict | None, trials: Sequence[Trial], constraints) -> Verdict:
+    if result is None:
+        raise NgraphError(closest_miss(trials, constraints))
+    return result
+
+
+def flag_text(trial: Trial) -> str:
+    return short_flags(trial.flags, trial.compiler)

@@ -1,0 +1,239 @@
+"""The ``mlflow-ngraph tune`` command."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+import click
+
+from mlflow_ngraph.errors import NgraphError
+
+log = logging.getLogger("mlflow_ngraph")
+
+
+@click.command("tune")
+@click.option("--model", required=True, help="NAME[:key=value,...] of the model to tune.")
+@click.option("--device", default="cpu", show_default=True, help="Device profile.")
+@click.option(
+    "--compiler",
+    "compilers",
+    multiple=True,
+    help="NAME[:flag=value,...] to search (repeatable); a flag given here is pinned, not "
+    "searched. Default: every compiler of the device profile that is installed.",
+)
+@click.option("--batch-sizes", default="1,8", show_default=True, help="Batch sizes to search.")
+@click.option(
+    "--objective",
+    "objectives",
+    multiple=True,
+    help="throughput (default), latency_p50_ms or latency_p99_ms; twice for two objectives "
+    "(Optuna's multi-objective TPE; the first decides the winner).",
+)
+@click.option("--max-latency-ms", type=float, help="Cap on the p99 latency of a request (ms).")
+@click.option("--min-throughput", type=float, help="Floor on the throughput (samples/s).")
+@click.option("--max-compile-s", type=float, help="Cap on a candidate's compile seconds.")
+@click.option("--max-gpu-mem-mb", type=float, help="Cap on GPU memory (CUDA devices).")
+@click.option("--budget", default="15m", show_default=True, help="Wall clock: 20m, 90s, 1h30m.")
+@click.option("--trials", type=int, help="Stop after this many trials.")
+@click.option(
+    "--patience",
+    type=int,
+    default=12,
+    show_default=True,
+    help="Stop after this many trials in a row that improved no batch size's best by over 1%.",
+)
+@click.option(
+    "--allow-precision", is_flag=True, help="Also search knobs that lower precision (bf16, fp16)."
+)
+@click.option("--register", "register_name", help="Register the winner under this model name.")
+@click.option("--experiment", default="mlflow-ngraph-tune", show_default=True)
+@click.option("--tracking-uri", help="Default: MLFLOW_TRACKING_URI, then MLflow's.")
+@click.option("--home", type=click.Path(path_type=Path), help="Cache and journal directory.")
+@click.option("--seed", type=int, default=0, show_default=True, help="The sampler's seed.")
+@click.option(
+    "--per-group",
+    type=int,
+    default=2,
+    show_default=True,
+    help="Candidates measured together, interleaved with one identity engine.",
+)
+@click.option(
+    "--finalists",
+    type=int,
+    default=3,
+    show_default=True,
+    help="The best configurations per batch size measured again to call the winner.",
+)
+@click.option(
+    "--precision",
+    type=float,
+    default=0.02,
+    show_default=True,
+    help="Each trial's rounds stop when its speedup's 95% interval is within +-X.",
+)
+@click.option(
+    "--stable-retries",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Measure an UNSTABLE group again up to K times.",
+)
+@click.option("-v", "--verbose", count=True)
+@click.option("-q", "--quiet", is_flag=True)
+def tune(**o: Any) -> None:
+    """Find the fastest verified configuration of a model on this device across compilers
+    and their knobs (Optuna TPE), every trial a benchmark cell paired with eager."""
+    from mlflow_ngraph.cli import _interrupt, _setup_logging
+
+    _setup_logging(-1 if o["quiet"] else o["verbose"])
+    settings, home, uri = _settings(o)
+    from mlflow_ngraph.tune.search import Tune
+
+    job = Tune(
+        settings,
+        home,
+        uri,
+        say=click.echo,
+        stable_retries=o["stable_retries"],
+        precision=o["precision"],
+    )
+    job.prepare()
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        job.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    verdict = _conclude(job)
+    if o["register_name"] and verdict is not None:
+        _register(job, verdict, o["register_name"])
+
+
+def _settings(o: dict[str, Any]):
+    from mlflow_ngraph.cli import _split_multi, default_home
+    from mlflow_ngraph.config import (
+        CompilerSpec,
+        MeasureSettings,
+        ModelSpec,
+        check_home,
+        check_tracking_uri,
+        parse_batch_sizes,
+        split_name_args,
+    )
+    from mlflow_ngraph.devices import get_profile
+    from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
+    from mlflow_ngraph.tune.settings import Constraints, TuneSettings, parse_budget
+
+    profile = get_profile(o["device"])
+    names = _split_multi(o["compilers"])
+    if names:
+        compilers = [CompilerSpec(*split_name_args(text, "compiler")) for text in names]
+    else:
+        compilers = _installed(profile)
+    model = ModelSpec(*split_name_args(o["model"], "model"))
+    home = o["home"] or default_home()
+    check_home(home)
+    uri = resolve_tracking_uri(o["tracking_uri"])
+    check_tracking_uri(uri)
+    settings = TuneSettings(
+        model=model,
+        device=o["device"],
+        compilers=compilers,
+        batch_sizes=parse_batch_sizes(o["batch_sizes"]),
+        objectives=list(o["objectives"]) or ["throughput"],
+        constraints=Constraints(
+            o["max_latency_ms"], o["min_throughput"], o["max_compile_s"], o["max_gpu_mem_mb"]
+        ),
+        budget_s=parse_budget(o["budget"]),
+        max_trials=o["trials"],
+        patience=o["patience"],
+        allow_precision=o["allow_precision"],
+        experiment=o["experiment"],
+        tracking_uri=uri,
+        seed=o["seed"],
+        per_group=o["per_group"],
+        finalists=o["finalists"],
+        measure=MeasureSettings(warmup=3, repetitions=10, min_duration_s=0.5),
+    )
+    return settings, home, uri
+
+
+def _installed(profile) -> list:
+    """The profile's compilers that can run here (identity is the baseline, not searched)."""
+    from mlflow_ngraph.compilers.registry import get_compiler
+    from mlflow_ngraph.config import CompilerSpec
+
+    out = []
+    for name in profile.compilers:
+        if name == "identity":
+            continue
+        ok, why = get_compiler(name).availability(profile.kind)
+        if ok:
+            out.append(CompilerSpec(name))
+        else:
+            log.info("not searching %s: %s", name, why)
+    return out
+
+
+def _conclude(job):
+    """Print the tables and the winner, log them to the tune's run; the verdict, or a
+    one-line error when nothing met the constraints (after logging what was measured)."""
+    from mlflow_ngraph.tune.choose import closest_miss, spec_fragment, verdict
+    from mlflow_ngraph.tune.report import best_table, failures_table, front_table, log_tune
+    from mlflow_ngraph.tune.settings import OBJECTIVE_METRICS
+
+    _, higher = OBJECTIVE_METRICS[job.settings.objectives[0]]
+    finals = [t for t in job.trials if t.stage == "final"]
+    result = verdict(finals, job.final_value, higher)
+    miss = None if result is not None else closest_miss(job.trials, job.settings.constraints)
+    fragment = None
+    if result is not None:
+        m = job.settings.model
+        fragment = spec_fragment(result.winner, m.label, m.name, m.params)
+    click.echo("")
+    click.echo(best_table(job))
+    failed = failures_table(job)
+    if failed:
+        click.echo("\nfailed or invalid trials (never chosen):")
+        click.echo(failed)
+    click.echo("\nPareto front, throughput against p99 latency (every valid trial):")
+    click.echo(front_table(job))
+    log_tune(job, result, miss, fragment)
+    reason = {"budget": "the budget", "trials": "--trials", "no_improvement": "no improvement"}
+    click.echo(f"\nstopped by {reason.get(job.stop_reason, 'the end of the search')}")
+    if result is None:
+        raise NgraphError(miss)
+    click.echo(result.sentence())
+    click.echo("\nthe winner as a spec (benchmark --spec FILE):")
+    click.echo(fragment.rstrip())
+    click.echo(f"tune run: {job.run_id} in experiment {job.experiment_name!r}")
+    return result
+
+
+def _register(job, result, name: str) -> None:
+    """``--register``: the existing ``register`` on the winner's cell run and batch size."""
+    from mlflow_ngraph.deploy.commands import register
+
+    winner = result.winner
+    if not winner.run_id:
+        raise NgraphError("--register: the winner's cell run is not known; register it by hand")
+    ctx = click.get_current_context()
+    ctx.invoke(
+        register,
+        name=name,
+        sha256=None,
+        trust_code=None,
+        experiment=job.experiment_name,
+        device=job.settings.device,
+        model=job.settings.model.label,
+        compiler=winner.compiler,
+        batch_size=winner.batch_size,
+        metric="throughput",
+        max_latency_ms=None,
+        run_id=winner.run_id,
+        allow_unstable=True,
+        live=True,
+        tracking_uri=job.uri,
+    )

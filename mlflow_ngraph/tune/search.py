@@ -1,0 +1,645 @@
+"""``mlflow-ngraph tune``: the fastest verified configuration of a model on a device, found
+by Optuna across every compiler and its knobs, each trial a benchmark cell.
+
+How a tune runs:
+
+1. **Groups of trials.** Optuna's TPE sampler (one study per batch size, the compiler its
+   first parameter, each compiler's knobs after it: :mod:`.space`) asks for a few
+   configurations. They are measured together as one benchmark of the model at that batch
+   size (:class:`mlflow_ngraph.runner.Runner`): each in its own worker, interleaved in
+   rounds with an identity engine that stays warm for the group, outputs checked, engines
+   cached, every cell a child of the tune's run. Optuna is told the **paired** figure (the
+   speedup over identity from the same rounds), never an absolute throughput measured
+   minutes from another: on a drifting host that would rank the host.
+2. **Defaults first.** Each compiler's default configuration is the first trial of every
+   batch size, so the tune measures what it must beat.
+3. **Stop** on the budget (wall clock over every invocation of the same tune), the trial
+   count, or ``patience`` trials in a row that improved no batch size's best by over 1%.
+4. **Finalists.** The best few per batch size are measured again in one group, longer and
+   to a tighter precision; the winner's lead over the next must clear both intervals, or
+   the tune says it is a tie.
+5. A ``kill -9`` loses at most the group in flight: the tune journal says what was asked,
+   the benchmark journal what was measured; Optuna's state is rebuilt from them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from mlflow_ngraph import metrics as M
+from mlflow_ngraph.compilers.base import HostLimits
+from mlflow_ngraph.compilers.registry import get_compiler, require_available
+from mlflow_ngraph.config import CompilerSpec, MeasureSettings, Spec
+from mlflow_ngraph.devices import check_profile_runs_here, get_profile
+from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.models.registry import validate_model_spec
+from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tune.settings import OBJECTIVE_METRICS, OBJECTIVES, TuneSettings
+from mlflow_ngraph.tune.space import COMPILER_PARAM, SearchSpace, build_space
+from mlflow_ngraph.tune.trials import Trial, TuneJournal
+from mlflow_ngraph.variables import ENV_PARENT_RUN, ENV_TUNE_RUN
+
+log = logging.getLogger(__name__)
+
+#: an improvement smaller than this share of the best is not one (patience counts on)
+IMPROVEMENT = 0.01
+#: the finalists' rounds: a tighter stop rule and a longer cap than the search's
+FINAL_PRECISION = 0.01
+FINAL_MAX_S = 12.0
+
+
+class Tune:
+    """One tune of ``settings`` into the store at ``tracking_uri``, caches under ``home``.
+
+    Args:
+        say: where the live lines go (trials done, the best so far, the time left).
+        max_interval / stable_retries: the stability rule of every trial's cell.
+    """
+
+    def __init__(
+        self,
+        settings: TuneSettings,
+        home: Path,
+        tracking_uri: str,
+        say: Callable[[str], None] | None = None,
+        stable_retries: int = 1,
+        max_interval: float = 0.05,
+        precision: float = 0.02,
+    ) -> None:
+        self.settings = settings
+        self.home = Path(home)
+        self.uri = tracking_uri
+        self.say = say or (lambda text: log.info("%s", text))
+        self.stable_retries = stable_retries
+        self.max_interval = max_interval
+        self.precision = precision
+        self.profile = get_profile(settings.device)
+        self.trials: list[Trial] = []
+        self.run_id: str | None = None
+        self.started = time.monotonic()
+        self.spent_before = 0.0
+        self.identity_key: dict[int, str] = {}  # batch size -> identity cell key
+        self.references: dict[tuple[int, int], dict] = {}  # (group, b) -> identity's record
+
+    # --- checks before anything runs ------------------------------------------------------
+    def prepare(self) -> SearchSpace:
+        """Validate everything that can be validated; the search space.
+
+        Raises:
+            NgraphError: one line: an unknown model, compiler or knob, an empty space, a
+                budget shorter than one trial, an objective the device does not produce.
+        """
+        s = self.settings
+        check_profile_runs_here(self.profile)
+        s.validate(self.profile.kind)
+        validate_model_spec(s.model.name, s.model.params, self.home)
+        entries = []
+        for cspec in s.compilers:
+            compiler = get_compiler(cspec.name)
+            require_available(compiler, self.profile.kind)
+            entries.append((compiler, self.profile.compiler_flags.get(cspec.name, {}), cspec.flags))
+        host = HostLimits.here(self.profile.kind, s.scenario)
+        self.space = build_space(entries, host, s.allow_precision)
+        self.journal = TuneJournal(self.home, s.key())
+        return self.space
+
+    # --- the search -------------------------------------------------------------------------
+    def run(self) -> list[Trial]:
+        """Search, then call the winner; every trial is in the store as a cell."""
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        if not hasattr(self, "space"):
+            self.prepare()
+        self._open_run()
+        asked, self.spent_before, _ = self.journal.load()
+        self.studies = {b: self._study(b) for b in self.settings.batch_sizes}
+        self._resume(asked)
+        group = max((t.group for t in self.trials), default=-1) + 1
+        while not self._should_stop():
+            b = self.settings.batch_sizes[group % len(self.settings.batch_sizes)]
+            batch = self._ask(b, group)
+            if not batch:
+                break
+            self._measure_group(batch, b, group)
+            group += 1
+        self._finalists(group)
+        return self.trials
+
+    def _open_run(self) -> None:
+        from mlflow_ngraph.tracking import mlflow_log as ml
+
+        s = self.settings
+        self.client = ml.connect(self.uri)
+        explicit = True
+        self.experiment_id, self.experiment_name = ml.run_experiment(
+            self.client, s.experiment, explicit
+        )
+        tags = {S.T_ROLE: "tune", S.T_TUNE_KEY: s.key(), S.T_DEVICE: ml.device_name(s.device)}
+        project_run = os.environ.get("MLFLOW_RUN_ID")  # `mlflow run . -e tune`
+        if project_run:
+            self.run_id = project_run
+            ml.log_batch(self.client, project_run, tags=tags)
+        else:
+            name = f"tune {s.model.label} on {ml.device_name(s.device)}"
+            self.run_id = ml.find_or_create_run(self.client, self.experiment_id, tags, name)
+        self.client.update_run(self.run_id, status="RUNNING")
+        ml.log_params_once(self.client, self.run_id, self._params())
+        self.journal.append("run", run_id=self.run_id)
+
+    def _params(self) -> dict[str, Any]:
+        s = self.settings
+        c = s.constraints
+        return {
+            "model": s.model.label,
+            "device": s.device,
+            "compilers": ",".join(self.space.compilers),
+            "batch_sizes": ",".join(map(str, s.batch_sizes)),
+            "objective": ",".join(s.objectives),
+            "scenario": s.scenario,
+            "max_latency_ms": c.max_latency_ms,
+            "min_throughput": c.min_throughput,
+            "max_compile_s": c.max_compile_s,
+            "allow_precision": s.allow_precision,
+            "search_space_size": self.space.size(),
+            "sampler": "optuna.TPESampler(multivariate, group)",
+            "seed": s.seed,
+        }
+
+    def _study(self, b: int):
+        import optuna
+
+        directions = [OBJECTIVES[o] for o in self.settings.objectives]
+        sampler = optuna.samplers.TPESampler(
+            seed=self.settings.seed + b,
+            multivariate=True,
+            group=True,
+            constraints_func=lambda t: t.user_attrs.get("constraints", [1.0]),
+            n_startup_trials=min(8, max(2, self.space.size() // 4)),
+        )
+        return optuna.create_study(directions=directions, sampler=sampler)
+
+    def _resume(self, asked: list[Trial]) -> None:
+        """The trials of earlier invocations: measured ones told to Optuna again, the group
+        a kill cut short measured first (its measured cells are not measured again)."""
+        if not asked:
+            return
+        log.info("resuming the tune: %d trial(s) asked before", len(asked))
+        by_group: dict[int, list[Trial]] = {}
+        for trial in asked:
+            by_group.setdefault(trial.group, []).append(trial)
+        for group, members in sorted(by_group.items()):
+            self.trials.extend(members)
+            b = members[0].batch_size
+            if members[0].stage == "final":
+                continue  # the finalists are chosen and measured again at the end
+            if not self._read_results(members, b):
+                self._run_benchmark(members, b, group, self.settings.measure, self.precision)
+                self._read_results(members, b)
+            for trial in members:
+                self._tell_new(trial)
+
+    # --- one group --------------------------------------------------------------------------
+    def _ask(self, b: int, group: int) -> list[Trial]:
+        """The group's configurations: the defaults not measured yet at ``b`` first, then
+        Optuna's (a configuration asked twice is measured once)."""
+        import optuna
+
+        study = self.studies[b]
+        measured = {t.config() for t in self.trials if t.batch_size == b and t.stage == "search"}
+        batch: list[Trial] = []
+        for name, flags, params in self.space.defaults():
+            if len(batch) < self.settings.per_group and (name, _key(flags)) not in measured:
+                batch.append(self._new_trial(b, name, flags, params, group, offset=len(batch)))
+        tries = 0
+        while len(batch) < self.settings.per_group and not self._trial_cap(len(batch)):
+            tries += 1
+            trial = study.ask()
+            try:
+                name, flags = self.space.suggest(trial)
+            except NgraphError as exc:  # the compiler's own rules refuse the combination
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                log.debug("excluded: %s", exc)
+                continue
+            params = dict(trial.params)
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)  # told for real below
+            if (name, _key(flags)) in {t.config() for t in batch}:
+                if tries > 20:
+                    break
+                continue
+            batch.append(self._new_trial(b, name, flags, params, group, offset=len(batch)))
+        for trial in batch:
+            self.journal.append(
+                "trial",
+                number=trial.number,
+                batch_size=b,
+                compiler=trial.compiler,
+                flags=trial.flags,
+                params=trial.params,
+                group=group,
+                stage=trial.stage,
+            )
+        self.trials.extend(batch)
+        return batch
+
+    def _new_trial(self, b, name, flags, params, group, stage="search", offset=0) -> Trial:
+        """A trial numbered after every trial so far (``offset``: those of its own group
+        not added yet)."""
+        return Trial(len(self.trials) + offset, b, name, flags, params, group, stage)
+
+    def _trial_cap(self, in_batch: int) -> bool:
+        cap = self.settings.max_trials
+        done = sum(t.stage == "search" for t in self.trials)
+        return cap is not None and done + in_batch >= cap
+
+    def _measure_group(self, batch: list[Trial], b: int, group: int) -> None:
+        began = time.monotonic()
+        self._run_benchmark(batch, b, group, self.settings.measure, self.precision)
+        self._read_results(batch, b)
+        for trial in batch:
+            self._tell_new(trial)
+        seconds = time.monotonic() - began
+        self.journal.append("spent", seconds=seconds, group=group)
+        self.spent_before += seconds
+        self.started = time.monotonic()
+        self._say_progress(batch, b)
+
+    def _run_benchmark(self, batch, b, group, measure: MeasureSettings, precision) -> None:
+        """The group's cells measured as one benchmark of the model at ``b``, nested under
+        the tune's run, each paired with identity in the same rounds."""
+        from mlflow_ngraph.runner import Runner, plan
+
+        unique: dict[tuple[str, str], Trial] = {}
+        for trial in batch:
+            unique.setdefault(trial.config(), trial)
+        compilers = [CompilerSpec("identity")] + [
+            CompilerSpec(t.compiler, {k: v for k, v in t.flags.items() if v is not None})
+            for t in unique.values()
+        ]
+        spec = Spec(
+            models=[self.settings.model],
+            compilers=compilers,
+            batch_sizes=[b],
+            device=self.settings.device,
+            experiment=self.experiment_name,
+            measure=replace(measure, scenario=self.settings.scenario),
+            tracking_uri=self.uri,
+        )
+        work = plan(spec, self.home)
+        runner = Runner(
+            work,
+            self.uri,
+            self.home,
+            max_interval=self.max_interval,
+            stable_retries=self.stable_retries,
+            precision=precision,
+            experiment_explicit=True,
+            reference=True,
+            parent_run=self.run_id,
+        )
+        with _environment({ENV_TUNE_RUN: self.run_id, ENV_PARENT_RUN: None, "MLFLOW_RUN_ID": None}):
+            runner.run()
+        identity = work.cells[0]
+        self.identity_key[b] = identity.key
+        keys = {(c.compiler.name, _key(c.flags)): c.key for c in work.cells[1:]}
+        for trial in batch:
+            trial.cell_key = keys.get(trial.config(), "")
+        reference = runner.references.get(b) or runner.journal.cell(identity.key).measured.get(b)
+        if reference:
+            self.references[(group, b)] = reference
+        self._journal = runner.journal
+
+    def _read_results(self, batch: list[Trial], b: int) -> bool:
+        """Each trial's figures from the benchmark journal; False when one is missing (a
+        group a kill cut short)."""
+        from mlflow_ngraph.tracking.journal import Journal
+
+        journal = getattr(self, "_journal", None) or Journal.for_target(
+            self.home, self.uri, self.experiment_name, _device_name(self.settings.device)
+        )
+        self._journal = journal
+        complete = True
+        for trial in batch:
+            if not trial.cell_key:
+                trial.cell_key = self._cell_key(trial)
+            state = journal.cell(trial.cell_key)
+            if b in state.measured:
+                record = state.measured[b]
+                trial.status = record["status"]
+                trial.metrics = dict(record["metrics"])
+                trial.stable = (record.get("stability") or {}).get("stable")
+                trial.run_id = state.run_id
+            elif b in state.failed:
+                trial.status, trial.reason = S.STATUS_FAILED, state.failed[b]
+                trial.run_id = state.run_id
+            else:
+                complete = False
+        return complete
+
+    def _cell_key(self, trial: Trial) -> str:
+        """The cell key a trial's benchmark gives its cell (without running it)."""
+        from mlflow_ngraph.runner import plan
+
+        measure = self.settings.measure
+        if trial.stage == "final":
+            measure = replace(measure, max_duration_s=FINAL_MAX_S)
+        spec = Spec(
+            models=[self.settings.model],
+            compilers=[
+                CompilerSpec(
+                    trial.compiler, {k: v for k, v in trial.flags.items() if v is not None}
+                )
+            ],
+            batch_sizes=[trial.batch_size],
+            device=self.settings.device,
+            experiment=self.experiment_name,
+            measure=replace(measure, scenario=self.settings.scenario),
+            tracking_uri=self.uri,
+        )
+        work = plan(spec, self.home)
+        cell = next(c for c in work.cells if c.compiler.name == trial.compiler)
+        self.identity_key[trial.batch_size] = work.cells[0].baseline
+        return cell.key
+
+    # --- what Optuna is told ----------------------------------------------------------------
+    def _tell_new(self, trial: Trial) -> None:
+        import optuna
+
+        if trial.status is None or trial.stage != "search":
+            return
+        values = self.values_of(trial)
+        trial.values = values
+        constraints = self.settings.constraints.violations(
+            trial.metrics, trial.status == S.STATUS_OK
+        )
+        trial.feasible = (
+            trial.status == S.STATUS_OK and values is not None and all(c <= 0 for c in constraints)
+        )
+        if trial.params is None:
+            return  # a default outside the searched values: compared, not told
+        distributions = self._distributions(trial.params)
+        state = optuna.trial.TrialState.COMPLETE if values else optuna.trial.TrialState.FAIL
+        frozen = optuna.trial.create_trial(
+            params=trial.params,
+            distributions=distributions,
+            values=values if values else None,
+            state=state,
+            user_attrs={"constraints": constraints, "cell_key": trial.cell_key},
+        )
+        self.studies[trial.batch_size].add_trial(frozen)
+
+    def _distributions(self, params: dict[str, Any]):
+        from optuna.distributions import CategoricalDistribution
+
+        out = {}
+        for name in params:
+            if name == COMPILER_PARAM:
+                out[name] = CategoricalDistribution(self.space.compilers)
+                continue
+            compiler, _, knob = name.partition(".")
+            space = self.space.spaces[compiler]
+            choices = next(k.choices for k in space.knobs if k.name == knob)
+            out[name] = CategoricalDistribution(list(choices))
+        return out
+
+    def values_of(self, trial: Trial) -> list[float] | None:
+        """The paired figure of each objective (``None``: nothing to rank: failed, invalid,
+        or no identity paired with it)."""
+        if trial.status != S.STATUS_OK:
+            return None
+        out = []
+        for objective in self.settings.objectives:
+            if objective == "latency_p99_ms":
+                reference = self.references.get((trial.group, trial.batch_size)) or {}
+                mine = trial.metrics.get(S.M_LATENCY_P99)
+                theirs = (reference.get("metrics") or {}).get(S.M_LATENCY_P99)
+                if not mine or not theirs:
+                    return None
+                out.append(mine / theirs)
+            else:
+                if trial.speedup is None:
+                    return None
+                out.append(trial.speedup)
+        return out
+
+    # --- when to stop -----------------------------------------------------------------------
+    def spent(self) -> float:
+        return self.spent_before + (time.monotonic() - self.started)
+
+    def left(self) -> float | None:
+        budget = self.settings.budget_s
+        return None if budget is None else budget - self.spent()
+
+    def _group_cost(self) -> float:
+        """What one more group is expected to take: the mean of the groups so far."""
+        records = [r for r in self.journal.records() if r.get("kind") == "spent"]
+        if not records:
+            return 0.0
+        return sum(float(r["seconds"]) for r in records) / len(records)
+
+    def _should_stop(self) -> bool:
+        s = self.settings
+        searched = [t for t in self.trials if t.stage == "search"]
+        if s.max_trials is not None and len(searched) >= s.max_trials:
+            self.stop_reason = "trials"
+            return True
+        left = self.left()
+        # the finalists take about one group per batch size
+        if left is not None and left < self._group_cost() * (1 + len(s.batch_sizes) / 2):
+            self.stop_reason = "budget"
+            return True
+        if self._stale() >= s.patience:
+            self.stop_reason = "no_improvement"
+            return True
+        self.stop_reason = ""
+        return False
+
+    def _stale(self) -> int:
+        """Trials in a row (in the order measured) that improved no batch size's best."""
+        best: dict[int, float] = {}
+        stale = 0
+        for trial in self.trials:
+            if trial.stage != "search" or trial.status is None:
+                continue
+            value = trial.values[0] if trial.values and trial.feasible else None
+            higher = OBJECTIVES[self.settings.objectives[0]] == "maximize"
+            score = None if value is None else (value if higher else -value)
+            previous = best.get(trial.batch_size)
+            if score is not None and (
+                previous is None or score > previous + IMPROVEMENT * abs(previous)
+            ):
+                best[trial.batch_size] = score
+                stale = 0
+            else:
+                stale += 1
+        return stale
+
+    def _say_progress(self, batch: list[Trial], b: int) -> None:
+        searched = [t for t in self.trials if t.stage == "search" and t.status is not None]
+        parts = [f"{t.label}: {describe_figure(t)}" for t in batch]
+        best = self.best(b)
+        left = self.left()
+        when = f"{_duration(left)} left" if left is not None else ""
+        cap = f" of {self.settings.max_trials}" if self.settings.max_trials else ""
+        self.say(
+            f"[tune] {len(searched)}{cap} trial(s) | bs{b}: "
+            + "; ".join(parts)
+            + (f" | best bs{b}: {best.label} {describe_figure(best)}" if best else "")
+            + (f" | {when}" if when else "")
+        )
+
+    def best(self, b: int, stage: str = "search") -> Trial | None:
+        """The best feasible trial at ``b`` by the first objective's paired figure."""
+        higher = OBJECTIVES[self.settings.objectives[0]] == "maximize"
+        pool = [
+            t
+            for t in self.trials
+            if t.batch_size == b and t.stage == stage and t.feasible and t.values
+        ]
+        if not pool:
+            return None
+        return (max if higher else min)(pool, key=lambda t: t.values[0])
+
+    # --- the finalists ----------------------------------------------------------------------
+    def _finalists(self, group: int) -> None:
+        """The best few distinct configurations per batch size measured again together,
+        longer and to a tighter precision (their own cells: a longer cap is another
+        measurement setting)."""
+        finals = [t for t in self.trials if t.stage == "final"]
+        for b in self.settings.batch_sizes:
+            chosen = self._top(b)
+            if not chosen:
+                continue
+            done = [t for t in finals if t.batch_size == b]
+            if done and {t.config() for t in done} == {t.config() for t in chosen}:
+                batch = done  # a resumed tune: the same finalists
+            else:
+                batch = [
+                    self._new_trial(b, t.compiler, t.flags, t.params, group, "final", i)
+                    for i, t in enumerate(chosen)
+                ]
+                for trial in batch:
+                    self.journal.append(
+                        "trial",
+                        number=trial.number,
+                        batch_size=b,
+                        compiler=trial.compiler,
+                        flags=trial.flags,
+                        params=trial.params,
+                        group=group,
+                        stage="final",
+                    )
+                self.trials.extend(batch)
+            measure = replace(self.settings.measure, max_duration_s=FINAL_MAX_S)
+            if not self._read_results(batch, b):
+                self.say(f"[tune] bs{b}: measuring the {len(batch)} finalist(s) again, together")
+                self._run_benchmark(batch, b, group, measure, FINAL_PRECISION)
+                self._read_results(batch, b)
+            for trial in batch:
+                trial.values = self.values_of(trial)
+                trial.feasible = (
+                    trial.status == S.STATUS_OK
+                    and trial.values is not None
+                    and self.settings.constraints.miss(trial.metrics) is None
+                )
+            group += 1
+
+    def _top(self, b: int) -> list[Trial]:
+        higher = OBJECTIVES[self.settings.objectives[0]] == "maximize"
+        pool = [
+            t
+            for t in self.trials
+            if t.batch_size == b and t.stage == "search" and t.feasible and t.values
+        ]
+        pool.sort(key=lambda t: t.values[0], reverse=higher)
+        out: list[Trial] = []
+        for trial in pool:
+            if trial.config() not in {t.config() for t in out}:
+                out.append(trial)
+            if len(out) == self.settings.finalists:
+                break
+        return out
+
+    def final_value(self, trial: Trial) -> float | None:
+        """The figure a finalist is judged on across batch sizes: the objective's own
+        metric (throughput in samples/s, latencies in ms)."""
+        metric, _ = OBJECTIVE_METRICS[self.settings.objectives[0]]
+        return trial.metrics.get(metric)
+
+    def payback(self, trial: Trial) -> float | None:
+        reference = self.references.get((trial.group, trial.batch_size)) or {}
+        identity = (reference.get("metrics") or {}).get(S.M_THROUGHPUT)
+        if trial.metrics.get(S.M_CACHE_HIT):
+            return None
+        return M.payback(trial.metrics.get(S.M_COMPILE), identity, trial.speedup)
+
+
+def describe_figure(trial: Trial) -> str:
+    """``1.42x [1.38-1.46]``, ``INVALID``, ``FAILED (reason)``."""
+    if trial.status is None:
+        return "not measured"
+    if trial.status == S.STATUS_FAILED:
+        return f"FAILED ({trial.reason[:80]})"
+    if trial.status != S.STATUS_OK:
+        return trial.status
+    if trial.speedup is None:
+        return "no paired speedup"
+    interval = trial.interval
+    text = f"{trial.speedup:.2f}x"
+    if interval:
+        text += f" [{interval[0]:.2f}-{interval[1]:.2f}]"
+    if trial.stable is False:
+        text += " UNSTABLE"
+    return text
+
+
+def _key(flags: dict[str, Any]) -> str:
+    return json.dumps(flags, sort_keys=True, default=str)
+
+
+def _device_name(device: str) -> str:
+    from mlflow_ngraph.tracking.mlflow_log import device_name
+
+    return device_name(device)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = max(0.0, seconds)
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{rest:02d}s" if minutes else f"{rest}s"
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str | None]) -> Iterator[None]:
+    """Set (or, for ``None``, remove) environment variables for the block."""
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def is_infinite(value: float | None) -> bool:
+    return value is not None and math.isinf(value)

@@ -1,0 +1,199 @@
+"""What a tune concludes from its trials: constraints, the tie rule, the Pareto front,
+payback, the budget and early stopping, and its bad inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mlflow_ngraph import metrics as M
+from mlflow_ngraph.config import ModelSpec
+from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tune.choose import closest_miss, pareto_front, spec_fragment, verdict
+from mlflow_ngraph.tune.settings import MIN_TRIAL_S, Constraints, TuneSettings, parse_budget
+from mlflow_ngraph.tune.trials import Trial
+
+
+def trial(n, speedup, low, high, *, b=1, status="OK", compiler="onnxruntime", p99=1.0,
+          throughput=100.0, feasible=True, stage="final", flags=None):  # fmt: skip
+    t = Trial(n, b, compiler, flags or {"intra_op_num_threads": n}, None, 0, stage)
+    t.status = status
+    t.metrics = {
+        S.M_SPEEDUP_PAIRED: speedup,
+        S.M_SPEEDUP_CI_LOW: low,
+        S.M_SPEEDUP_CI_HIGH: high,
+        S.M_LATENCY_P99: p99,
+        S.M_THROUGHPUT: throughput,
+    }
+    t.values = [speedup] if status == "OK" else None
+    t.feasible = feasible and status == "OK"
+    return t
+
+
+def by_throughput(t):
+    return t.metrics[S.M_THROUGHPUT]
+
+
+def test_a_lead_beyond_both_intervals_is_called_and_an_overlap_is_a_tie():
+    a = trial(1, 2.0, 1.9, 2.1, throughput=200)
+    b = trial(2, 1.5, 1.45, 1.55, throughput=150)
+    result = verdict([a, b], by_throughput, higher=True)
+    assert result.winner is a and result.runner_up is b and result.beyond_noise
+    assert "beyond noise" in result.sentence()
+    c = trial(3, 1.95, 1.85, 2.05, throughput=195)
+    tie = verdict([a, c], by_throughput, higher=True)
+    assert tie.winner is a and not tie.beyond_noise
+    assert "tie within noise" in tie.sentence()
+
+
+def test_an_invalid_candidate_is_never_chosen_however_fast():
+    fast_but_wrong = trial(1, 5.0, 4.9, 5.1, status=S.STATUS_INVALID, throughput=500)
+    honest = trial(2, 1.2, 1.1, 1.3, throughput=120)
+    assert verdict([fast_but_wrong, honest], by_throughput, higher=True).winner is honest
+    assert verdict([fast_but_wrong], by_throughput, higher=True) is None
+
+
+def test_a_candidate_missing_a_constraint_is_not_chosen_and_the_closest_miss_is_named():
+    limits = Constraints(max_latency_ms=2.0)
+    slow = trial(1, 3.0, 2.9, 3.1, p99=3.0, throughput=300)
+    closer = trial(2, 2.0, 1.9, 2.1, p99=2.5, throughput=200)
+    for t in (slow, closer):
+        t.feasible = limits.miss(t.metrics) is None
+    assert verdict([slow, closer], by_throughput, higher=True) is None
+    line = closest_miss([slow, closer], limits)
+    assert "intra_op_num_threads=2" in line and "25% over" in line and "\n" not in line
+    met = trial(3, 1.5, 1.4, 1.6, p99=1.5, throughput=150)
+    met.feasible = limits.miss(met.metrics) is None
+    assert verdict([slow, closer, met], by_throughput, higher=True).winner is met
+
+
+def test_constraint_violations_follow_optunas_sign():
+    limits = Constraints(max_latency_ms=2.0, min_throughput=100.0, max_compile_s=10.0)
+    ok = {S.M_LATENCY_P99: 1.0, S.M_THROUGHPUT: 150.0, S.M_COMPILE: 5.0}
+    assert all(v <= 0 for v in limits.violations(ok, valid=True))
+    assert limits.violations(ok, valid=False)[0] > 0
+    bad = {S.M_LATENCY_P99: 3.0, S.M_THROUGHPUT: 50.0, S.M_COMPILE: 20.0}
+    assert all(v > 0 for v in limits.violations(bad, valid=True)[1:])
+
+
+def test_pareto_front_on_hand_made_trials():
+    points = [(100, 5.0, "a"), (80, 2.0, "b"), (90, 6.0, "c"), (50, 1.0, "d"), (80, 3.0, "e")]
+    assert [p[2] for p in pareto_front(points)] == ["a", "b", "d"]
+    assert pareto_front([]) == []
+
+
+def test_payback_counts_the_samples_that_pay_for_the_compile():
+    # identity 100/s, compiled 200/s: 10 ms -> 5 ms per sample, 5 ms saved each; 10 s of
+    # compile is paid back after 2,000 samples
+    assert M.payback(10.0, 100.0, 2.0) == pytest.approx(2000.0)
+    assert M.payback(10.0, 100.0, 1.0) == math.inf  # never faster: never paid back
+    assert M.payback(10.0, 100.0, 0.8) == math.inf
+    assert M.payback(None, 100.0, 2.0) is None
+    rel = M.relative_metrics({1: 200.0}, {1: 100.0}, None, {1: 10.0})
+    assert rel[1]["payback_inferences"] == pytest.approx(2000.0)
+    assert "payback_inferences" not in M.relative_metrics({1: 200.0}, {1: 100.0})[1]
+
+
+def test_an_infinite_payback_is_stored_as_the_largest_float_and_read_back_as_infinite():
+    from mlflow_ngraph.tracking import mlflow_log as ml
+
+    [(name, value, step), (flat, _, _)] = ml.batch_metrics({S.M_PAYBACK: math.inf}, 4)
+    assert (name, flat, step) == (S.M_PAYBACK, "payback_inferences.bs4", 4)
+    assert math.isfinite(value) and ml.read_value(value) == math.inf
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("20m", 1200), ("90s", 90), ("1h30m", 5400), ("600", 600)]
+)
+def test_budget_durations(text, seconds):
+    assert parse_budget(text) == seconds
+
+
+def test_a_budget_that_is_not_a_duration_is_one_line():
+    with pytest.raises(NgraphError, match="not a duration"):
+        parse_budget("soon")
+
+
+def settings(**kw):
+    return TuneSettings(ModelSpec("conv_block", {}), "cpu", [], [1], **kw)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"budget_s": MIN_TRIAL_S - 1}, "shorter than one trial"),
+        ({"objectives": ["gpu_mem_mb"]}, "not measured on device"),
+        ({"objectives": ["energy_j_per_sample"]}, "not measured on device"),
+        ({"objectives": ["speed"]}, "is not one of"),
+        ({"constraints": Constraints(max_gpu_mem_mb=100)}, "gpu_mem_mb is not measured"),
+        ({"constraints": Constraints(max_latency_ms=-1)}, "must be a number > 0"),
+        ({"budget_s": None}, "needs an end"),
+    ],
+)
+def test_bad_settings_are_one_line(kw, message):
+    with pytest.raises(NgraphError, match=message):
+        settings(**kw).validate("cpu")
+
+
+def test_the_tune_key_ignores_how_long_it_may_run():
+    assert settings(budget_s=600).key() == settings(budget_s=1200, max_trials=9).key()
+    assert settings().key() != settings(objectives=["latency_p99_ms"]).key()
+
+
+def test_the_winner_as_a_spec_fragment_is_a_spec_the_benchmark_accepts(tmp_path):
+    from mlflow_ngraph.config import build_spec, load_spec_file
+
+    winner = trial(1, 2.0, 1.9, 2.1, b=8, flags={"execution_mode": "parallel", "x": None})
+    text = spec_fragment(winner, "conv_block(width=8)", "conv_block", {"width": 8})
+    path = tmp_path / "winner.yaml"
+    path.write_text(text)
+    spec = build_spec(load_spec_file(path))
+    assert spec.batch_sizes == [8]
+    assert spec.compilers[0].name == "onnxruntime"
+    assert spec.compilers[0].flags == {"execution_mode": "parallel"}
+    assert spec.models[0].params == {"width": 8}
+
+
+def stop_rules(trials, **kw):
+    from mlflow_ngraph.tune.search import Tune
+
+    tune = Tune.__new__(Tune)
+    tune.settings = settings(**kw)
+    tune.trials = trials
+    tune.spent_before = 0.0
+    import time
+
+    tune.started = time.monotonic()
+
+    class Journal:
+        def records(self):
+            return [{"kind": "spent", "seconds": 30.0}]
+
+    tune.journal = Journal()
+    return tune
+
+
+def test_patience_counts_trials_in_a_row_that_improved_nothing():
+    rising = [trial(i, 1.0 + i / 10, 0, 0, stage="search") for i in range(5)]
+    tune = stop_rules(rising, patience=3)
+    assert tune._stale() == 0 and not tune._should_stop()
+    flat = rising + [trial(9 + i, 1.3, 0, 0, stage="search") for i in range(3)]
+    tune = stop_rules(flat, patience=3)
+    assert tune._stale() == 3 and tune._should_stop() and tune.stop_reason == "no_improvement"
+    # within 1% of the best is no improvement either; a failed trial counts as stale
+    tiny = rising + [
+        trial(20, 1.404, 0, 0, stage="search"),
+        trial(21, 9, 0, 0, status="FAILED", stage="search"),
+    ]
+    assert stop_rules(tiny, patience=3)._stale() == 2
+
+
+def test_the_budget_stops_the_search_before_the_finalists_would_overrun_it():
+    tune = stop_rules([], budget_s=600)
+    assert not tune._should_stop()
+    tune.spent_before = 560.0  # a group costs 30 s here; the finalists about 15 s more
+    assert tune._should_stop() and tune.stop_reason == "budget"
+    tune = stop_rules([trial(i, 1, 0, 0, stage="search") for i in range(4)], max_trials=4)
+    assert tune._should_stop() and tune.stop_reason == "trials"
