@@ -16,7 +16,11 @@ LIST_OPTIONS: dict[str, dict[str, str]] = {
     "benchmark": {"--models": "--model", "--compilers": "--compiler"},
     "blocks": {"--compilers": "--compiler"},
     "compare": {},
+    "tune": {"--compilers": "--compiler", "--objectives": "--objective"},
 }
+#: per entry point: the options that are flags, passed alone when their param is true
+FLAG_OPTIONS: dict[str, set[str]] = {"tune": {"--allow-precision"}}
+TRUE = ("1", "true", "yes", "on")
 
 
 def command_line(command: str, argv: list[str]) -> list[str]:
@@ -27,6 +31,10 @@ def command_line(command: str, argv: list[str]) -> list[str]:
     for option, value in zip(argv[0::2], argv[1::2]):
         value = value.strip()
         if not value:
+            continue
+        if option in FLAG_OPTIONS.get(command, ()):
+            if value.lower() in TRUE:
+                args.append(option)
             continue
         if option in multi:
             for item in value.replace(";", " ").split():

@@ -86,6 +86,10 @@ class Row:
     speedup_ci_low: float | None = None  # the speedup's 95% interval (paired rounds)
     speedup_ci_high: float | None = None
     drift: float | None = None  # the host's drift during the rounds (sd of log rate)
+    #: samples until the compile is paid back against identity (inf: never; None: not
+    #: known, or the engine came from the cache)
+    payback: float | None = None
+    cache_hit: bool = False
 
 
 @dataclass
@@ -588,6 +592,10 @@ class Runner:
             if _row_of(row, cell):
                 ratio = M.speedup(own.get(row.batch_size), identity.get(row.batch_size))
                 row.speedup = paired.get(row.batch_size, ratio) if ratio is not None else None
+                if row.compiler != "identity" and not row.cache_hit:
+                    row.payback = M.payback(
+                        row.compile_s, identity.get(row.batch_size), row.speedup
+                    )
 
     def _throughputs(self, key: str) -> dict[int, float]:
         return self.journal.cell(key).throughputs()
@@ -662,4 +670,5 @@ def _row(cell: Cell, b: int, record: dict) -> Row:
         speedup_ci_low=m.get(S.M_SPEEDUP_CI_LOW),
         speedup_ci_high=m.get(S.M_SPEEDUP_CI_HIGH),
         drift=m.get(S.M_HOST_DRIFT),
+        cache_hit=bool(m.get(S.M_CACHE_HIT)),
     )

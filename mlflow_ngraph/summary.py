@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -175,6 +176,7 @@ SUMMARY_HEADERS = [
     "speedup CI",
     "drift %",
     "compile s",
+    "payback",
     "status",
     "stable",
     "note",
@@ -227,6 +229,18 @@ def _label(rows) -> None:
         )
 
 
+def payback_text(value: float | None) -> str:
+    """Samples until a compile is paid back: ``2.1k``, ``never`` (not faster), ``-``."""
+    if value is None or value != value:
+        return "-"
+    if math.isinf(value):
+        return "never"
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.0f}"
+
+
 def _summary_row(r) -> list[Any]:
     """A row's cells under :data:`SUMMARY_HEADERS`."""
     drift = getattr(r, "drift", None)
@@ -242,6 +256,7 @@ def _summary_row(r) -> list[Any]:
         _interval(getattr(r, "speedup_ci_low", None), getattr(r, "speedup_ci_high", None), 2),
         _num(100 * drift if drift is not None else None),
         _num(r.compile_s, 2),
+        payback_text(getattr(r, "payback", None)),
         r.status,
         _stability(getattr(r, "stable", None)),
         (r.note + (" (resumed)" if r.skipped else ""))[:80],

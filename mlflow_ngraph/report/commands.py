@@ -25,7 +25,7 @@ from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
-TABLES = ("cells", "families", "depth", "compile", "flips")
+TABLES = ("cells", "families", "depth", "compile", "flips", "payback", "pareto")
 #: CSV and JSON are read by programs, which want one table: the per-cell one
 SINGLE_TABLE_FORMATS = ("csv", "json")
 
@@ -87,6 +87,8 @@ def build_tables(
         "depth": lambda: tables.depth_table(frame, depth_batches),
         "compile": lambda: tables.compile_table(frame),
         "flips": lambda: tables.flips_table(frame),
+        "payback": lambda: tables.payback_table(frame),
+        "pareto": lambda: tables.pareto_table(frame),
     }
     return {name: builders[name]() for name in names}
 

@@ -395,14 +395,19 @@ def fetch_cells(
 
 
 def parent_filters(query: RunQuery) -> list[str]:
-    """Server-side filters for the benchmark (parent) runs that can hold ``query``'s cells."""
-    role = f"tags.\"{schema.T_ROLE}\" = 'benchmark'"
+    """Server-side filters for the parent runs that can hold ``query``'s cells: benchmark
+    runs, and tune runs (whose trials are cells)."""
+    roles = [f"tags.\"{schema.T_ROLE}\" = '{role}'" for role in PARENT_ROLES]
     sweeps = [f'tags."{schema.T_SWEEP}" = {_quote(s)}' for s in sorted(set(query.sweeps))]
     devices = [f'tags."{schema.T_DEVICE}" = {_quote(d)}' for d in sorted(set(query.devices))]
     return [
-        " and ".join([role, *[c for c in combo if c]])
-        for combo in itertools.product(sweeps or [None], devices or [None])
+        " and ".join([c for c in combo if c])
+        for combo in itertools.product(roles, sweeps or [None], devices or [None])
     ]
+
+
+#: the roles of runs that parent cells (and hold a results index once they finish)
+PARENT_ROLES = ("benchmark", "tune")
 
 
 def matches(run: RunData, query: RunQuery) -> bool:

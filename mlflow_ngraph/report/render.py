@@ -31,6 +31,10 @@ TITLES = {
     "compile": "Table III: compile time in seconds by model and batch size",
     "flips": "Ranking flips: order by identity throughput against each compiler's order "
     "(swapped pairs are written in the identity's order; the compiler reverses each)",
+    "payback": "Compile time paid back: samples after which a compile pays for itself "
+    "against eager (never: not faster; cache hits left out)",
+    "pareto": "Pareto front of throughput [samples/s] against p99 latency [ms], per device "
+    "and model, over every valid configuration and batch size (a tune's trials included)",
 }
 
 #: rows of one table on the HTML page: a browser stays responsive, the CSV keeps them all
@@ -38,7 +42,9 @@ HTML_MAX_ROWS = 2000
 
 #: on a terminal: the columns that name a row, repeated in each panel of a table wider than
 #: the terminal, and the columns that answer the question, first after them
-KEY_COLUMNS = {"cells": 4, "families": 3, "depth": 4, "compile": 2, "flips": 5}
+KEY_COLUMNS = {
+    "cells": 4, "families": 3, "depth": 4, "compile": 2, "flips": 5, "payback": 2, "pareto": 2,
+}  # fmt: skip
 FIRST = {"cells": ("throughput", "speedup", "stability", "status")}
 #: shorter headers on a terminal (the names stay in CSV, JSON and markdown)
 SHORT = {"batch_size": "bs"}

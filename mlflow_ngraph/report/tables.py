@@ -40,6 +40,7 @@ METRIC_COLUMNS = (
     schema.M_THROUGHPUT_CI_LOW,
     schema.M_THROUGHPUT_CI_HIGH,
     schema.M_LATENCY_P50,
+    schema.M_LATENCY_P99,
     schema.M_CPU,
     schema.M_COMPILE,
     schema.M_CACHE_HIT,
@@ -568,6 +569,67 @@ def compile_table(frame: pd.DataFrame) -> pd.DataFrame:
     )
     pivot.columns = [f"{device} {compiler} [s]" for device, compiler in pivot.columns]
     return pivot.reset_index().rename(columns={"model_label": "model"})
+
+
+def payback_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Samples after which each compile is paid back against eager, by model x batch size
+    (rows) and device x compiler: ``compile_s / (1/T_identity - 1/T_c)``, ``never`` where
+    the compiler is not faster. Cache hits (no compile paid) and identity are left out."""
+    part = frame[
+        is_result(frame)
+        & (frame["compiler"] != IDENTITY)
+        & frame[schema.M_COMPILE].notna()
+        & ~(frame[schema.M_CACHE_HIT] == 1)
+        & frame["batch_size"].notna()
+    ]
+    if part.empty:
+        return pd.DataFrame(columns=["model", "batch_size"])
+    part = part.assign(
+        payback=[
+            metrics.payback(c, i, s)
+            for c, i, s in zip(
+                _list(part[schema.M_COMPILE]),
+                _list(part["identity_throughput"]),
+                _list(part["speedup"]),
+                strict=True,
+            )
+        ]
+    )
+    part = part[part["payback"].notna()]
+    if part.empty:
+        return pd.DataFrame(columns=["model", "batch_size"])
+    pivot = part.pivot_table(
+        index=["model_label", "batch_size"],
+        columns=["device", "compiler_label"],
+        values="payback",
+        aggfunc="max",
+    )
+    pivot.columns = [f"{device} {compiler} [samples]" for device, compiler in pivot.columns]
+    pivot = pivot.astype(object).map(lambda v: "never" if v == math.inf else v)
+    return pivot.reset_index().rename(columns={"model_label": "model"})
+
+
+def pareto_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per device and model, the measurements no other beats on both throughput (higher)
+    and p99 latency (lower), over every valid configuration and batch size (a tune's trials
+    included)."""
+    part = frame[
+        is_result(frame) & frame[schema.M_THROUGHPUT].notna() & frame[schema.M_LATENCY_P99].notna()
+    ]
+    columns = ["device", "model", "batch_size", "compiler", "throughput", "latency_p99_ms",
+               "speedup"]  # fmt: skip
+    rows = []
+    for (device, model), group in part.groupby(["device", "model_label"], sort=True):
+        ordered = group.sort_values([schema.M_THROUGHPUT, schema.M_LATENCY_P99],
+                                    ascending=[False, True])  # fmt: skip
+        best = math.inf
+        for _, row in ordered.iterrows():
+            if row[schema.M_LATENCY_P99] < best:
+                best = row[schema.M_LATENCY_P99]
+                rows.append([device, model, row["batch_size"], row["compiler_label"],
+                             row[schema.M_THROUGHPUT], row[schema.M_LATENCY_P99],
+                             row["speedup"]])  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)
 
 
 def kendall_tau(first: Sequence[float], second: Sequence[float]) -> float | None:

@@ -49,7 +49,9 @@ log = logging.getLogger("mlflow_ngraph")
     "--allow-precision", is_flag=True, help="Also search knobs that lower precision (bf16, fp16)."
 )
 @click.option("--register", "register_name", help="Register the winner under this model name.")
-@click.option("--experiment", default="mlflow-ngraph-tune", show_default=True)
+@click.option(
+    "--experiment", help="MLflow experiment (default: mlflow-ngraph-tune, or mlflow run's)."
+)
 @click.option("--tracking-uri", help="Default: MLFLOW_TRACKING_URI, then MLflow's.")
 @click.option("--home", type=click.Path(path_type=Path), help="Cache and journal directory.")
 @click.option("--seed", type=int, default=0, show_default=True, help="The sampler's seed.")
@@ -99,6 +101,7 @@ def tune(**o: Any) -> None:
         say=click.echo,
         stable_retries=o["stable_retries"],
         precision=o["precision"],
+        experiment_explicit=o["experiment"] is not None,
     )
     job.prepare()
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -150,7 +153,7 @@ def _settings(o: dict[str, Any]):
         max_trials=o["trials"],
         patience=o["patience"],
         allow_precision=o["allow_precision"],
-        experiment=o["experiment"],
+        experiment=o["experiment"] or "mlflow-ngraph-tune",
         tracking_uri=uri,
         seed=o["seed"],
         per_group=o["per_group"],

@@ -220,8 +220,7 @@ def log_tune(tune: Tune, verdict: Verdict | None, miss: str | None, fragment: st
         plot_front(tune, folder / "pareto_front.png")
         for path in folder.iterdir():
             client.log_artifact(run_id, str(path))
-    run_ids = sorted({t.run_id for t in tune.trials if t.run_id})
-    index.write(client, run_id, index.snapshot(client, run_ids))
+    index.write(client, run_id, index.snapshot(client, tune.cell_runs()))
     ml.finish(client, run_id, "FINISHED")
 
 

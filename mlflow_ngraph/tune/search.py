@@ -75,6 +75,7 @@ class Tune:
         stable_retries: int = 1,
         max_interval: float = 0.05,
         precision: float = 0.02,
+        experiment_explicit: bool = True,
     ) -> None:
         self.settings = settings
         self.home = Path(home)
@@ -83,12 +84,16 @@ class Tune:
         self.stable_retries = stable_retries
         self.max_interval = max_interval
         self.precision = precision
+        #: the experiment was named by the user (under ``mlflow run`` it must then be the
+        #: project run's)
+        self.experiment_explicit = experiment_explicit
         self.profile = get_profile(settings.device)
         self.trials: list[Trial] = []
         self.run_id: str | None = None
         self.started = time.monotonic()
         self.spent_before = 0.0
-        self.identity_key: dict[int, str] = {}  # batch size -> identity cell key
+        #: the identity cells the trials' speedups rest on (search and final settings)
+        self.identity_keys: set[str] = set()
         self.references: dict[tuple[int, int], dict] = {}  # (group, b) -> identity's record
 
     # --- checks before anything runs ------------------------------------------------------
@@ -142,9 +147,8 @@ class Tune:
 
         s = self.settings
         self.client = ml.connect(self.uri)
-        explicit = True
         self.experiment_id, self.experiment_name = ml.run_experiment(
-            self.client, s.experiment, explicit
+            self.client, s.experiment, self.experiment_explicit
         )
         tags = {S.T_ROLE: "tune", S.T_TUNE_KEY: s.key(), S.T_DEVICE: ml.device_name(s.device)}
         project_run = os.environ.get("MLFLOW_RUN_ID")  # `mlflow run . -e tune`
@@ -311,7 +315,7 @@ class Tune:
         with _environment({ENV_TUNE_RUN: self.run_id, ENV_PARENT_RUN: None, "MLFLOW_RUN_ID": None}):
             runner.run()
         identity = work.cells[0]
-        self.identity_key[b] = identity.key
+        self.identity_keys.add(identity.key)
         keys = {(c.compiler.name, _key(c.flags)): c.key for c in work.cells[1:]}
         for trial in batch:
             trial.cell_key = keys.get(trial.config(), "")
@@ -369,7 +373,7 @@ class Tune:
         )
         work = plan(spec, self.home)
         cell = next(c for c in work.cells if c.compiler.name == trial.compiler)
-        self.identity_key[trial.batch_size] = work.cells[0].baseline
+        self.identity_keys.add(cell.baseline)
         return cell.key
 
     # --- what Optuna is told ----------------------------------------------------------------
@@ -570,6 +574,15 @@ class Tune:
             if len(out) == self.settings.finalists:
                 break
         return out
+
+    def cell_runs(self) -> list[str]:
+        """The runs of every trial's cell and of the identity cells they rest on: what the
+        tune's results index holds (``compare`` needs the baseline with the trials)."""
+        runs = {t.run_id for t in self.trials if t.run_id}
+        journal = getattr(self, "_journal", None)
+        if journal is not None:
+            runs |= {journal.cell(k).run_id for k in self.identity_keys} - {None}
+        return sorted(runs)
 
     def final_value(self, trial: Trial) -> float | None:
         """The figure a finalist is judged on across batch sizes: the objective's own
