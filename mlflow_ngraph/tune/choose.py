@@ -121,11 +121,15 @@ def best_per_compiler(trials: Sequence[Trial], higher: bool) -> list[Trial]:
 
 def spec_fragment(winner: Trial, model_label: str, model_name: str, params: dict) -> str:
     """The winner as a spec ``benchmark --spec`` accepts."""
-    flags = {k: v for k, v in winner.flags.items() if v is not None}
+    from mlflow_ngraph.compilers.registry import get_compiler
+
+    defaults = get_compiler(winner.compiler).resolve_flags({})
+    flags = {k: v for k, v in winner.flags.items() if v is not None and defaults.get(k) != v}
     model: Any = {"name": model_name, "params": dict(params)} if params else model_name
+    compiler: Any = {"name": winner.compiler, "flags": flags} if flags else winner.compiler
     data = {
         "models": [model],
-        "compilers": [{"name": winner.compiler, "flags": flags}],
+        "compilers": [compiler],
         "batch_sizes": [winner.batch_size],
     }
     head = (

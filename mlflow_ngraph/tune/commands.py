@@ -90,7 +90,8 @@ def tune(**o: Any) -> None:
     and their knobs (Optuna TPE), every trial a benchmark cell paired with eager."""
     from mlflow_ngraph.cli import _interrupt, _setup_logging
 
-    _setup_logging(-1 if o["quiet"] else o["verbose"])
+    # the trials' benchmark lines only with -v: the tune's own lines are its live view
+    _setup_logging(-1 if o["quiet"] or not o["verbose"] else o["verbose"] - 1)
     settings, home, uri = _settings(o)
     from mlflow_ngraph.tune.search import Tune
 
@@ -204,7 +205,12 @@ def _conclude(job):
     click.echo("\nPareto front, throughput against p99 latency (every valid trial):")
     click.echo(front_table(job))
     log_tune(job, result, miss, fragment)
-    reason = {"budget": "the budget", "trials": "--trials", "no_improvement": "no improvement"}
+    reason = {
+        "budget": "the budget",
+        "trials": "--trials",
+        "no_improvement": f"--patience ({job.settings.patience} trials without improvement)",
+        "space_exhausted": "convergence: Optuna proposed only configurations measured already",
+    }
     click.echo(f"\nstopped by {reason.get(job.stop_reason, 'the end of the search')}")
     if result is None:
         raise NgraphError(miss)

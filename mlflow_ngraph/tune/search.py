@@ -56,6 +56,8 @@ IMPROVEMENT = 0.01
 #: the finalists' rounds: a tighter stop rule and a longer cap than the search's
 FINAL_PRECISION = 0.01
 FINAL_MAX_S = 12.0
+#: proposals in a row that were all measured before: the space is exhausted
+MAX_ASKS = 30
 
 
 class Tune:
@@ -95,6 +97,9 @@ class Tune:
         #: the identity cells the trials' speedups rest on (search and final settings)
         self.identity_keys: set[str] = set()
         self.references: dict[tuple[int, int], dict] = {}  # (group, b) -> identity's record
+        self.live: dict[int, Any] = {}  # trial number -> the Optuna trial asked for it
+        self.exhausted: set[int] = set()  # batch sizes whose space Optuna has exhausted
+        self.stop_reason = ""
 
     # --- checks before anything runs ------------------------------------------------------
     def prepare(self) -> SearchSpace:
@@ -134,10 +139,9 @@ class Tune:
         group = max((t.group for t in self.trials), default=-1) + 1
         while not self._should_stop():
             b = self.settings.batch_sizes[group % len(self.settings.batch_sizes)]
-            batch = self._ask(b, group)
-            if not batch:
-                break
-            self._measure_group(batch, b, group)
+            batch = [] if b in self.exhausted else self._ask(b, group)
+            if batch:
+                self._measure_group(batch, b, group)
             group += 1
         self._finalists(group)
         return self.trials
@@ -189,7 +193,7 @@ class Tune:
             seed=self.settings.seed + b,
             multivariate=True,
             group=True,
-            constraints_func=lambda t: t.user_attrs.get("constraints", [1.0]),
+            constant_liar=True,  # the trials of one group are asked before any is told
             n_startup_trials=min(8, max(2, self.space.size() // 4)),
         )
         return optuna.create_study(directions=directions, sampler=sampler)
@@ -199,7 +203,7 @@ class Tune:
         a kill cut short measured first (its measured cells are not measured again)."""
         if not asked:
             return
-        log.info("resuming the tune: %d trial(s) asked before", len(asked))
+        self.say(f"[tune] resuming: {len(asked)} trial(s) asked before")
         by_group: dict[int, list[Trial]] = {}
         for trial in asked:
             by_group.setdefault(trial.group, []).append(trial)
@@ -217,32 +221,39 @@ class Tune:
     # --- one group --------------------------------------------------------------------------
     def _ask(self, b: int, group: int) -> list[Trial]:
         """The group's configurations: the defaults not measured yet at ``b`` first, then
-        Optuna's (a configuration asked twice is measured once)."""
+        Optuna's. A configuration measured before is told its known figure at once and not
+        measured again; when Optuna keeps proposing only those, the space is exhausted."""
         import optuna
 
         study = self.studies[b]
-        measured = {t.config() for t in self.trials if t.batch_size == b and t.stage == "search"}
+        known = {t.config(): t for t in self.trials if t.batch_size == b and t.stage == "search"}
         batch: list[Trial] = []
         for name, flags, params in self.space.defaults():
-            if len(batch) < self.settings.per_group and (name, _key(flags)) not in measured:
+            if len(batch) < self.settings.per_group and (name, _key(flags)) not in known:
                 batch.append(self._new_trial(b, name, flags, params, group, offset=len(batch)))
-        tries = 0
+        asks = 0
         while len(batch) < self.settings.per_group and not self._trial_cap(len(batch)):
-            tries += 1
-            trial = study.ask()
+            asks += 1
+            if asks > MAX_ASKS:
+                self.exhausted.add(b)
+                break
+            live = study.ask()
             try:
-                name, flags = self.space.suggest(trial)
+                name, flags = self.space.suggest(live)
             except NgraphError as exc:  # the compiler's own rules refuse the combination
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                study.tell(live, state=optuna.trial.TrialState.FAIL)
                 log.debug("excluded: %s", exc)
                 continue
-            params = dict(trial.params)
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)  # told for real below
-            if (name, _key(flags)) in {t.config() for t in batch}:
-                if tries > 20:
-                    break
+            config = (name, _key(flags))
+            if config in {t.config() for t in batch}:
+                study.tell(live, state=optuna.trial.TrialState.FAIL)
                 continue
-            batch.append(self._new_trial(b, name, flags, params, group, offset=len(batch)))
+            if config in known:  # measured before: its figure, without measuring it again
+                self._tell(live, known[config])
+                continue
+            trial = self._new_trial(b, name, flags, dict(live.params), group, offset=len(batch))
+            self.live[trial.number] = live
+            batch.append(trial)
         for trial in batch:
             self.journal.append(
                 "trial",
@@ -378,30 +389,46 @@ class Tune:
 
     # --- what Optuna is told ----------------------------------------------------------------
     def _tell_new(self, trial: Trial) -> None:
+        """Judge a measured trial and tell Optuna: the trial it asked for, or (a default,
+        a trial of an earlier invocation) a trial added with its params."""
         import optuna
 
         if trial.status is None or trial.stage != "search":
             return
-        values = self.values_of(trial)
-        trial.values = values
-        constraints = self.settings.constraints.violations(
+        trial.values = self.values_of(trial)
+        trial.constraints = self.settings.constraints.violations(
             trial.metrics, trial.status == S.STATUS_OK
         )
-        trial.feasible = (
-            trial.status == S.STATUS_OK and values is not None and all(c <= 0 for c in constraints)
-        )
+        trial.feasible = trial.values is not None and all(c <= 0 for c in trial.constraints)
+        live = self.live.pop(trial.number, None)
+        if live is not None:
+            self._tell(live, trial)
+            return
         if trial.params is None:
             return  # a default outside the searched values: compared, not told
-        distributions = self._distributions(trial.params)
-        state = optuna.trial.TrialState.COMPLETE if values else optuna.trial.TrialState.FAIL
+        state = optuna.trial.TrialState.COMPLETE if trial.values else optuna.trial.TrialState.FAIL
         frozen = optuna.trial.create_trial(
             params=trial.params,
-            distributions=distributions,
-            values=values if values else None,
+            distributions=self._distributions(trial.params),
+            values=trial.values or None,
             state=state,
-            user_attrs={"constraints": constraints, "cell_key": trial.cell_key},
+            user_attrs={"cell_key": trial.cell_key},
+            # constrained TPE (Optuna 5): a trial with a value > 0 is infeasible
+            constraints={f"c{i}": value for i, value in enumerate(trial.constraints)},
         )
         self.studies[trial.batch_size].add_trial(frozen)
+
+    def _tell(self, live, trial: Trial) -> None:
+        """Tell Optuna's asked trial ``live`` the figures of ``trial``."""
+        import optuna
+
+        study = self.studies[trial.batch_size]
+        if not trial.values:
+            study.tell(live, state=optuna.trial.TrialState.FAIL)
+            return
+        for i, value in enumerate(trial.constraints or []):
+            live.set_constraint(f"c{i}", value)
+        study.tell(live, trial.values)
 
     def _distributions(self, params: dict[str, Any]):
         from optuna.distributions import CategoricalDistribution
@@ -462,6 +489,9 @@ class Tune:
         # the finalists take about one group per batch size
         if left is not None and left < self._group_cost() * (1 + len(s.batch_sizes) / 2):
             self.stop_reason = "budget"
+            return True
+        if self.exhausted >= set(s.batch_sizes):
+            self.stop_reason = "space_exhausted"
             return True
         if self._stale() >= s.patience:
             self.stop_reason = "no_improvement"
@@ -591,11 +621,26 @@ class Tune:
         return trial.metrics.get(metric)
 
     def payback(self, trial: Trial) -> float | None:
+        """Samples until ``trial``'s compile is paid back against the identity of its group;
+        a finalist (its engine from the cache) takes the compile of its search trial."""
+        compiled = trial
+        if trial.metrics.get(S.M_CACHE_HIT):
+            compiled = next(
+                (
+                    t
+                    for t in self.trials
+                    if t.stage == "search"
+                    and t.batch_size == trial.batch_size
+                    and t.config() == trial.config()
+                    and not t.metrics.get(S.M_CACHE_HIT)
+                ),
+                None,
+            )
+            if compiled is None:
+                return None
         reference = self.references.get((trial.group, trial.batch_size)) or {}
         identity = (reference.get("metrics") or {}).get(S.M_THROUGHPUT)
-        if trial.metrics.get(S.M_CACHE_HIT):
-            return None
-        return M.payback(trial.metrics.get(S.M_COMPILE), identity, trial.speedup)
+        return M.payback(compiled.metrics.get(S.M_COMPILE), identity, trial.speedup)
 
 
 def describe_figure(trial: Trial) -> str:

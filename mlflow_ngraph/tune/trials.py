@@ -39,6 +39,8 @@ class Trial:
     stable: bool | None = None
     #: the figure Optuna was told (one per objective)
     values: list[float] | None = None
+    #: Optuna's constraint values (each <= 0 where met), the first one validity
+    constraints: list[float] | None = None
     feasible: bool = False
 
     @property

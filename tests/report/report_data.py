@@ -58,6 +58,7 @@ def _per_batch(cell: Cell) -> dict[str, dict[int, float]]:
         S.M_THROUGHPUT: cell.throughput,
         S.M_THROUGHPUT_STD: {b: t * cell.rep_cv for b, t in cell.throughput.items()},
         S.M_LATENCY_P50: {b: 1000 * b / t for b, t in cell.throughput.items()},
+        S.M_LATENCY_P99: {b: 1500 * b / t for b, t in cell.throughput.items()},
         S.M_CPU: cell.cpu,
         S.M_COMPILE: cell.compile_s,
         S.M_VALID: {b: float(cell.status != S.STATUS_INVALID) for b in cell.throughput},

@@ -168,6 +168,47 @@ def test_compile_table_is_table_iii(all_tables):
     assert set(compile_[0]) == {"model", "batch_size", "cpu openvino [s]", "gpu tensorrt [s]"}
 
 
+def test_payback_table_is_compile_time_over_time_saved_per_sample(all_tables, cells):
+    payback = all_tables["payback"]
+    r18 = one(cells, device="cpu", model=R18, compiler="openvino", batch_size=8)
+    s = r18["speedup"]
+    identity = one(cells, device="cpu", model=R18, compiler="identity", batch_size=8)["throughput"]
+    expected = 3.5 * identity * s / (s - 1)  # 3.5 s / (1/T_id - 1/T_ov) samples
+    assert one(payback, model=R18, batch_size=8)["cpu openvino [samples]"] == exact(expected)
+    assert one(payback, model=EFF, batch_size=8).get("gpu tensorrt [samples]") is None  # cached
+    slower = [r for r in cells if r["compiler"] != "identity" and r["speedup"]
+              and r["speedup"] <= 1 and r["status"] == "OK"]  # fmt: skip
+    for row in slower:  # never paid back: said, not a negative number
+        key = f"{row['device']} {row['compiler']} [samples]"
+        found = [p for p in payback if p["model"] == row["model"]
+                 and p["batch_size"] == row["batch_size"] and key in p]  # fmt: skip
+        assert all(p[key] in ("never", None) for p in found)
+
+
+def test_pareto_table_holds_exactly_the_undominated_measurements(all_tables, cells):
+    front = all_tables["pareto"]
+    ok = [r for r in cells if r["status"] == "OK" and r["throughput"]]
+    for device, model in {(r["device"], r["model"]) for r in ok}:
+        mine = [r for r in ok if (r["device"], r["model"]) == (device, model)]
+
+        def p99(r):
+            return 1500 * r["batch_size"] / r["throughput"]
+
+        expected = {
+            (r["compiler"], r["batch_size"])
+            for r in mine
+            if not any(
+                o["throughput"] >= r["throughput"]
+                and p99(o) <= p99(r)
+                and (o["throughput"], p99(o)) != (r["throughput"], p99(r))
+                for o in mine
+            )  # fmt: skip
+        }
+        got = {(r["compiler"], r["batch_size"]) for r in front
+               if (r["device"], r["model"]) == (device, model)}  # fmt: skip
+        assert got == expected, (device, model)
+
+
 def test_ranking_flips_with_kendall_tau(all_tables):
     flips = all_tables["flips"]
     at8 = one(flips, device="cpu", batch_size=8, compiler="openvino", among="models", level="model")

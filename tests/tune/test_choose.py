@@ -162,6 +162,7 @@ def stop_rules(trials, **kw):
     tune = Tune.__new__(Tune)
     tune.settings = settings(**kw)
     tune.trials = trials
+    tune.exhausted = set()
     tune.spent_before = 0.0
     import time
 

@@ -107,7 +107,7 @@ def test_compare_reads_the_trials_like_any_cell(tuned):
     assert result.returncode == 0, result.stderr[-2000:]
     data = json.loads(result.stdout)
     rows = data if isinstance(data, list) else data["cells"]
-    assert {r["compiler"] for r in rows} >= {"onnxruntime", "torchscript"}
+    assert {r["compiler"].split("[")[0] for r in rows} >= {"onnxruntime", "torchscript"}
 
 
 def test_the_winner_is_registered_with_the_device_alias(tuned):
@@ -165,7 +165,7 @@ def test_a_tune_killed_with_kill_9_resumes_without_measuring_again(tmp_path):
     before = {(m["cell"], m["batch_size"]) for m in measured_records(home)}
     result = run(args, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "resuming the tune" in result.stderr
+    assert "[tune] resuming:" in result.stdout
     records = measured_records(home)
     keys = [(m["cell"], m["batch_size"]) for m in records]
     assert len(keys) == len(set(keys)), "a trial was measured twice"
