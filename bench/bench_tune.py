@@ -70,10 +70,12 @@ def defaults(args) -> None:
         uri = f"sqlite:///{work / 'mlflow.db'}"
         before = load()
         t0 = time.perf_counter()
-        cli("tune", "--model", model, "--batch-sizes", "1,8", "--budget", args.budget,
-            "--tracking-uri", uri, "--experiment", "tune", "-q",
-            home=work / "home", cwd=work)  # fmt: skip
+        done = cli("tune", "--model", model, "--batch-sizes", "1,8", "--budget", args.budget,
+                   "--tracking-uri", uri, "--experiment", "tune",
+                   home=work / "home", cwd=work)  # fmt: skip
         seconds = time.perf_counter() - t0
+        (work / "tune.txt").write_text(done.stdout)
+        print(f"   the tune's transcript: {work / 'tune.txt'}; its store: {uri}")
         trials, _ = trials_of(uri, "tune")
         finals = [t for t in trials if t["stage"] == "final" and t["feasible"]]
         winner = max(finals, key=lambda t: t["throughput"] or 0)

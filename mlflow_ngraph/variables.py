@@ -4,6 +4,12 @@ Below the cluster (which sets them for a device's benchmark) and the tracking co
 reads them into the runs it writes), so that each reads them downward.
 """
 
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
 #: the name of the device a sweep task benchmarks (two hosts of one profile stay apart)
 ENV_DEVICE_NAME = "MLFLOW_NGRAPH_DEVICE_NAME"
 #: the id of the sweep a benchmark belongs to (tagged on every run it logs)
@@ -14,3 +20,22 @@ ENV_PARENT_RUN = "MLFLOW_NGRAPH_PARENT_RUN_ID"
 #: the run of the ``mlflow-ngraph tune`` whose trials a benchmark measures (tagged on every
 #: cell it logs: ``ngraph.tune``)
 ENV_TUNE_RUN = "MLFLOW_NGRAPH_TUNE_RUN_ID"
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str | None]) -> Iterator[None]:
+    """Set (or, for ``None``, remove) environment variables for the block; restored after."""
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

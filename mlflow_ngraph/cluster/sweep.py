@@ -642,18 +642,12 @@ def progress(tracking_uri: str, sweep: SweepSpec) -> dict[str, dict[str, Any]] |
 @contextmanager
 def _bounded_requests():
     """MLflow's HTTP requests of this process: one try, :data:`VIEW_TIMEOUT_S` long."""
+    from mlflow_ngraph.variables import environment
+
     bounds = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
               "MLFLOW_HTTP_REQUEST_TIMEOUT": str(VIEW_TIMEOUT_S)}  # fmt: skip
-    saved = {k: os.environ.get(k) for k in bounds}
-    os.environ.update(bounds)
-    try:
+    with environment(bounds):
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def live_view(outcome: SweepOutcome, cells: dict[str, dict[str, Any]]) -> str:

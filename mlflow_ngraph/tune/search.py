@@ -24,14 +24,13 @@ How a tune runs:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tune.settings import OBJECTIVE_METRICS, OBJECTIVES, TuneSettings
 from mlflow_ngraph.tune.space import COMPILER_PARAM, SearchSpace, build_space
 from mlflow_ngraph.tune.trials import Trial, TuneJournal
-from mlflow_ngraph.variables import ENV_PARENT_RUN, ENV_TUNE_RUN
+from mlflow_ngraph.variables import ENV_PARENT_RUN, ENV_TUNE_RUN, environment
 
 log = logging.getLogger(__name__)
 
@@ -255,18 +254,22 @@ class Tune:
             self.live[trial.number] = live
             batch.append(trial)
         for trial in batch:
-            self.journal.append(
-                "trial",
-                number=trial.number,
-                batch_size=b,
-                compiler=trial.compiler,
-                flags=trial.flags,
-                params=trial.params,
-                group=group,
-                stage=trial.stage,
-            )
+            self._record(trial)
         self.trials.extend(batch)
         return batch
+
+    def _record(self, trial: Trial) -> None:
+        """The tune journal's line for an asked trial (before it is measured)."""
+        self.journal.append(
+            "trial",
+            number=trial.number,
+            batch_size=trial.batch_size,
+            compiler=trial.compiler,
+            flags=trial.flags,
+            params=trial.params,
+            group=trial.group,
+            stage=trial.stage,
+        )
 
     def _new_trial(self, b, name, flags, params, group, stage="search", offset=0) -> Trial:
         """A trial numbered after every trial so far (``offset``: those of its own group
@@ -323,7 +326,7 @@ class Tune:
             reference=True,
             parent_run=self.run_id,
         )
-        with _environment({ENV_TUNE_RUN: self.run_id, ENV_PARENT_RUN: None, "MLFLOW_RUN_ID": None}):
+        with environment({ENV_TUNE_RUN: self.run_id, ENV_PARENT_RUN: None, "MLFLOW_RUN_ID": None}):
             runner.run()
         identity = work.cells[0]
         self.identity_keys.add(identity.key)
@@ -564,16 +567,7 @@ class Tune:
                     for i, t in enumerate(chosen)
                 ]
                 for trial in batch:
-                    self.journal.append(
-                        "trial",
-                        number=trial.number,
-                        batch_size=b,
-                        compiler=trial.compiler,
-                        flags=trial.flags,
-                        params=trial.params,
-                        group=group,
-                        stage="final",
-                    )
+                    self._record(trial)
                 self.trials.extend(batch)
             measure = replace(self.settings.measure, max_duration_s=FINAL_MAX_S)
             if not self._read_results(batch, b):
@@ -678,25 +672,6 @@ def _duration(seconds: float | None) -> str:
     seconds = max(0.0, seconds)
     minutes, rest = divmod(int(round(seconds)), 60)
     return f"{minutes}m{rest:02d}s" if minutes else f"{rest}s"
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str | None]) -> Iterator[None]:
-    """Set (or, for ``None``, remove) environment variables for the block."""
-    saved = {k: os.environ.get(k) for k in values}
-    try:
-        for key, value in values.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def is_infinite(value: float | None) -> bool:
