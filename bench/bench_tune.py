@@ -175,7 +175,8 @@ def _tune(work: Path, model: str, **kw):
 def grid(args) -> None:
     from mlflow_ngraph.tune.trials import Trial
 
-    work = Path(tempfile.mkdtemp(prefix="bench-tune-grid-"))
+    # with --work, a grid measured before is read from its journal, not measured again
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-tune-grid-"))
     points = grid_space().grid()
     before = load()
     t0 = time.perf_counter()
@@ -196,8 +197,10 @@ def grid(args) -> None:
     _cost(job, "grid")
     shares = []
     for seed in range(args.seeds):
-        tuned = _tune(work, args.model, experiment=f"tune-{seed}", max_trials=args.trials,
-                      seed=seed, finalists=3, patience=10**6)  # fmt: skip
+        # the tune's trials are cells of the grid (same settings): it reads their figures
+        # from the grid's journal, and measures only its finalists again
+        tuned = _tune(work, args.model, experiment=f"tune-{args.trials}-{seed}",
+                      max_trials=args.trials, seed=seed, finalists=3, patience=10**6)  # fmt: skip
         tuned.run()
         finals = [t for t in tuned.trials if t.stage == "final" and t.feasible and t.speedup]
         pick = max(finals, key=lambda t: t.speedup) if finals else None
@@ -237,6 +240,7 @@ def main() -> None:
     p.add_argument("--budget", default="15m")
     p.add_argument("--trials", type=int, default=12)
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--work", type=Path, help="the folder of a grid measured before")
     args = p.parse_args()
     defaults(args) if args.what == "defaults" else grid(args)
 
