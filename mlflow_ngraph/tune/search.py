@@ -11,10 +11,11 @@ How a tune runs:
    cached, every cell a child of the tune's run. Optuna is told the **paired** figure (the
    speedup over identity from the same rounds), never an absolute throughput measured
    minutes from another: on a drifting host that would rank the host.
-2. **Defaults first.** Each compiler's default configuration is the first trial of every
-   batch size, so the tune measures what it must beat.
-3. **Stop** on the budget (wall clock over every invocation of the same tune), the trial
-   count, or ``patience`` trials in a row that improved no batch size's best by over 1%.
+2. **Defaults first.** Every compiler's default configuration, together in the first group
+   of every batch size: the tune measures what it must beat, in one set of rounds.
+3. **Stop** on the budget (wall clock over every invocation of the same tune, the next group
+   and the finalists reserved), the trial count, ``patience`` trials in a row that improved
+   no batch size's best by over 1%, or when Optuna proposes only what was measured.
 4. **Finalists.** The best few per batch size are measured again in one group, longer and
    to a tighter precision; the winner's lead over the next must clear both intervals, or
    the tune says it is a tie.
@@ -227,8 +228,8 @@ class Tune:
         study = self.studies[b]
         known = {t.config(): t for t in self.trials if t.batch_size == b and t.stage == "search"}
         batch: list[Trial] = []
-        for name, flags, params in self.space.defaults():
-            if len(batch) < self.settings.per_group and (name, _key(flags)) not in known:
+        for name, flags, params in self.space.defaults():  # all in one group: the yardstick
+            if (name, _key(flags)) not in known and not self._trial_cap(len(batch)):
                 batch.append(self._new_trial(b, name, flags, params, group, offset=len(batch)))
         asks = 0
         while len(batch) < self.settings.per_group and not self._trial_cap(len(batch)):
@@ -489,8 +490,8 @@ class Tune:
             self.stop_reason = "trials"
             return True
         left = self.left()
-        # the finalists take about one group per batch size
-        if left is not None and left < self._group_cost() * (1 + len(s.batch_sizes) / 2):
+        # the next group, then the finalists: about one group per batch size
+        if left is not None and left < self._group_cost() * (1 + len(s.batch_sizes)):
             self.stop_reason = "budget"
             return True
         if self.exhausted >= set(s.batch_sizes):
