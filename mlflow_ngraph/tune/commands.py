@@ -217,8 +217,26 @@ def _conclude(job):
     click.echo(result.sentence())
     click.echo("\nthe winner as a spec (benchmark --spec FILE):")
     click.echo(fragment.rstrip())
-    click.echo(f"tune run: {job.run_id} in experiment {job.experiment_name!r}")
+    _say_run(job)
     return result
+
+
+def _say_run(job) -> None:
+    """Where the tune's run opens in MLflow's UI (its trials are its child runs)."""
+    from urllib.parse import urlencode
+
+    from mlflow_ngraph.tracking.mlflow_log import redact
+    from mlflow_ngraph.tracking.ui import WORKFLOW
+
+    served = job.uri.startswith(("http://", "https://"))
+    base = redact(job.uri) if served else "http://127.0.0.1:5000"
+    if not served:
+        click.echo(
+            f"MLflow UI: mlflow ui --backend-store-uri {redact(job.uri)} --host 127.0.0.1 "
+            "--port 5000"
+        )
+    where = f"{base}/#/experiments/{job.experiment_id}/runs/{job.run_id}"
+    click.echo(f"tune run: {where}?{urlencode(WORKFLOW)}")
 
 
 def _register(job, result, name: str) -> None:

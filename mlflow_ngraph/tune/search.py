@@ -316,6 +316,9 @@ class Tune:
             tracking_uri=self.uri,
         )
         work = plan(spec, self.home)
+        if batch and batch[0].stage == "final":  # its own cells: the run names say so
+            for cell in work.cells:
+                cell.run_name = f"{cell.run_name} final"
         runner = Runner(
             work,
             self.uri,
