@@ -181,6 +181,10 @@ def test_the_mlproject_tune_entry_point_runs_from_a_fresh_shell(tmp_path):
         MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
         MLFLOW_NGRAPH_HOME=str(tmp_path / "home"),
     )
+    # the experiment's artifacts in the test's folder (by default ./mlruns of the project)
+    MlflowClient(env["MLFLOW_TRACKING_URI"]).create_experiment(
+        "project-tune", artifact_location=(tmp_path / "artifacts").as_uri()
+    )
     mlflow_bin = str(Path(PYTHON).parent / "mlflow")
     command = [
         mlflow_bin, "run", str(REPO), "-e", "tune", "--env-manager", "local",
