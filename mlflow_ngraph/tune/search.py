@@ -306,16 +306,7 @@ class Tune:
             CompilerSpec(t.compiler, {k: v for k, v in t.flags.items() if v is not None})
             for t in unique.values()
         ]
-        spec = Spec(
-            models=[self.settings.model],
-            compilers=compilers,
-            batch_sizes=[b],
-            device=self.settings.device,
-            experiment=self.experiment_name,
-            measure=replace(measure, scenario=self.settings.scenario),
-            tracking_uri=self.uri,
-        )
-        work = plan(spec, self.home)
+        work = plan(self._spec(compilers, b, measure), self.home)
         if batch and batch[0].stage == "final":  # its own cells: the run names say so
             for cell in work.cells:
                 cell.run_name = f"{cell.run_name} final"
@@ -341,6 +332,19 @@ class Tune:
         if reference:
             self.references[(group, b)] = reference
         self._journal = runner.journal
+
+    def _spec(self, compilers: list[CompilerSpec], b: int, measure: MeasureSettings) -> Spec:
+        """The benchmark spec of a group (or of one trial, for its cell key): the model at
+        ``b`` in the tune's scenario, into the tune's experiment."""
+        return Spec(
+            models=[self.settings.model],
+            compilers=compilers,
+            batch_sizes=[b],
+            device=self.settings.device,
+            experiment=self.experiment_name,
+            measure=replace(measure, scenario=self.settings.scenario),
+            tracking_uri=self.uri,
+        )
 
     def _read_results(self, batch: list[Trial], b: int) -> bool:
         """Each trial's figures from the benchmark journal; False when one is missing (a
@@ -376,18 +380,10 @@ class Tune:
         measure = self.settings.measure
         if trial.stage == "final":
             measure = replace(measure, max_duration_s=FINAL_MAX_S)
-        spec = Spec(
-            models=[self.settings.model],
-            compilers=[
-                CompilerSpec(
-                    trial.compiler, {k: v for k, v in trial.flags.items() if v is not None}
-                )
-            ],
-            batch_sizes=[trial.batch_size],
-            device=self.settings.device,
-            experiment=self.experiment_name,
-            measure=replace(measure, scenario=self.settings.scenario),
-            tracking_uri=self.uri,
+        spec = self._spec(
+            [CompilerSpec(trial.compiler, {k: v for k, v in trial.flags.items() if v is not None})],
+            trial.batch_size,
+            measure,
         )
         work = plan(spec, self.home)
         cell = next(c for c in work.cells if c.compiler.name == trial.compiler)
