@@ -291,7 +291,7 @@ def _group_hooks(conn, task: CellTask):
                 figures, paired = arg
                 result = finish(meter, figures)
                 stability = judge(task_, result, paired)
-                conn.send(("judged", (stability.stable, stability.reason)))
+                conn.send(("judged", (stability.stable, stability.reason, stability.retry)))
             elif command == "keep":
                 return result, stability, attempts
             else:
@@ -597,14 +597,14 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
                 continue
             judged.append(cell)
             if not verdict[0]:
-                unstable.append((cell, verdict[1]))
+                unstable.append((cell, verdict[1], verdict[2]))
         ready = judged
-        if not unstable or attempt > retries:
+        if not any(retry for _, _, retry in unstable) or attempt > retries:
             break
         log.info(
             "bs%d: %s UNSTABLE (%s): measuring the group again, attempt %d of %d",
             b,
-            ", ".join(c.name for c, _ in unstable),
+            ", ".join(c.name for c, _, _ in unstable),
             unstable[0][1].split(":")[0],
             attempt + 1,
             retries + 1,

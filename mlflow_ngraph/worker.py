@@ -77,7 +77,9 @@ class CellTask:
     def policy(self):
         from mlflow_ngraph.measure.rounds import RoundPolicy
 
-        return RoundPolicy(window_s=self.window_s, precision=self.precision)
+        return RoundPolicy(
+            window_s=self.window_s, precision=self.precision, enough=self.max_interval
+        )
 
 
 def measure_cell(
@@ -205,6 +207,7 @@ def judge(task: CellTask, result, baseline_paired: bool):
         task.max_interval if paired else THROUGHPUT_WIDER * task.max_interval,
         task.max_other_cpu,
         what="speedup" if paired else "throughput",
+        stretched=getattr(result, "stretched", False),
     )
 
 
@@ -218,7 +221,7 @@ def measure_alone(task: CellTask, engine, b: int):
     attempts = 1
     result = measure(engine, b, task.measure, gpu=gpu, policy=task.policy())
     stability = judge(task, result, False)
-    while not stability.stable and attempts <= task.stable_retries:
+    while not stability.stable and stability.retry and attempts <= task.stable_retries:
         log.info(
             "%s bs%d UNSTABLE (%s): measuring again, attempt %d of %d",
             task.name,

@@ -107,6 +107,8 @@ class Measurement:
     speedup_ci_low: float | None = None  # its 95% interval (signed-rank, over the rounds)
     speedup_ci_high: float | None = None
     speedup_halfwidth: float | None = None
+    #: measured past the default cap because the figure was wider than the UNSTABLE limit
+    stretched: bool = False
     #: energy_j_per_sample and power_w (total and per RAPL domain), where RAPL is readable
     energy: dict = field(default_factory=dict)
 
@@ -330,5 +332,6 @@ def finish(meter: Meter, figures) -> Measurement:
         speedup_ci_low=figures.speedup_ci[0] if figures.speedup_ci else None,
         speedup_ci_high=figures.speedup_ci[1] if figures.speedup_ci else None,
         speedup_halfwidth=figures.speedup_halfwidth,
+        stretched=figures.stretched,
         energy=energy_metrics(usage.energy_j, samples, usage.wall_s),
     )

@@ -27,13 +27,16 @@ Figures, each over the rounds (k windows per engine):
 - moved: the rounds' first and second halves give speedups whose intervals do not overlap
   (the host changed in a way the pairing did not cancel); the relative change, else None.
 
-Stop rule (per engine; the rounds go on while any engine is not done): the floors
-(``--repetitions`` requests, ``--min-duration`` seconds, :data:`MIN_ROUNDS` rounds) are met
-and the figure the user compares is known to ``precision`` (the relative half-width of the
-speedup's interval; for the baseline and an engine measured alone, the throughput's against
-twice that), or
-the engine has been measured for ``max_s`` seconds. The stop reason is recorded: ``precision``,
-``max_duration``.
+Stop rule (per engine): the floors (``--repetitions`` requests, ``--min-duration`` seconds,
+:data:`MIN_ROUNDS` rounds) are met and the figure the user compares is known to ``precision``
+(the relative half-width of the speedup's interval; for the baseline and an engine measured
+alone, the throughput's against twice that), or the engine has been measured for ``max_s``
+seconds. Where the cap leaves the figure wider than the UNSTABLE limit (``enough``), the
+engine goes on past the cap while the spread seen so far says the limit is within reach of
+``stretch`` times the cap (the interval narrows as one over the square root of the rounds),
+and stops once it is reached. An engine that is done takes no more windows; the baseline
+takes its window while any engine paired with it is not done. The stop reason is recorded:
+``precision``, ``max_interval`` (reached the limit past the cap), ``max_duration``.
 """
 
 from __future__ import annotations
@@ -59,6 +62,9 @@ PRECISION = 0.02
 #: an engine is measured for at most this many seconds (or ``--max-duration``) unless its
 #: floors need longer
 MAX_S = 4.0
+#: where the cap leaves a figure wider than the UNSTABLE limit, an engine may go on to this
+#: many times the cap when its spread says the limit is within reach (docs/measurement.md)
+STRETCH = 3.0
 CONFIDENCE = 0.95
 
 
@@ -74,6 +80,10 @@ class RoundPolicy:
     min_rounds: int = MIN_ROUNDS
     precision: float = PRECISION
     max_s: float | None = None  # None: MAX_S or the settings' max_duration_s
+    #: the widest STABLE relative half-width of a speedup (``--max-interval``; a throughput
+    #: :data:`THROUGHPUT_WIDER` times that); None: never measure past the cap
+    enough: float | None = None
+    stretch: float = STRETCH
 
 
 @dataclass
@@ -93,6 +103,9 @@ class Figures:
     speedup_halfwidth: float | None = None
     moved: float | None = None  # moved_between_halves
     rounds: int = 0
+    #: measured past the cap because the figure was wider than the UNSTABLE limit: more
+    #: rounds at once were already tried, so re-measuring after a pause may not help
+    stretched: bool = False
 
 
 def log_halfwidth(logs, confidence: float = CONFIDENCE) -> float | None:
@@ -254,7 +267,7 @@ def run_rounds(
     reasons: dict[str, str] = {}
     r = 0
     while True:
-        live = [n for n in names if n not in failed]
+        live = _taking_turns(names, failed, reasons, baseline)
         if not live:
             break
         for name in order(live, r):
@@ -266,14 +279,15 @@ def run_rounds(
         for name in names:
             if name in failed:
                 continue
-            # a window lost to a failure leaves a hole; pairing skips it
+            # a window lost to a failure, or not taken (the engine was done), leaves a
+            # hole; pairing skips it
             while len(windows[name]) < r:
                 windows[name].append(None)
         if on_round is not None:
             on_round(r)
-        reasons = {n: _stop(n, windows, baseline, settings, policy, cap, r) for n in names}
-        if all(reasons[n] for n in names if n not in failed):
-            break
+        for name in names:
+            if name not in failed and not reasons.get(name):
+                reasons[name] = _stop(name, windows, baseline, settings, policy, cap, r)
     interleaved = len(names) > 1
     base = windows.get(baseline) if baseline and baseline not in failed else None
     drift = drift_of(base) if base is not None else None
@@ -292,7 +306,8 @@ def run_rounds(
             policy.window_s,
             interleaved=interleaved,
             drift=drift if name != baseline else drift_of(windows[name]),
-            rounds=r,
+            rounds=len(own),
+            stretched=sum(w.seconds for w in own[:-1]) >= cap,
         )
         if base is not None and name != baseline:
             figures.speedup, figures.speedup_ci, figures.speedup_halfwidth = paired_figures(
@@ -303,25 +318,56 @@ def run_rounds(
     return out
 
 
+def _taking_turns(names, failed, reasons, baseline) -> list[str]:
+    """The engines that take a window in the next round: those not done, and the baseline
+    while an engine paired with it is not done."""
+    pending = [n for n in names if n not in failed and not reasons.get(n)]
+    if baseline in names and baseline not in failed and baseline not in pending:
+        if any(n != baseline for n in pending):
+            pending = [n for n in names if n == baseline or n in pending]
+    return pending
+
+
+def _width(name, windows, baseline, own, policy) -> tuple[float | None, float, float | None]:
+    """(relative half-width of the figure the user compares, the stop rule's target for
+    it, the UNSTABLE limit for it or None)."""
+    base = windows.get(baseline) if baseline else None
+    if base is not None and name != baseline:
+        return paired_figures(windows[name], base)[2], policy.precision, policy.enough
+    limit = None if policy.enough is None else THROUGHPUT_WIDER * policy.enough
+    return throughput_figures(own)[2], THROUGHPUT_WIDER * policy.precision, limit
+
+
+def _reachable(width: float, limit: float, rounds: int, seconds: float, until: float) -> bool:
+    """Whether the rounds needed to narrow ``width`` to ``limit`` (the interval narrows as
+    one over the square root of the rounds) fit in ``until`` seconds of this engine's
+    windows."""
+    needed = rounds * (math.log1p(width) / math.log1p(limit)) ** 2
+    return needed * seconds / rounds <= until
+
+
 def _stop(name, windows, baseline, settings, policy, cap, rounds) -> str:
     """Why engine ``name`` is done after ``rounds`` rounds (``""``: not yet)."""
     own = [w for w in windows[name] if w is not None]
     seconds = sum(w.seconds for w in own)
     requests = sum(w.requests for w in own)
     floors = requests >= settings.repetitions and seconds >= settings.min_duration_s
-    if floors and rounds >= policy.min_rounds:
-        base = windows.get(baseline) if baseline else None
-        target = policy.precision
-        if base is not None and name != baseline:
-            _, _, width = paired_figures(windows[name], base)
-        else:
-            width, target = throughput_figures(own)[2], THROUGHPUT_WIDER * policy.precision
-        if width is not None and width <= target:
-            return "precision"
+    enough_rounds = len(own) >= policy.min_rounds
+    width, target, limit = _width(name, windows, baseline, own, policy)
+    if floors and enough_rounds and width is not None and width <= target:
+        return "precision"
     # an explicit --max-duration caps everything; the default cap never cuts the floors,
     # nor the rounds an interval needs (an engine whose request outlasts a window)
-    if settings.max_duration_s is not None and seconds >= cap:
+    if settings.max_duration_s is not None:
+        return "max_duration" if seconds >= cap else ""
+    if seconds < cap or not (floors and enough_rounds):
+        return ""
+    if limit is None or width is None:
         return "max_duration"
-    if seconds >= cap and floors and rounds >= policy.min_rounds:
+    if width <= limit:
+        # known well enough to be STABLE: at the cap, or once the stretch got it there
+        return "max_interval" if sum(w.seconds for w in own[:-1]) >= cap else "max_duration"
+    until = policy.stretch * cap
+    if seconds >= until or not _reachable(width, limit, len(own), seconds, until):
         return "max_duration"
     return ""

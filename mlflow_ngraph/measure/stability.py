@@ -40,6 +40,10 @@ OTHER_CPU_THRESHOLD = 25.0
 class Stability:
     stable: bool
     reason: str = ""  # why not, with the fix, when unstable
+    #: whether measuring again after a pause may settle it: not when the interval alone is
+    #: too wide after the rounds already went past the cap to narrow it (more of the same
+    #: host gives the same spread)
+    retry: bool = True
 
 
 def _given(value: float | None) -> bool:
@@ -53,6 +57,7 @@ def assess(
     max_interval: float = MAX_INTERVAL,
     other_cpu_threshold: float = OTHER_CPU_THRESHOLD,
     what: str = "throughput",
+    stretched: bool = False,
 ) -> Stability:
     """Judge one measurement. ``halfwidth`` is the relative half-width of the 95% interval
     of ``what`` (``speedup`` or ``throughput``), ``None`` when there was too little to
@@ -77,4 +82,7 @@ def assess(
         )
     if not causes:
         return Stability(True)
-    return Stability(False, "; ".join(causes) + ": measure on a quiet host")
+    wide_only = len(causes) == 1 and _given(halfwidth) and halfwidth > max_interval
+    return Stability(
+        False, "; ".join(causes) + ": measure on a quiet host", not (wide_only and stretched)
+    )

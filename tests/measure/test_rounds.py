@@ -246,3 +246,60 @@ def test_a_speedup_that_moves_between_the_halves_of_the_rounds_is_found():
     moved = moved_between_halves(shifted, base)
     assert moved == pytest.approx(-0.2, abs=0.03)
     assert moved_between_halves(steady[:8], base[:8]) is None  # too few rounds to tell
+
+
+def test_a_speedup_wider_than_the_limit_at_the_cap_is_measured_on_until_it_is_known():
+    """On a host whose per-round ratio spreads by 20%, 4 s of 100 ms windows leave the
+    speedup's interval near +-7%: the rounds go on past the cap (up to 3x) until it is
+    within the UNSTABLE limit, and say so."""
+    rng = np.random.default_rng(7)
+    host = Host([1.0])
+    noisy = FakeMeter("x", 2000.0, host, noise=lambda: rng.lognormal(0, 0.2))
+    meters = {"identity": FakeMeter("identity", 1000.0, host), "x": noisy}
+    policy = RoundPolicy(window_s=0.1, precision=0.02, enough=0.05)
+    x = run_rounds(meters, settings(), "identity", policy)["x"]
+    assert x.stop_reason == "max_interval" and x.stretched
+    assert x.speedup_halfwidth <= 0.05 and 40 < x.rounds <= 121
+    # without the limit (an old policy), the cap ends it wider than +-5%
+    host.windows, rng = 0, np.random.default_rng(7)
+    capped = run_rounds(meters, settings(), "identity", RoundPolicy(window_s=0.1))["x"]
+    assert capped.stop_reason == "max_duration" and not capped.stretched
+    assert capped.speedup_halfwidth > 0.05 and capped.rounds <= 41
+
+
+def test_a_speedup_out_of_reach_of_the_stretch_stops_at_the_cap():
+    """A ratio spreading by 100% would need hundreds of rounds: no stretch, the cap ends it
+    (and it is UNSTABLE, to be measured again after a pause)."""
+    rng = np.random.default_rng(3)
+    host = Host([1.0])
+    noisy = FakeMeter("x", 2000.0, host, noise=lambda: rng.lognormal(0, 1.0))
+    meters = {"identity": FakeMeter("identity", 1000.0, host), "x": noisy}
+    x = run_rounds(meters, settings(), "identity", RoundPolicy(enough=0.05))["x"]
+    assert x.stop_reason == "max_duration" and not x.stretched and x.speedup_halfwidth > 0.05
+
+
+def test_an_engine_that_is_done_takes_no_more_windows_but_the_baseline_goes_on():
+    rng = np.random.default_rng(5)
+    host = Host([1.0])
+    meters = {
+        "identity": FakeMeter("identity", 1000.0, host),
+        "steady": FakeMeter("steady", 3000.0, host),
+        "noisy": FakeMeter("noisy", 2000.0, host, noise=lambda: rng.lognormal(0, 0.05)),
+    }
+    policy = RoundPolicy(window_s=0.1, min_rounds=6, precision=0.02, enough=0.05)
+    figures = run_rounds(meters, settings(), "identity", policy)
+    assert figures["steady"].rounds == 6 and figures["steady"].stop_reason == "precision"
+    assert figures["noisy"].rounds > 6
+    assert figures["identity"].rounds == figures["noisy"].rounds
+    assert host.log.count("steady") == 6
+    assert figures["noisy"].speedup == pytest.approx(2.0, rel=0.03)
+
+
+def test_only_a_figure_a_pause_may_settle_is_measured_again():
+    wide = assess(0.08, 1.0, max_interval=0.05, what="speedup", stretched=True)
+    assert not wide.stable and not wide.retry  # more of the same host: the same spread
+    assert assess(0.08, 1.0, max_interval=0.05, what="speedup").retry  # stopped at the cap
+    busy = assess(0.08, 60.0, max_interval=0.05, what="speedup", stretched=True)
+    assert not busy.stable and busy.retry  # other processes took the CPU: they may stop
+    moved = assess(0.03, 1.0, moved=0.1, max_interval=0.05, what="speedup", stretched=True)
+    assert not moved.stable and moved.retry
