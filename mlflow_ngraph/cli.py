@@ -349,12 +349,20 @@ def _run(
         rows = runner.run()
     except NgraphError:  # e.g. the server did not come back: what was measured still shows
         if runner.rows:
-            click.echo(format_summary(runner.rows, spec, experiment=runner.experiment_name))
+            click.echo(_summary(runner.rows, spec, runner))
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-    click.echo(format_summary(rows, spec, experiment=runner.experiment_name))
+    click.echo(_summary(rows, spec, runner))
     _say_view(runner, uri)
+
+
+def _summary(rows, spec, runner) -> str:
+    """The summary, fitted to the terminal's width when standard output is one."""
+    from mlflow_ngraph.table import terminal_width
+
+    width = terminal_width() if sys.stdout.isatty() else None
+    return format_summary(rows, spec, experiment=runner.experiment_name, width=width)
 
 
 def _say_view(runner, uri: str) -> None:

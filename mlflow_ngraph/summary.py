@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Iterable
 from typing import Any
 
@@ -128,7 +129,7 @@ def _beyond(best, second) -> bool | None:
     return None
 
 
-def _winners_table(best: list[dict[str, Any]]) -> str:
+def _winners_table(best: list[dict[str, Any]], width: int | None = None) -> str:
     def noise(w: dict[str, Any]) -> str:
         verdict = {True: "beyond noise", False: "within noise", None: "-"}[w["beyond"]]
         others = [role for role in w.get("unstable", ()) if role != "own"]
@@ -160,6 +161,8 @@ def _winners_table(best: list[dict[str, Any]]) -> str:
             ]
             for w in best
         ],
+        width=width,
+        keep=2,
     )
 
 
@@ -183,12 +186,16 @@ SUMMARY_HEADERS = [
 ]
 
 
-def format_summary(rows, spec, experiment: str | None = None) -> str:
+def format_summary(
+    rows, spec, experiment: str | None = None, width: int | None = None
+) -> str:
     """One line per model x compiler setting x batch size, identity's speedup alongside,
     then the fastest valid compiler per model and batch size.
 
     ``experiment`` is the experiment the results went to (under ``mlflow run`` that of the
-    project run), the spec's by default.
+    project run), the spec's by default. With ``width`` (a terminal's columns) the tables
+    wrap into panels that fit it, each repeating model, compiler and batch size; without,
+    a row is one line (what a log file or a pipe wants).
     """
     _label(rows)
     title = (
@@ -199,7 +206,8 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
     for r in rows:
         counts[r.status] = counts.get(r.status, 0) + 1
     footer = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    out = [title, format_table(SUMMARY_HEADERS, [_summary_row(r) for r in rows]), footer]
+    table = format_table(SUMMARY_HEADERS, [_summary_row(r) for r in rows], width=width, keep=3)
+    out = [title, table, footer]
     unstable = sum(1 for r in rows if getattr(r, "stable", None) is False)
     if unstable:
         out.append(
@@ -213,9 +221,14 @@ def format_summary(rows, spec, experiment: str | None = None) -> str:
         out += [
             "",
             "fastest valid compiler per model and batch size:",
-            _winners_table(best),
+            _winners_table(best, width),
             "(lead: over the next-fastest valid row; beyond noise when the two 95% intervals "
             "separate)",
+        ]
+    if width is not None:  # the sentences too
+        out = [
+            line if "\n" in line or len(line) <= width else textwrap.fill(line, width)
+            for line in out
         ]
     return "\n".join(out)
 

@@ -170,3 +170,27 @@ def test_the_winners_table_marks_a_row_as_the_summary_does():
         if parts and parts[0] == "m":
             assert parts[-1] == marks[(parts[2], parts[1])], line
     assert len([x for x in winners.splitlines() if x.startswith("m ")]) == 2
+
+
+def test_in_a_terminal_the_summary_fits_its_width_and_each_panel_names_its_rows():
+    spec = SimpleNamespace(device="cpu", experiment="e", measure=SimpleNamespace(scenario="t"))
+    label = "resnet18-with-a-long-name"
+    rows = [
+        Row(label, "identity", 1, "OK", throughput=100.0, ci_low=98.25, ci_high=101.5,
+            latency_p50_ms=10.0, cpu_percent=190.0, compile_s=0.5),
+        Row(label, "openvino", 1, "OK", throughput=400.0, speedup=4.0, speedup_ci_low=3.9,
+            speedup_ci_high=4.1, latency_p50_ms=2.5, cpu_percent=195.0, compile_s=3.25,
+            stable=False, note="speedup interval +-6.1% is wider than +-5%"),
+    ]  # fmt: skip
+    whole = format_summary(rows, spec)
+    assert max(len(line) for line in whole.splitlines()) > 100  # a pipe gets whole rows
+    row = next(line for line in whole.splitlines() if "openvino" in line and "400.0" in line)
+    assert "UNSTABLE" in row and "4.00" in row
+    fitted = format_summary(rows, spec, width=100)
+    lines = fitted.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    # every panel repeats model, compiler and batch size: a wrapped row still says whose
+    openvino_lines = [line for line in lines if "openvino" in line and label in line]
+    assert len(openvino_lines) >= 3  # two panels of the summary and the winners table
+    assert any("400.0" in line for line in openvino_lines)
+    assert any("UNSTABLE" in line for line in openvino_lines)
