@@ -330,7 +330,6 @@ def _run(
     of the CPU other processes may use, retries of an UNSTABLE batch size, the stop rule's
     target half-width)."""
     from mlflow_ngraph.runner import Runner
-    from mlflow_ngraph.summary import format_summary
     from mlflow_ngraph.view import make_view
 
     _check_run_options(cell_timeout, stability)
@@ -359,6 +358,7 @@ def _run(
 
 def _summary(rows, spec, runner) -> str:
     """The summary, fitted to the terminal's width when standard output is one."""
+    from mlflow_ngraph.summary import format_summary
     from mlflow_ngraph.table import terminal_width
 
     width = terminal_width() if sys.stdout.isatty() else None
