@@ -602,9 +602,10 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
         if not any(retry for _, _, retry in unstable) or attempt > retries:
             break
         log.info(
-            "bs%d: %s UNSTABLE (%s): measuring the group again, attempt %d of %d",
+            "%s bs%d: %s UNSTABLE (%s): measuring the group again, attempt %d of %d",
+            unstable[0][0].task.model_name,
             b,
-            ", ".join(c.name for c, _, _ in unstable),
+            ", ".join(_compiler_labels([c.task for c, _, _ in unstable])),
             unstable[0][1].split(":")[0],
             attempt + 1,
             retries + 1,
@@ -613,6 +614,18 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
     for cell in ready:
         cell.state = "busy"
         group.send(cell, ("keep", None))
+
+
+def _compiler_labels(tasks: list[CellTask]) -> list[str]:
+    """The compilers of ``tasks`` as a person reads them in a log line (a cell's key says
+    nothing to them): the name, with the flags where two share it."""
+    names = [t.compiler for t in tasks]
+    return [
+        t.compiler
+        if names.count(t.compiler) == 1
+        else f"{t.compiler}[{','.join(f'{k}={v}' for k, v in sorted(t.flags.items()))}]"
+        for t in tasks
+    ]
 
 
 # --- spares for a group: one per cell of the next model -----------------------------------

@@ -186,9 +186,7 @@ SUMMARY_HEADERS = [
 ]
 
 
-def format_summary(
-    rows, spec, experiment: str | None = None, width: int | None = None
-) -> str:
+def format_summary(rows, spec, experiment: str | None = None, width: int | None = None) -> str:
     """One line per model x compiler setting x batch size, identity's speedup alongside,
     then the fastest valid compiler per model and batch size.
 

@@ -274,3 +274,20 @@ def test_a_corrupt_or_stale_reference_entry_is_ignored_and_rewritten(tmp_path, d
     _, y2, _ = _reference(tmp_path)
     assert np.array_equal(y, y2)
     assert worker._read_reference(path, _reference(tmp_path)[0]) is not None  # rewritten whole
+
+
+def test_the_group_retry_line_names_compilers_not_cell_keys():
+    from types import SimpleNamespace
+
+    from mlflow_ngraph.isolation import _compiler_labels
+
+    tasks = [
+        SimpleNamespace(compiler="openvino", flags={"PERFORMANCE_HINT": "LATENCY"}),
+        SimpleNamespace(compiler="openvino", flags={"PERFORMANCE_HINT": "THROUGHPUT"}),
+        SimpleNamespace(compiler="onnxruntime", flags={"intra_op_num_threads": 0}),
+    ]
+    assert _compiler_labels(tasks) == [
+        "openvino[PERFORMANCE_HINT=LATENCY]",
+        "openvino[PERFORMANCE_HINT=THROUGHPUT]",
+        "onnxruntime",
+    ]
