@@ -280,7 +280,7 @@ def load_cell_model(name: str, params: dict[str, Any]):
     if _MODEL.get("label") != label:
         _MODEL.clear()
         _REFERENCES.clear()
-        log.info("building %s", label)
+        log.debug("building %s", label)  # every worker of a model does: once per cell
         _MODEL.update(label=label, model=load_model(name, params))
     return _MODEL["model"]
 
