@@ -287,7 +287,7 @@ def run_rounds(
             on_round(r)
         for name in names:
             if name not in failed and not reasons.get(name):
-                reasons[name] = _stop(name, windows, baseline, settings, policy, cap, r)
+                reasons[name] = _stop(name, windows, baseline, settings, policy, cap)
     interleaved = len(names) > 1
     base = windows.get(baseline) if baseline and baseline not in failed else None
     drift = drift_of(base) if base is not None else None
@@ -338,29 +338,33 @@ def _width(name, windows, baseline, own, policy) -> tuple[float | None, float, f
     return throughput_figures(own)[2], THROUGHPUT_WIDER * policy.precision, limit
 
 
-def _reachable(width: float, limit: float, rounds: int, seconds: float, until: float) -> bool:
-    """Whether the rounds needed to narrow ``width`` to ``limit`` (the interval narrows as
-    one over the square root of the rounds) fit in ``until`` seconds of this engine's
-    windows."""
-    needed = rounds * (math.log1p(width) / math.log1p(limit)) ** 2
-    return needed * seconds / rounds <= until
+def _reachable(width: float, limit: float, seconds: float, until: float) -> bool:
+    """Whether narrowing ``width`` to ``limit`` fits in ``until`` seconds of this engine's
+    windows, ``seconds`` of which gave ``width`` (an interval narrows as one over the square
+    root of the rounds)."""
+    return seconds * (math.log1p(width) / math.log1p(limit)) ** 2 <= until
 
 
-def _stop(name, windows, baseline, settings, policy, cap, rounds) -> str:
-    """Why engine ``name`` is done after ``rounds`` rounds (``""``: not yet)."""
+def _stop(name, windows, baseline, settings, policy, cap) -> str:
+    """Why engine ``name`` is done after the rounds so far (``""``: not yet)."""
     own = [w for w in windows[name] if w is not None]
     seconds = sum(w.seconds for w in own)
     requests = sum(w.requests for w in own)
-    floors = requests >= settings.repetitions and seconds >= settings.min_duration_s
-    enough_rounds = len(own) >= policy.min_rounds
-    width, target, limit = _width(name, windows, baseline, own, policy)
-    if floors and enough_rounds and width is not None and width <= target:
-        return "precision"
+    ready = (
+        requests >= settings.repetitions
+        and seconds >= settings.min_duration_s
+        and len(own) >= policy.min_rounds
+    )
+    width = limit = None
+    if ready:
+        width, target, limit = _width(name, windows, baseline, own, policy)
+        if width is not None and width <= target:
+            return "precision"
     # an explicit --max-duration caps everything; the default cap never cuts the floors,
     # nor the rounds an interval needs (an engine whose request outlasts a window)
     if settings.max_duration_s is not None:
         return "max_duration" if seconds >= cap else ""
-    if seconds < cap or not (floors and enough_rounds):
+    if seconds < cap or not ready:
         return ""
     if limit is None or width is None:
         return "max_duration"
@@ -368,6 +372,6 @@ def _stop(name, windows, baseline, settings, policy, cap, rounds) -> str:
         # known well enough to be STABLE: at the cap, or once the stretch got it there
         return "max_interval" if sum(w.seconds for w in own[:-1]) >= cap else "max_duration"
     until = policy.stretch * cap
-    if seconds >= until or not _reachable(width, limit, len(own), seconds, until):
+    if seconds >= until or not _reachable(width, limit, seconds, until):
         return "max_duration"
     return ""
