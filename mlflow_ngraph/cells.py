@@ -28,5 +28,12 @@ class Cell:
 
     @property
     def name(self) -> str:
+        """Every resolved flag: unique, for the records that key on it."""
         flags = ",".join(f"{k}={v}" for k, v in sorted(self.flags.items()) if v is not None)
         return f"{self.model.label}/{self.compiler.name}" + (f"[{flags}]" if flags else "")
+
+    @property
+    def title(self) -> str:
+        """What a person reads in a log line: the run name (only the flags that tell the
+        cell apart), the full name where there is none."""
+        return self.run_name or self.name

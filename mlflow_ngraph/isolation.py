@@ -366,6 +366,11 @@ class GroupCell:
     at: int | None = None  # the batch size of its gate or readiness
     deadline: float = 0.0
 
+    @property
+    def title(self) -> str:
+        """What a person reads in a log line (``name`` is the cell's key)."""
+        return f"{self.task.model_name} {self.task.compiler}"
+
 
 #: "0" leaves a group's idle workers running between their windows (to measure what
 #: stopping them gives: bench/bench_calibration.py)
@@ -435,7 +440,7 @@ class _Group:
             _kill_tree(proc.pid)
             proc.join()
         cell.state, cell.death = "dead", reason
-        log.warning("%s: %s", cell.name, reason)
+        log.warning("%s: %s", cell.title, reason)
 
     def settle(self, cells: list[GroupCell], states: tuple[str, ...]) -> None:
         """Handle messages until every cell of ``cells`` is in one of ``states``, done or
@@ -517,6 +522,9 @@ def run_group(
     """
     from mlflow_ngraph.measure.rounds import run_rounds
 
+    names = [cell.name for cell in cells]
+    if len(set(names)) != len(names):  # the coordinator would wait on one forever
+        raise ValueError(f"a group measures each cell once; given twice: {names}")
     group = _Group(cells, timeout_s)
     try:
         for cell in cells:

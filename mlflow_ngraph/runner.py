@@ -113,12 +113,23 @@ def plan(spec: Spec, home: Path | None = None) -> Plan:
     for model in spec.models:
         validate_model_spec(model.name, model.params, home)
     compilers: list[tuple[Compiler, dict]] = []
+    given_as: dict[str, str] = {}  # resolved setting -> how it was first written
     for cspec in _identity_first(spec.compilers):
         compiler = get_compiler(cspec.name)
         defaults = profile.compiler_flags.get(cspec.name, {})
         given = {**{k: v for k, v in defaults.items() if k in compiler.flags}, **cspec.flags}
         flags = compiler.resolve_flags(given)
         require_available(compiler, profile.kind)
+        setting = json.dumps([compiler.name, flags], sort_keys=True, default=str)
+        written = cspec.name + "".join(f":{k}={v}" for k, v in sorted(cspec.flags.items()))
+        if setting in given_as:  # one cell, measured once (two would share one key)
+            log.warning(
+                "compiler %s resolves to the same flags as %s: measured once",
+                written,
+                given_as[setting],
+            )
+            continue
+        given_as[setting] = written
         compilers.append((compiler, flags))
     differing = differing_flags((compiler.name, flags) for compiler, flags in compilers)
     identity = get_compiler("identity")
@@ -351,11 +362,11 @@ class Runner:
         if not any(self._pending(c) for c in cells):
             log.info("%s: every cell already measured; skipping", model_spec.label)
             for cell in cells:
-                self._view("cell_started", cell.name)
+                self._view("cell_started", cell.title)
                 self._rows_from_journal(cell)
                 self.store.relative(cell)  # a baseline measured since may exist
                 self._set_row_speedups(cell)
-                self._view("cell_done", cell.name)
+                self._view("cell_done", cell.title)
             return
         if self.isolation == "process":
             self._run_group(cells)
@@ -372,14 +383,14 @@ class Runner:
         self._rows_from_journal(cell)
         self.store.relative(cell)
         self._set_row_speedups(cell)
-        self._view("cell_done", cell.name, [r for r in self.rows if _row_of(r, cell)])
+        self._view("cell_done", cell.title, [r for r in self.rows if _row_of(r, cell)])
         return True
 
     def _open_cell(self, cell: Cell) -> list[int] | None:
         """Start ``cell``: ``None`` when an earlier run finished it, else its run is open,
         the rows of the batch sizes it already holds are shown, and the pending ones are
         returned."""
-        self._view("cell_started", cell.name)
+        self._view("cell_started", cell.title)
         if self._finished_cell(cell):
             return None
         self.store.begin(cell)  # opens the run
@@ -552,7 +563,7 @@ class Runner:
         host = [r for c, r in self._host_failed if c is cell]
         self.store.end(cell, host[0] if host else None)
         self._set_row_speedups(cell)
-        self._view("cell_done", cell.name, [r for r in self.rows if _row_of(r, cell)])
+        self._view("cell_done", cell.title, [r for r in self.rows if _row_of(r, cell)])
 
     def _failed(self, cell: Cell, b: int, reason: str) -> None:
         """A batch size failed: for good when the model or compiler failed; when the host
@@ -562,7 +573,7 @@ class Runner:
         self._item_done(cell, b, None)
         if host_errno(reason) is not None:
             status = S.STATUS_HOST_FAILED
-            log.warning("%s bs%d not measured, the host failed: %s", cell.name, b, reason)
+            log.warning("%s bs%d not measured, the host failed: %s", cell.title, b, reason)
             self._host_failed.append((cell, reason))
             self.host_failures.append(reason)
         else:
@@ -581,7 +592,7 @@ class Runner:
     def _log_record(self, cell: Cell, b: int, record: dict) -> None:
         stability = record.get("stability") or {}
         if stability.get("stable") is False:
-            log.warning("%s bs%d UNSTABLE: %s", cell.name, b, stability.get("reason", ""))
+            log.warning("%s bs%d UNSTABLE: %s", cell.title, b, stability.get("reason", ""))
         self.store.record(cell, b, record)
         self._emit(_row(cell, b, record))
 

@@ -125,3 +125,19 @@ def test_parse_int_list_is_the_one_integer_list_parser():
             parse_int_list(text, "depths")
     with pytest.raises(NgraphError, match="range '6-1' is empty"):
         parse_int_list("6-1", "depths", ranges=True)
+
+
+def test_two_compiler_entries_with_the_same_resolved_flags_are_one_cell(tmp_path, caplog):
+    # two entries would share one cell key, and a group measuring one cell twice never ends
+    from mlflow_ngraph.runner import plan
+
+    spec = build_spec(
+        {
+            "models": ["conv_block:width=8,depth=1,image_size=32"],
+            "compilers": ["identity", "torchscript", "torchscript:freeze=true", "identity"],
+        }
+    )
+    cells = plan(spec, tmp_path).cells
+    assert [c.compiler.name for c in cells] == ["identity", "torchscript"]
+    assert len({c.key for c in cells}) == 2
+    assert "torchscript:freeze=True resolves to the same flags as torchscript" in caplog.text

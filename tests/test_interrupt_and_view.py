@@ -66,3 +66,5 @@ def test_without_a_terminal_each_finished_cell_is_one_line(run_cli, tracking_uri
     lines = [line for line in err.splitlines() if re.match(r"\[\d+/\d+\] ", line)]
     assert lines[0].startswith("[1/2] conv_block") and "identity" in lines[0]
     assert lines[1].startswith("[2/2] ") and "torchscript" in lines[1] and "bs2 " in lines[1]
+    # named as its run is (model in short, the compiler), not by every resolved flag
+    assert re.match(r"\[2/2\] conv_block( \S+)+ torchscript: ", lines[1]), lines[1]

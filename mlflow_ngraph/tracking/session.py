@@ -151,7 +151,7 @@ class StoreSession:
         sent = self.recorder.replay(self.journal, cell.key, run_id, send)
         if sent:
             log.info(
-                "%s: %d result(s) measured while the store was unreachable sent", cell.name, sent
+                "%s: %d result(s) measured while the store was unreachable sent", cell.title, sent
             )
         if cell.key not in self.open_cells and not self.pending(cell):
             self._close(run_id, cell)
@@ -199,7 +199,7 @@ class StoreSession:
             log.info(
                 "%s: the store already holds %d result(s) and %d failure(s) of this cell "
                 "(an earlier run on this device): not measured again",
-                cell.name,
+                cell.title,
                 len(measured),
                 len(failed),
             )
@@ -314,7 +314,7 @@ class StoreSession:
         try:
             log_engine_model(Path(record["engine_dir"]), candidate, self.tracking_uri)
         except NgraphError as exc:  # the result stands; only its model is missing
-            log.warning("%s bs%d: not logged as a model: %s", cell.name, b, exc)
+            log.warning("%s bs%d: not logged as a model: %s", cell.title, b, exc)
 
     # --- what a cell's run says of itself ---------------------------------------------------
     def cell_params(self, cell: Cell, info: dict[str, Any] | None) -> dict[str, Any]:
