@@ -72,14 +72,20 @@ def winners(rows) -> list[dict[str, Any]]:
     when either was not measured; ``stable`` is the winner row's own mark (the one the
     summary shows for that row: a paired speedup's mark already holds its baseline's noise);
     ``unstable`` names which of the winner, the next row and the baseline were judged
-    UNSTABLE. Rows carry ``label``."""
+    UNSTABLE. Rows carry ``label``.
+
+    Rows are ranked, and the lead is a ratio, on the paired speedups where every valid row
+    of the group has one (identity's is 1): those come from the same rounds, so the host's
+    drift cancels, and they are what ``beyond`` judges. Otherwise on the throughputs."""
     groups: dict[tuple[str, int], list[Any]] = {}
     for r in rows:
         if r.status == "OK" and r.throughput is not None:
             groups.setdefault((r.model, r.batch_size), []).append(r)
     out = []
     for (model, b), valid in groups.items():
-        ranked = sorted(valid, key=lambda r: r.throughput, reverse=True)
+        paired = all(_paired(r) is not None for r in valid)
+        score = _paired if paired else (lambda r: r.throughput)
+        ranked = sorted(valid, key=score, reverse=True)
         candidates = [r for r in ranked if r.compiler != "identity"]
         if not candidates:
             continue
@@ -101,8 +107,8 @@ def winners(rows) -> list[dict[str, Any]]:
                 "throughput": best.throughput,
                 "speedup": best.speedup,
                 "next": second.label if second is not None else None,
-                "lead": best.throughput / second.throughput
-                if second is not None and second.throughput
+                "lead": score(best) / score(second)
+                if second is not None and score(second)
                 else None,
                 "beyond": beyond,
                 "stable": getattr(best, "stable", None),
@@ -110,6 +116,11 @@ def winners(rows) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _paired(row) -> float | None:
+    """A row's speedup over identity (identity's own: 1)."""
+    return 1.0 if row.compiler == "identity" else row.speedup
 
 
 def _beyond(best, second) -> bool | None:
@@ -220,8 +231,8 @@ def format_summary(rows, spec, experiment: str | None = None, width: int | None 
             "",
             "fastest valid compiler per model and batch size:",
             _winners_table(best, width),
-            "(lead: over the next-fastest valid row; beyond noise when the two 95% intervals "
-            "separate)",
+            "(lead: over the next-fastest valid row, the ratio of their speedups over identity "
+            "from the same rounds; beyond noise when the two 95% intervals separate)",
         ]
     if width is not None:  # the sentences too
         out = [

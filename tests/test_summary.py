@@ -114,6 +114,24 @@ def test_winner_lead_beyond_or_within_noise_and_its_stability():
     assert "beyond noise" in line
 
 
+def test_the_winner_and_its_lead_come_from_the_paired_speedups_not_the_throughputs():
+    # the throughputs were read in windows of different lengths and say the opposite order;
+    # the speedups come from the same rounds and are what "beyond noise" judges
+    rows = [
+        Row("m", "identity", 4, "OK", throughput=17.3, stable=True),
+        Row("m", "openvino", 4, "OK", throughput=31.0, speedup=1.49, speedup_ci_low=1.31,
+            speedup_ci_high=1.59, stable=True),
+        Row("m", "onnxruntime", 4, "OK", throughput=30.9, speedup=1.79, speedup_ci_low=1.66,
+            speedup_ci_high=1.98, stable=True),
+    ]  # fmt: skip
+    _, line = _winner_line(rows)
+    assert line.split()[:7] == ["m", "4", "onnxruntime", "30.9", "1.79x", "openvino", "1.20x"]
+    assert "beyond noise" in line
+    rows[2].speedup = None  # one row unpaired: all are ranked on their throughputs
+    _, line = _winner_line(rows)
+    assert line.split()[2] == "openvino" and line.split()[6] == "1.00x"
+
+
 def test_names_show_only_the_flags_that_differ():
     differing = differing_flags(
         [("ov", {"hint": "LATENCY", "streams": 2}), ("ov", {"hint": "THROUGHPUT", "streams": 2})]
