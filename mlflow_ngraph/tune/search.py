@@ -16,9 +16,9 @@ How a tune runs:
 3. **Stop** on the budget (wall clock over every invocation of the same tune, the next group
    and the finalists reserved), the trial count, ``patience`` trials in a row that improved
    no batch size's best by over 1%, or when Optuna proposes only what was measured.
-4. **Finalists.** The best few per batch size are measured again in one group, longer and
-   to a tighter precision; the winner's lead over the next must clear both intervals, or
-   the tune says it is a tie.
+4. **Finalists.** The best few per batch size, and every compiler's defaults, are measured
+   again in one group, longer and to a tighter precision; the winner's lead over the next
+   must clear both intervals, or the tune says it is a tie.
 5. A ``kill -9`` loses at most the group in flight: the tune journal says what was asked,
    the benchmark journal what was measured; Optuna's state is rebuilt from them.
 """
@@ -134,6 +134,7 @@ class Tune:
             self.prepare()
         self._open_run()
         asked, self.spent_before, _ = self.journal.load()
+        self.references.update(self.journal.references())
         self.studies = {b: self._study(b) for b in self.settings.batch_sizes}
         self._resume(asked)
         group = max((t.group for t in self.trials), default=-1) + 1
@@ -331,6 +332,8 @@ class Tune:
         reference = runner.references.get(b) or runner.journal.cell(identity.key).measured.get(b)
         if reference:
             self.references[(group, b)] = reference
+            metrics = reference.get("metrics") or {}
+            self.journal.append("reference", group=group, batch_size=b, metrics=metrics)
         self._journal = runner.journal
 
     def _spec(self, compilers: list[CompilerSpec], b: int, measure: MeasureSettings) -> Spec:
@@ -597,6 +600,14 @@ class Tune:
                 out.append(trial)
             if len(out) == self.settings.finalists:
                 break
+        # every compiler's defaults go on to the final round too: a search figure was
+        # paired with its own group's identity, minutes from another's, and a default that
+        # read low there must still be beaten head to head (the tune never ends worse than
+        # the defaults it measured)
+        defaults = {(name, _key(flags)) for name, flags, _ in self.space.defaults()}
+        for trial in pool:
+            if trial.config() in defaults and trial.config() not in {t.config() for t in out}:
+                out.append(trial)
         return out
 
     def cell_runs(self) -> list[str]:

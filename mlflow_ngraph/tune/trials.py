@@ -117,3 +117,12 @@ class TuneJournal:
             elif kind == "run":
                 run_id = record["run_id"]
         return trials, spent, run_id
+
+    def references(self) -> dict[tuple[int, int], dict]:
+        """(group, batch size) -> the identity reference measured with that group: what
+        its trials' latency ratios and paybacks rest on after a resume."""
+        return {
+            (int(r["group"]), int(r["batch_size"])): {"metrics": r.get("metrics") or {}}
+            for r in self.records()
+            if r.get("kind") == "reference"
+        }

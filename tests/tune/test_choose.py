@@ -198,3 +198,31 @@ def test_the_budget_stops_the_search_before_the_finalists_would_overrun_it():
     assert tune._should_stop() and tune.stop_reason == "budget"
     tune = stop_rules([trial(i, 1, 0, 0, stage="search") for i in range(4)], max_trials=4)
     assert tune._should_stop() and tune.stop_reason == "trials"
+
+
+def test_every_compilers_defaults_join_the_finalists_however_low_their_search_figure():
+    # a search figure is paired with its own group's identity: a default that read low
+    # there must still be beaten head to head
+    from mlflow_ngraph.compilers.base import HostLimits
+    from mlflow_ngraph.compilers.registry import get_compiler
+    from mlflow_ngraph.tune.space import build_space
+
+    space = build_space(
+        [(get_compiler(n), {}, {}) for n in ("onnxruntime", "torchscript")], HostLimits.here()
+    )
+    ort = space.spaces["onnxruntime"]
+    default = ort.flags(ort.fixed)
+    tuned = [ort.flags({**ort.fixed, "execution_mode": m}) for m in ("parallel",)]
+    tuned.append(ort.flags({**ort.fixed, "graph_optimization_level": "basic"}))
+    pool = [
+        trial(1, 1.27, 1.2, 1.3, stage="search", flags=default),
+        trial(2, 1.69, 1.6, 1.7, stage="search", flags=tuned[0]),
+        trial(3, 1.50, 1.4, 1.6, stage="search", flags=tuned[1]),
+    ]
+    tune = stop_rules(pool, finalists=1)
+    tune.space = space
+    chosen = tune._top(1)
+    assert [t.number for t in chosen] == [2, 1]  # the best, then the default it must beat
+    tune = stop_rules(pool[1:], finalists=1)  # a default not measured is not invented
+    tune.space = space
+    assert [t.number for t in tune._top(1)] == [2]

@@ -172,6 +172,15 @@ def test_a_tune_killed_with_kill_9_resumes_without_measuring_again(tmp_path):
     assert before <= set(keys)
     trials = [line for line in (home / "tunes").glob("*.jsonl")]
     assert len(trials) == 1
+    # the groups measured before the kill keep their identity reference: their trials'
+    # paybacks (and latency ratios) are still computed
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    [parent] = client.search_runs([experiment.experiment_id], "tags.`ngraph.role` = 'tune'")
+    table = json.loads(Path(client.download_artifacts(parent.info.run_id, "trials.json",
+                                                      str(tmp_path))).read_text())  # fmt: skip
+    first = [t for t in table if t["group"] == 0 and t["status"] == "OK" and t["compile_s"]]
+    assert first and all(t["payback_inferences"] is not None for t in first), first
 
 
 def test_the_mlproject_tune_entry_point_runs_from_a_fresh_shell(tmp_path):
