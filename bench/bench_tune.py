@@ -2,20 +2,22 @@
 printed with the 1-minute load average beside it:
 
 1. ``defaults``: for each model, a tune with a budget (15 minutes by default) at batch
-   sizes 1 and 8; then the winner and every compiler's default configuration measured
-   together in one interleaved group at the winner's batch size: the winner's throughput
-   over the best default's, from their paired speedups, with an interval.
+   sizes 1 and 8; then, at each batch size, the tune's best there and every compiler's
+   default configuration measured together in one interleaved group: the tune's best's
+   throughput over the best default's, from their paired speedups, with an interval.
 2. ``grid``: a small space (ONNX Runtime intra-op threads x execution mode x optimization
    level, OpenVINO hint x streams; one model, batch 1) measured exhaustively, every point
    paired with identity; then tunes of ``--trials`` points (several seeds). The share of the
-   grid's best that each tune's pick reaches (read on the grid's own figures, so the host's
-   drift between the two does not enter) and the share of the grid it measured. Target: at
+   grid's best that each tune's pick reaches, read twice: on the grid's own figures, and
+   head to head (the grid's ``--top`` best and every pick measured again together in one
+   interleaved group, so neither the host's drift nor the largest-of-many-noisy-figures
+   bias of the grid's best enters); and the share of the grid it measured. Target: at
    least 95% of the best in at most 30% of the grid.
 3. from the same runs: what a trial costs beyond its own measured windows (workers, compile,
    output check, store writes), per trial.
 
     python bench/bench_tune.py defaults --budget 15m
-    python bench/bench_tune.py grid --trials 12 --seeds 3
+    python bench/bench_tune.py grid --trials 7 --seeds 3
 """
 
 from __future__ import annotations
@@ -66,9 +68,13 @@ def trials_of(uri: str, experiment: str) -> tuple[list[dict], str]:
 
 def defaults(args) -> None:
     for model in args.models:
-        work = Path(tempfile.mkdtemp(prefix="bench-tune-"))
+        # with --work, the tune of a model run before resumes there (it is not measured again)
+        if args.work:
+            work = (args.work / model.replace(":", "-").replace(",", "-")).resolve()
+            work.mkdir(parents=True, exist_ok=True)
+        else:
+            work = Path(tempfile.mkdtemp(prefix="bench-tune-"))
         uri = f"sqlite:///{work / 'mlflow.db'}"
-        before = load()
         t0 = time.perf_counter()
         done = cli("tune", "--model", model, "--batch-sizes", "1,8", "--budget", args.budget,
                    "--tracking-uri", uri, "--experiment", "tune",
@@ -77,36 +83,74 @@ def defaults(args) -> None:
         (work / "tune.txt").write_text(done.stdout)
         print(f"   the tune's transcript: {work / 'tune.txt'}; its store: {uri}")
         trials, _ = trials_of(uri, "tune")
+        searched = sum(t["stage"] == "search" for t in trials)
+        # a resumed tune: the seconds its groups took in every invocation
+        spent = sum(
+            float(json.loads(line).get("seconds") or 0.0)
+            for path in (work / "home" / "tunes").glob("*.jsonl")
+            for line in path.read_text().splitlines()
+            if '"spent"' in line
+        )
         finals = [t for t in trials if t["stage"] == "final" and t["feasible"]]
         winner = max(finals, key=lambda t: t["throughput"] or 0)
-        b = winner["batch_size"]
-        compilers = [winner["compiler"] + _pins(winner["flags"])]
-        compilers += sorted({t["compiler"] for t in trials})  # each compiler's defaults
-        args_ = ["benchmark", "--model", model, "--batch-sizes", str(b), "--compiler", "identity"]
-        for c in compilers:
-            args_ += ["--compiler", c]
-        cli(*args_, "--tracking-uri", uri, "--experiment", "versus", "-q", home=work / "home",
-            cwd=work)  # fmt: skip
-        rows = _compare(uri, "versus", work)
-        mine = next(r for r in rows if _same(r, winner))
-        rest = [r for r in rows if r is not mine and r["compiler"] != "identity"
-                and r.get("speedup") and r.get("status") == "OK"]  # fmt: skip
-        best = max(rest, key=lambda r: r["speedup"])
-        ratio = mine["speedup"] / best["speedup"]
+        print(f"1. {model}: tune ({args.budget}, {searched} trials, {seconds:.0f} s this time, "
+              f"{spent:.0f} s in its search groups, load {load()}); its winner "
+              f"{_label(winner)} at bs{winner['batch_size']}")  # fmt: skip
+        for b in sorted({t["batch_size"] for t in finals}):
+            _versus(model, b, trials, finals, work, uri)
+
+
+def _versus(model: str, b: int, trials: list, finals: list, work: Path, uri: str) -> None:
+    """The tune's best at ``b`` and every compiler's default configuration, measured
+    together in one interleaved group at ``b``: the best's share of the best default."""
+    before = load()
+    best_final = max((t for t in finals if t["batch_size"] == b), key=lambda t: t["speedup"])
+    compilers = [best_final["compiler"] + _pins(best_final["flags"])]
+    compilers += sorted({t["compiler"] for t in trials})  # each compiler's defaults
+    args_ = ["benchmark", "--model", model, "--batch-sizes", str(b), "--compiler", "identity"]
+    for c in compilers:
+        args_ += ["--compiler", c]
+    experiment = f"tuned-vs-defaults-bs{b}"
+    cli(*args_, "--tracking-uri", uri, "--experiment", experiment, "-q", home=work / "home",
+        cwd=work)  # fmt: skip
+    rows = _compare(uri, experiment, work)
+    mine = next(r for r in rows if _same(r, best_final))
+    # every compiler's default configuration (the tune's best where it is one)
+    defaults_ = [r for r in rows if r["compiler"] != "identity" and r.get("speedup")
+                 and r.get("status") == "OK" and _is_default(r)]  # fmt: skip
+    best = max(defaults_, key=lambda r: r["speedup"])
+    ratio = mine["speedup"] / best["speedup"]
+    if best is mine:  # the tune's best is a default configuration: nothing gained
+        low = high = 1.0
+    else:
         low = mine["speedup_ci_low"] / best["speedup_ci_high"]
         high = mine["speedup_ci_high"] / best["speedup_ci_low"]
-        searched = sum(t["stage"] == "search" for t in trials)
-        print(
-            f"1. {model}: tune ({args.budget}, {searched} trials, {seconds:.0f} s) winner "
-            f"{winner['compiler']}{_pins(winner['flags'])} bs{b}: {ratio:.3f}x the best "
-            f"default ({best['compiler']}) [{low:.3f}-{high:.3f}]  (load {before} -> {load()})",
-            flush=True,
-        )
+    print(
+        f"   bs{b}: the tune's best {_label(best_final)}: {mine['speedup']:.3f}x over eager; "
+        f"the best default {best['compiler']}: {best['speedup']:.3f}x; ratio {ratio:.3f}x "
+        f"[{low:.3f}-{high:.3f}]  (load {before} -> {load()})",
+        flush=True,
+    )
+
+
+def _label(trial: dict) -> str:
+    from mlflow_ngraph.tune.trials import short_flags
+
+    return f"{trial['compiler']}{{{short_flags(trial['flags'], trial['compiler'])}}}"
 
 
 def _pins(flags: dict) -> str:
     items = [f"{k}={v}" for k, v in flags.items() if v is not None]
     return (":" + ",".join(items)) if items else ""
+
+
+def _is_default(row: dict) -> bool:
+    from mlflow_ngraph.compilers.registry import get_compiler
+
+    name = row["compiler"].split("[")[0]
+    resolved = get_compiler(name).resolve_flags({})
+    # a flag left to the runtime (None) shows as the runtime's or the scenario's choice
+    return all(str(row["flags"].get(k)) == str(v) for k, v in resolved.items() if v is not None)
 
 
 def _same(row: dict, trial: dict) -> bool:
@@ -128,8 +172,8 @@ def _compare(uri: str, experiment: str, cwd: Path) -> list[dict]:
     data = json.loads(done.stdout)
     rows = data if isinstance(data, list) else data["cells"]
     for row in rows:
-        if isinstance(row.get("flags"), str):
-            row["flags"] = json.loads(row["flags"] or "{}")
+        if isinstance(row.get("flags"), str):  # compare's k=v,k=v
+            row["flags"] = dict(item.split("=", 1) for item in row["flags"].split(",") if item)
     return rows
 
 
@@ -195,10 +239,10 @@ def grid(args) -> None:
     print(f"2. grid: {len(points)} points in {grid_s:.0f} s, best {best_config[0]} "
           f"{best_config[1]}: {value[best_config]:.3f}x  (load {before} -> {load()})")  # fmt: skip
     _cost(job, "grid")
-    shares = []
+    shares, picks = [], []
     for seed in range(args.seeds):
-        # the tune's trials are cells of the grid (same settings): it reads their figures
-        # from the grid's journal, and measures only its finalists again
+        # the tune measures its own trials in its own experiment (their engines come from
+        # the grid's cache); its pick is judged on the grid's figures, then head to head
         tuned = _tune(work, args.model, experiment=f"tune-{args.trials}-{seed}",
                       max_trials=args.trials, seed=seed, finalists=3, patience=10**6)  # fmt: skip
         tuned.run()
@@ -207,12 +251,68 @@ def grid(args) -> None:
         searched = sum(t.stage == "search" for t in tuned.trials)
         reached = value.get(pick.config(), 0.0) / value[best_config] if pick else 0.0
         shares.append(reached)
+        picks.append(pick)
         print(f"   seed {seed}: {searched} trials ({100 * searched / len(points):.0f}% of the "
               f"grid), pick {pick.label if pick else '-'}: {100 * reached:.1f}% of the grid's "
               f"best (on the grid's figures)  (load {load()})", flush=True)  # fmt: skip
         _cost(tuned, f"tune seed {seed}")
     print(f"   median share of the best reached: {100 * statistics.median(shares):.1f}% "
-          f"(target >= 95% in <= 30% of the grid)")  # fmt: skip
+          f"on the grid's figures (target >= 95% in <= 30% of the grid)")  # fmt: skip
+    _head_to_head(work, args, value, picks)
+
+
+def _head_to_head(work: Path, args, value: dict, picks: list) -> None:
+    """The grid's figures were measured minutes apart, each paired only with its own
+    group's identity, and its best is the largest of many noisy figures (biased upwards).
+    So the grid's top ``--top`` configurations and every seed's pick are measured again
+    together, interleaved in one group at the finalists' settings: each pick's share of the
+    best of that group, from their paired speedups, with an interval from the endpoints."""
+    from dataclasses import replace
+
+    from mlflow_ngraph.tune.search import FINAL_MAX_S, FINAL_PRECISION
+    from mlflow_ngraph.tune.trials import Trial
+
+    top = sorted(value, key=value.get, reverse=True)[: args.top]
+    configs = list(dict.fromkeys(top + [p.config() for p in picks if p is not None]))
+    job = _tune(work, args.model, experiment="head-to-head", max_trials=len(configs),
+                finalists=1)  # fmt: skip
+    job._open_run()
+    batch = [Trial(i, 1, name, json.loads(flags), None, 0, "final")
+             for i, (name, flags) in enumerate(configs)]  # fmt: skip
+    job.trials += batch
+    before = load()
+    t0 = time.perf_counter()
+    measure = replace(job.settings.measure, max_duration_s=FINAL_MAX_S)
+    job._run_benchmark(batch, 1, 0, measure, FINAL_PRECISION)
+    job._read_results(batch, 1)
+    seconds = time.perf_counter() - t0
+    ok = [t for t in batch if t.status == "OK" and t.speedup and t.interval]
+    if not ok:
+        print("   head to head: nothing measured OK")
+        return
+    best = max(ok, key=lambda t: t.speedup)
+    print(f"   head to head ({len(batch)} configurations in one group, {seconds:.0f} s, "
+          f"load {before} -> {load()}):")  # fmt: skip
+    for t in sorted(ok, key=lambda t: -t.speedup):
+        rank = top.index(t.config()) + 1 if t.config() in top else None
+        print(f"     {t.label}: {t.speedup:.3f}x [{t.interval[0]:.3f}-{t.interval[1]:.3f}]"
+              f"{f'  (grid #{rank}: {value[t.config()]:.3f}x)' if rank else ''}")  # fmt: skip
+    shares = []
+    for seed, pick in enumerate(picks):
+        mine = next((t for t in ok if pick is not None and t.config() == pick.config()), None)
+        if mine is None:
+            print(f"   seed {seed}: its pick was not measured OK head to head")
+            continue
+        share = mine.speedup / best.speedup
+        low = mine.interval[0] / best.interval[1]
+        high = min(1.0, mine.interval[1] / best.interval[0])
+        shares.append(share)
+        print(f"   seed {seed}: pick {mine.label}: {100 * share:.1f}% of the best head to head "
+              f"[{100 * low:.1f}-{100 * high:.1f}%]")  # fmt: skip
+    if shares:
+        median = 100 * statistics.median(shares)
+        print(f"   median share of the best reached, head to head: {median:.1f}% "
+              "(target >= 95% in <= 30% of the grid)")  # fmt: skip
 
 
 def _cost(job, label: str) -> None:
@@ -240,7 +340,11 @@ def main() -> None:
     p.add_argument("--budget", default="15m")
     p.add_argument("--trials", type=int, default=12)
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--work", type=Path, help="the folder of a grid measured before")
+    p.add_argument("--work", type=Path,
+                   help="grid: the folder of a grid measured before; defaults: a folder per "
+                   "model where its tune resumes")  # fmt: skip
+    p.add_argument("--top", type=int, default=3,
+                   help="the grid's best configurations measured again with the picks")  # fmt: skip
     args = p.parse_args()
     defaults(args) if args.what == "defaults" else grid(args)
 
