@@ -14,10 +14,18 @@ Five figures, each printed with the 1-minute load average beside it:
 5. ``paper``: one OpenVINO cell under the paper's protocol (100 repetitions, 10 warm-up, a
    1 s floor; conv block w64 d2, batch 1 and 8), this checkout against ``--before``.
 
+And a check of the intervals themselves, ``aa``: each engine measured against a second copy
+of itself, each copy in its own worker, in the tool's rounds with its default stop rule and
+UNSTABLE limit (no re-measure). The true speedup is 1: the share of 95% intervals that hold
+1 is their real coverage, across worker processes (what a re-run meets), and the share
+marked UNSTABLE is the noise floor of the marks on this host; the per-round log ratio's sd
+(and its MAD-based sd: the bulk without the stray rounds) says why.
+
     python bench/bench_calibration.py repeat --spec default
     python bench/bench_calibration.py hog --spec bench/specs/calibration.yaml
     python bench/bench_calibration.py walltime --before f3ab2ff --spec default
     python bench/bench_calibration.py paper --before f3ab2ff
+    python bench/bench_calibration.py aa --model mha_block:width=256,depth=3 --repeats 5
 """
 
 from __future__ import annotations
@@ -293,9 +301,101 @@ def windows(args) -> None:
               f"{need:15d} {ts.speedup:8.3f}  (load {load()})", flush=True)  # fmt: skip
 
 
+def aa(args) -> None:
+    """A/A: the speedup of each engine over a second copy of itself (see the module's
+    docstring)."""
+    import numpy as np
+
+    from mlflow_ngraph import isolation
+    from mlflow_ngraph.compilers.registry import get_compiler
+    from mlflow_ngraph.config import MeasureSettings
+    from mlflow_ngraph.measure import rounds
+    from mlflow_ngraph.worker import CellTask
+
+    home = Path(tempfile.mkdtemp(prefix="calibration-aa-"))
+    seen: dict[str, tuple] = {}
+    paired = rounds.paired_figures
+
+    def spy(windows, base):  # the rounds' last call holds every window
+        seen["windows"] = (list(windows), list(base))
+        return paired(windows, base)
+
+    rounds.paired_figures = spy
+    settings = MeasureSettings(warmup=10, repetitions=100, min_duration_s=1.0)
+    print(f"A/A on {args.model} bs{args.batch_size}: each engine against a copy of itself in "
+          f"another worker, the default stop rule, {args.repeats} repeats")  # fmt: skip
+    summary = []
+    for compiler in args.compilers:
+        flags = get_compiler(compiler).resolve_flags({})
+        rows = []
+        for _ in range(args.repeats):
+            got: dict[str, dict] = {}
+
+            def events(name, got=got):
+                def on_event(kind, payload):
+                    if kind == "record":
+                        got[name] = payload[1]
+
+                return on_event
+
+            cells = [
+                isolation.GroupCell(
+                    n,
+                    CellTask(
+                        name=n,
+                        model_name=args.model_name,
+                        model_params=args.model_params,
+                        compiler=compiler,
+                        flags=flags,
+                        batch_sizes=[args.batch_size],
+                        device="cpu",
+                        device_kind="cpu",
+                        home=str(home),
+                        tolerance=1e-3,
+                        log_file=str(home / "worker.log"),
+                        measure=settings,
+                    ),  # fmt: skip
+                    events(n),
+                )
+                for n in ("a", "b")
+            ]
+            before = load()
+            task = cells[0].task
+            isolation.run_group(cells, [args.batch_size], "a", settings, task.policy(), 0, 900)
+            record = got.get("b")
+            if not record or record.get("status") != "OK":
+                print(f"   {compiler}: not measured ({record and record.get('reason')})")
+                continue
+            m = record["metrics"]
+            low, high = m.get("speedup_ci_low"), m.get("speedup_ci_high")
+            w, b = seen["windows"]
+            logs = np.array([math.log(x.rate / y.rate) for x, y in zip(w, b) if x and y])
+            mad = 1.4826 * float(np.median(abs(logs - np.median(logs))))
+            stable = (record.get("stability") or {}).get("stable")
+            rows.append((m["speedup_paired"], low, high, stable, logs.std(ddof=1), mad))
+            print(f"   {compiler}: {m['speedup_paired']:.3f}x [{low:.3f}-{high:.3f}] "
+                  f"{len(logs)} rounds, sd of the per-round log ratio {logs.std(ddof=1):.3f} "
+                  f"(MAD-based {mad:.3f}), {'STABLE' if stable else 'UNSTABLE'}  "
+                  f"(load {before} -> {load()})", flush=True)  # fmt: skip
+        isolation.shutdown()
+        if rows:
+            held = sum(1 for r in rows if r[1] is not None and r[1] <= 1.0 <= r[2])
+            marked = sum(1 for r in rows if not r[3])
+            width = statistics.median((r[2] - r[1]) / 2 / r[0] for r in rows if r[1])
+            summary.append(f"{compiler}: 1.0 inside the interval {held}/{len(rows)}, "
+                           f"UNSTABLE {marked}/{len(rows)}, median half-width "
+                           f"+-{100 * width:.1f}%")  # fmt: skip
+    rounds.paired_figures = paired
+    for line in summary:
+        print("   " + line)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["repeat", "hog", "walltime", "paper", "windows"])
+    p.add_argument("what", choices=["repeat", "hog", "walltime", "paper", "windows", "aa"])
+    p.add_argument("--compilers", nargs="+", default=["identity", "onnxruntime", "openvino"])
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=5, help="aa: groups per engine")
     p.add_argument("--windows", type=float, nargs="+", default=[0.01, 0.03, 0.1, 0.3, 1.0])
     p.add_argument("--model", default="mha_block:width=128,depth=1")
     p.add_argument("--count", type=int, default=30, help="rounds per window length")
@@ -311,6 +411,8 @@ def main() -> None:
     )
     if args.what == "windows":
         windows(args)
+    elif args.what == "aa":
+        aa(args)
     elif args.what == "repeat":
         repeat(args)
     elif args.what == "hog":

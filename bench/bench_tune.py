@@ -320,10 +320,14 @@ def _cost(job, label: str) -> None:
     identity reference's)."""
     spent = [r for r in job.journal.records() if r.get("kind") == "spent"]
     wall = sum(float(r["seconds"]) for r in spent)
-    trials = [t for t in job.trials if t.status is not None]
+    # the search's groups only: they are the ones whose wall time is journaled ("spent")
+    groups = {int(r["group"]) for r in spent if r.get("group") is not None}
+    trials = [t for t in job.trials if t.status is not None and t.group in groups]
     own = sum(float(t.metrics.get("duration_s") or 0.0) for t in trials)
     reference = sum(
-        float((r.get("metrics") or {}).get("duration_s") or 0.0) for r in job.references.values()
+        float((r.get("metrics") or {}).get("duration_s") or 0.0)
+        for (group, _), r in job.references.items()
+        if group in groups
     )
     n = max(len(trials), 1)
     print(f"3. {label}: {wall / n:.1f} s of wall time per trial; its own windows "
