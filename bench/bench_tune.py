@@ -114,10 +114,16 @@ def _versus(model: str, b: int, trials: list, finals: list, work: Path, uri: str
     cli(*args_, "--tracking-uri", uri, "--experiment", experiment, "-q", home=work / "home",
         cwd=work)  # fmt: skip
     rows = _compare(uri, experiment, work)
-    mine = next(r for r in rows if _same(r, best_final))
-    # every compiler's default configuration (the tune's best where it is one)
-    defaults_ = [r for r in rows if r["compiler"] != "identity" and r.get("speedup")
-                 and r.get("status") == "OK" and _is_default(r)]  # fmt: skip
+    compiled = [r for r in rows if r["compiler"] != "identity" and r.get("status") == "OK"]
+    matches = [r for r in compiled if _same(r, best_final)]
+    if len(matches) != 1:
+        print(f"   bs{b}: the tune's best is {len(matches)} rows of the comparison: not judged")
+        return
+    mine = matches[0]
+    # the group holds the tune's best and each compiler's default configuration (one cell
+    # where the best is a default one)
+    default_best = _label(best_final).endswith("{defaults}")
+    defaults_ = [r for r in compiled if r.get("speedup") and (default_best or r is not mine)]
     best = max(defaults_, key=lambda r: r["speedup"])
     ratio = mine["speedup"] / best["speedup"]
     if best is mine:  # the tune's best is a default configuration: nothing gained
@@ -142,15 +148,6 @@ def _label(trial: dict) -> str:
 def _pins(flags: dict) -> str:
     items = [f"{k}={v}" for k, v in flags.items() if v is not None]
     return (":" + ",".join(items)) if items else ""
-
-
-def _is_default(row: dict) -> bool:
-    from mlflow_ngraph.compilers.registry import get_compiler
-
-    name = row["compiler"].split("[")[0]
-    resolved = get_compiler(name).resolve_flags({})
-    # a flag left to the runtime (None) shows as the runtime's or the scenario's choice
-    return all(str(row["flags"].get(k)) == str(v) for k, v in resolved.items() if v is not None)
 
 
 def _same(row: dict, trial: dict) -> bool:

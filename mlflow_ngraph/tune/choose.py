@@ -54,16 +54,26 @@ def lead_beyond_noise(winner: Trial, other: Trial, higher: bool = True) -> bool:
     return a[0] > b[1]
 
 
-def verdict(finals: Sequence[Trial], value, higher: bool) -> Verdict | None:
-    """The winner among feasible finalists by ``value(trial)`` (the objective's own metric),
-    and its lead over the best other finalist at the same batch size."""
+def verdict(finals: Sequence[Trial], value, higher: bool, paired: bool = False) -> Verdict | None:
+    """The winner among feasible finalists, and its lead over the best other finalist at
+    the same batch size.
+
+    The batch size is the one whose best finalist is best by ``value(trial)`` (the
+    objective's own metric: only an absolute figure compares batch sizes). Within it, with
+    ``paired`` (a throughput objective) and every finalist holding a paired speedup, the
+    finalists are ranked on those speedups: they come from the same rounds (the host's drift
+    cancels) and are what the lead's "beyond noise" is judged on, where the throughputs'
+    order may say the opposite (windows of different lengths weigh the host's slow spells
+    differently)."""
     pool = [t for t in finals if t.feasible and value(t) is not None]
     if not pool:
         return None
     pool.sort(key=value, reverse=higher)
-    winner = pool[0]
-    same_b = [t for t in pool[1:] if t.batch_size == winner.batch_size]
-    runner_up = same_b[0] if same_b else None
+    same_b = [t for t in pool if t.batch_size == pool[0].batch_size]
+    if paired and all(t.speedup is not None for t in same_b):
+        same_b.sort(key=lambda t: t.speedup, reverse=True)
+    winner = same_b[0]
+    runner_up = same_b[1] if len(same_b) > 1 else None
     beyond = runner_up is not None and lead_beyond_noise(winner, runner_up)
     return Verdict(winner, runner_up, beyond)
 

@@ -190,7 +190,8 @@ def _conclude(job):
 
     _, higher = OBJECTIVE_METRICS[job.settings.objectives[0]]
     finals = [t for t in job.trials if t.stage == "final"]
-    result = verdict(finals, job.final_value, higher)
+    paired = job.settings.objectives[0] == "throughput"
+    result = verdict(finals, job.final_value, higher, paired=paired)
     miss = None if result is not None else closest_miss(job.trials, job.settings.constraints)
     fragment = None
     if result is not None:

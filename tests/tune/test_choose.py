@@ -48,6 +48,22 @@ def test_a_lead_beyond_both_intervals_is_called_and_an_overlap_is_a_tie():
     assert "tie within noise" in tie.sentence()
 
 
+def test_the_batch_size_is_chosen_on_throughput_and_its_winner_on_the_paired_speedups():
+    # seen: the throughputs (windows of different lengths) and the speedups (the same
+    # rounds) disagree; the winner must not read lower than the runner-up it "ties" with
+    ort = trial(1, 2.46, 2.42, 2.62, b=8, throughput=18.1)
+    ov = trial(2, 2.68, 2.25, 3.32, b=8, throughput=17.0, compiler="openvino")
+    small = trial(3, 1.55, 1.49, 1.62, b=1, throughput=17.7)
+    result = verdict([small, ort, ov], by_throughput, higher=True, paired=True)
+    assert result.winner is ov and result.runner_up is ort and not result.beyond_noise
+    assert "2.68x" in result.sentence().split(";")[0]
+    # without pairing (a latency objective), the objective's own order stands
+    assert verdict([small, ort, ov], by_throughput, higher=True).winner is ort
+    # a finalist with no paired speedup: every one is ranked on the objective
+    ov.metrics.pop(S.M_SPEEDUP_PAIRED)
+    assert verdict([small, ort, ov], by_throughput, higher=True, paired=True).winner is ort
+
+
 def test_an_invalid_candidate_is_never_chosen_however_fast():
     fast_but_wrong = trial(1, 5.0, 4.9, 5.1, status=S.STATUS_INVALID, throughput=500)
     honest = trial(2, 1.2, 1.1, 1.3, throughput=120)
