@@ -368,6 +368,10 @@ def aa(args) -> None:
                 continue
             m = record["metrics"]
             low, high = m.get("speedup_ci_low"), m.get("speedup_ci_high")
+            if m.get("speedup_paired") is None or low is None:
+                print(f"   {compiler}: no paired speedup with an interval ({m.get('windows')} "
+                      f"windows; the copy's worker: {cells[0].death or 'alive'})")  # fmt: skip
+                continue
             w, b = seen["windows"]
             logs = np.array([math.log(x.rate / y.rate) for x, y in zip(w, b) if x and y])
             mad = 1.4826 * float(np.median(abs(logs - np.median(logs))))

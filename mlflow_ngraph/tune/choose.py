@@ -23,6 +23,9 @@ class Verdict:
     winner: Trial
     runner_up: Trial | None
     beyond_noise: bool
+    #: a tie in which the finalist with the lower estimate was chosen: its interval's low
+    #: end is the higher (the surer figure)
+    surer: bool = False
 
     def sentence(self) -> str:
         w = self.winner
@@ -32,10 +35,15 @@ class Verdict:
         r = self.runner_up
         if self.beyond_noise:
             return head + f"; its lead over {r.label} ({_figure(r)}) is beyond noise"
-        return (
+        text = (
             head + f"; a tie within noise with {r.label} ({_figure(r)}): their intervals "
             "overlap, so either is as good on this host"
         )
+        if self.surer:
+            text += (
+                f" ({w.label} is chosen: its interval's low end is the higher, the surer figure)"
+            )
+        return text
 
 
 def _figure(t: Trial) -> str:
@@ -64,7 +72,9 @@ def verdict(finals: Sequence[Trial], value, higher: bool, paired: bool = False) 
     finalists are ranked on those speedups: they come from the same rounds (the host's drift
     cancels) and are what the lead's "beyond noise" is judged on, where the throughputs'
     order may say the opposite (windows of different lengths weigh the host's slow spells
-    differently)."""
+    differently). Where the first two tie within noise, the one whose interval's low end is
+    the higher is chosen: the surer figure (an engine with few, long windows can read a high
+    estimate with a wide interval)."""
     pool = [t for t in finals if t.feasible and value(t) is not None]
     if not pool:
         return None
@@ -75,7 +85,12 @@ def verdict(finals: Sequence[Trial], value, higher: bool, paired: bool = False) 
     winner = same_b[0]
     runner_up = same_b[1] if len(same_b) > 1 else None
     beyond = runner_up is not None and lead_beyond_noise(winner, runner_up)
-    return Verdict(winner, runner_up, beyond)
+    surer = False
+    if paired and runner_up is not None and not beyond and winner.interval and runner_up.interval:
+        # a tie: the figure a deployment can count on is the interval's low end
+        if runner_up.interval[0] > winner.interval[0]:
+            winner, runner_up, surer = runner_up, winner, True
+    return Verdict(winner, runner_up, beyond, surer)
 
 
 def closest_miss(trials: Sequence[Trial], constraints) -> str:

@@ -54,9 +54,18 @@ def test_the_batch_size_is_chosen_on_throughput_and_its_winner_on_the_paired_spe
     ort = trial(1, 2.46, 2.42, 2.62, b=8, throughput=18.1)
     ov = trial(2, 2.68, 2.25, 3.32, b=8, throughput=17.0, compiler="openvino")
     small = trial(3, 1.55, 1.49, 1.62, b=1, throughput=17.7)
-    result = verdict([small, ort, ov], by_throughput, higher=True, paired=True)
-    assert result.winner is ov and result.runner_up is ort and not result.beyond_noise
+    narrow_ov = trial(4, 2.68, 2.63, 2.75, b=8, throughput=17.0, compiler="openvino")
+    result = verdict([small, ort, narrow_ov], by_throughput, higher=True, paired=True)
+    assert result.winner is narrow_ov and result.runner_up is ort and result.beyond_noise
     assert "2.68x" in result.sentence().split(";")[0]
+    # a tie: the higher estimate with the wider interval gives way to the surer figure
+    result = verdict([small, ort, ov], by_throughput, higher=True, paired=True)
+    assert result.winner is ort and result.runner_up is ov and not result.beyond_noise
+    assert result.surer and "surer figure" in result.sentence()
+    ov.metrics[S.M_SPEEDUP_CI_LOW] = 2.44  # now the surer too: the higher estimate stands
+    result = verdict([small, ort, ov], by_throughput, higher=True, paired=True)
+    assert result.winner is ov and not result.surer
+    ov.metrics[S.M_SPEEDUP_CI_LOW] = 2.25
     # without pairing (a latency objective), the objective's own order stands
     assert verdict([small, ort, ov], by_throughput, higher=True).winner is ort
     # a finalist with no paired speedup: every one is ranked on the objective
