@@ -354,7 +354,7 @@ def aa(args) -> None:
                         tolerance=1e-3,
                         log_file=str(home / "worker.log"),
                         measure=settings,
-                    ),  # fmt: skip
+                    ),
                     events(n),
                 )
                 for n in ("a", "b")
@@ -373,7 +373,7 @@ def aa(args) -> None:
                       f"windows; the copy's worker: {cells[0].death or 'alive'})")  # fmt: skip
                 continue
             w, b = seen["windows"]
-            logs = np.array([math.log(x.rate / y.rate) for x, y in zip(w, b) if x and y])
+            logs = np.array(rounds._log_ratios(w, b))  # the rounds' own pairing
             mad = 1.4826 * float(np.median(abs(logs - np.median(logs))))
             stable = (record.get("stability") or {}).get("stable")
             rows.append((m["speedup_paired"], low, high, stable, logs.std(ddof=1), mad))

@@ -67,6 +67,8 @@ def trials_of(uri: str, experiment: str) -> tuple[list[dict], str]:
 
 
 def defaults(args) -> None:
+    from mlflow_ngraph.tune.trials import TuneJournal
+
     for model in args.models:
         # with --work, the tune of a model run before resumes there (it is not measured again)
         if args.work:
@@ -86,10 +88,8 @@ def defaults(args) -> None:
         searched = sum(t["stage"] == "search" for t in trials)
         # a resumed tune: the seconds its groups took in every invocation
         spent = sum(
-            float(json.loads(line).get("seconds") or 0.0)
+            TuneJournal(work / "home", path.stem).load()[1]
             for path in (work / "home" / "tunes").glob("*.jsonl")
-            for line in path.read_text().splitlines()
-            if '"spent"' in line
         )
         finals = [t for t in trials if t["stage"] == "final" and t["feasible"]]
         winner = max(finals, key=lambda t: t["throughput"] or 0)
