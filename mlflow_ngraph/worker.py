@@ -78,7 +78,10 @@ class CellTask:
         from mlflow_ngraph.measure.rounds import RoundPolicy
 
         return RoundPolicy(
-            window_s=self.window_s, precision=self.precision, enough=self.max_interval
+            window_s=self.window_s,
+            precision=self.precision,
+            enough=self.max_interval,
+            screen=self.device_kind != "cuda",
         )
 
 
@@ -208,6 +211,7 @@ def judge(task: CellTask, result, baseline_paired: bool):
         task.max_other_cpu,
         what="speedup" if paired else "throughput",
         stretched=getattr(result, "stretched", False),
+        disturbed=(getattr(result, "windows_disturbed", 0), getattr(result, "windows", 0)),
     )
 
 

@@ -109,6 +109,8 @@ class Measurement:
     speedup_halfwidth: float | None = None
     #: measured past the default cap because the figure was wider than the UNSTABLE limit
     stretched: bool = False
+    #: windows left out of the figures because the process lost CPU during them
+    windows_disturbed: int = 0
     #: energy_j_per_sample and power_w (total and per RAPL domain), where RAPL is readable
     energy: dict = field(default_factory=dict)
 
@@ -123,6 +125,9 @@ class Window:
     requests: int
     samples: int
     seconds: float
+    #: the process's CPU seconds over the window (every thread: the engine's pool, spinning
+    #: included); ``None`` where it was not read
+    cpu_s: float | None = None
 
     @property
     def rate(self) -> float:
@@ -169,6 +174,7 @@ class Meter:
         plan.collected.clear()
         steps: list[float] = []
         self.sampler.begin()
+        cpu0 = time.process_time()
         began = last = clock()
         calls = 0
         while True:
@@ -184,9 +190,10 @@ class Meter:
                 break
         self.engine.synchronize()  # requests in flight are the window's
         end = clock()
+        cpu_s = time.process_time() - cpu0
         self.sampler.end()
         requests = calls * plan.per_rep
-        window = Window(requests, requests * self.batch_size, end - began)
+        window = Window(requests, requests * self.batch_size, end - began, cpu_s)
         self.windows.append(window)
         latencies = plan.latencies(began, steps)
         if latencies:
@@ -333,5 +340,6 @@ def finish(meter: Meter, figures) -> Measurement:
         speedup_ci_high=figures.speedup_ci[1] if figures.speedup_ci else None,
         speedup_halfwidth=figures.speedup_halfwidth,
         stretched=figures.stretched,
+        windows_disturbed=figures.disturbed,
         energy=energy_metrics(usage.energy_j, samples, usage.wall_s),
     )

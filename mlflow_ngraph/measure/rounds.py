@@ -24,6 +24,13 @@ Figures, each over the rounds (k windows per engine):
   rounds;
 - host drift: the spread (sd of log rate) of the baseline's windows across rounds: what the
   host did during the measurement, shown beside the figures it affects;
+- disturbed windows: a window whose process got less of the CPU than its engine's windows
+  usually get (its CPU seconds over its wall seconds below :data:`DISTURBED_SHARE` of the
+  median window's) lost cores to another process or the hypervisor while it ran, and is
+  slowed by that alone (a 2-thread engine waits at every barrier for the thread that lost
+  its core). It gives no figure: it is left out of the throughput, and its round gives no
+  ratio for that engine; the rounds go on until the figure is known without it. The count
+  is logged (``windows_disturbed``), and many of them mark the figure UNSTABLE;
 - moved: the rounds' first and second halves give speedups whose intervals do not overlap
   (the host changed in a way the pairing did not cancel); the relative change, else None.
 
@@ -66,6 +73,14 @@ MAX_S = 4.0
 #: many times the cap when its spread says the limit is within reach (docs/measurement.md)
 STRETCH = 3.0
 CONFIDENCE = 0.95
+#: a window whose process had less than this share of the CPU its engine's median window had
+#: was disturbed (the choice and its measured effect are in docs/measurement.md)
+DISTURBED_SHARE = 0.95
+#: windows with a CPU reading before the screen judges any (a median of fewer says little)
+SCREEN_MIN = 5
+#: an engine whose median window used less than this many CPU seconds per second mostly
+#: waits (a device, a sleep, I/O): its share does not govern its rate, so it is not screened
+SCREEN_MIN_SHARE = 0.5
 
 
 class Windowed(Protocol):
@@ -84,6 +99,9 @@ class RoundPolicy:
     #: :data:`THROUGHPUT_WIDER` times that); None: never measure past the cap
     enough: float | None = None
     stretch: float = STRETCH
+    #: leave out disturbed windows (:func:`screened`); off for a GPU engine, whose host
+    #: thread's CPU share says nothing of the device's speed
+    screen: bool = True
 
 
 @dataclass
@@ -106,6 +124,8 @@ class Figures:
     #: measured past the cap because the figure was wider than the UNSTABLE limit: more
     #: rounds at once were already tried, so re-measuring after a pause may not help
     stretched: bool = False
+    #: windows left out as disturbed (:func:`screened`)
+    disturbed: int = 0
 
 
 def log_halfwidth(logs, confidence: float = CONFIDENCE) -> float | None:
@@ -227,6 +247,35 @@ def moved_between_halves(windows, base_windows) -> float | None:
     return None
 
 
+def cpu_share(window) -> float | None:
+    """The process's CPU seconds per wall second over ``window`` (None: not read)."""
+    if window is None or window.cpu_s is None or not window.seconds > 0:
+        return None
+    return window.cpu_s / window.seconds
+
+
+def screened(windows) -> list:
+    """``windows`` with each disturbed one replaced by ``None`` (the hole a lost window
+    leaves): those whose CPU share is below :data:`DISTURBED_SHARE` of the engine's median
+    window's. A CPU-bound engine's share is steady from window to window (a pool that waits
+    spins, and spinning counts), so a share that drops says its threads were off their
+    cores; the window's rate dropped with it (measured on a 2-core VM: correlation 0.84-0.97
+    between a window's rate and its share). Nothing is judged before :data:`SCREEN_MIN`
+    windows have a reading, nor for an engine that mostly waits (:data:`SCREEN_MIN_SHARE`)."""
+    shares = [s for s in map(cpu_share, windows) if s is not None]
+    if len(shares) < SCREEN_MIN:
+        return list(windows)
+    median = float(np.median(shares))
+    if median < SCREEN_MIN_SHARE:
+        return list(windows)
+    floor = DISTURBED_SHARE * median
+    out = []
+    for w in windows:
+        share = cpu_share(w)
+        out.append(None if share is not None and share < floor else w)
+    return out
+
+
 def drift_of(windows) -> float | None:
     """The spread of an engine's window rates across rounds (sd of their logs)."""
     rates = [w.rate for w in windows if w is not None and w.rate > 0]
@@ -285,17 +334,20 @@ def run_rounds(
                 windows[name].append(None)
         if on_round is not None:
             on_round(r)
+        view = _view(windows, failed, policy)
         for name in names:
             if name not in failed and not reasons.get(name):
-                reasons[name] = _stop(name, windows, baseline, settings, policy, cap)
+                reasons[name] = _stop(name, view, windows[name], baseline, settings, policy, cap)
     interleaved = len(names) > 1
-    base = windows.get(baseline) if baseline and baseline not in failed else None
+    view = _view(windows, failed, policy)
+    base = view.get(baseline) if baseline and baseline not in failed else None
     drift = drift_of(base) if base is not None else None
     out: dict[str, Figures] = {}
     for name in names:
         if name in failed:
             continue
-        own = [w for w in windows[name] if w is not None]
+        own = [w for w in view[name] if w is not None]
+        taken = [w for w in windows[name] if w is not None]
         throughput, ci, halfwidth, cv = throughput_figures(own)
         figures = Figures(
             throughput,
@@ -305,17 +357,28 @@ def run_rounds(
             reasons.get(name) or "max_duration",
             policy.window_s,
             interleaved=interleaved,
-            drift=drift if name != baseline else drift_of(windows[name]),
+            drift=drift if name != baseline else drift_of(view[name]),
             rounds=len(own),
-            stretched=sum(w.seconds for w in own[:-1]) >= cap,
+            stretched=sum(w.seconds for w in taken[:-1]) >= cap,
+            disturbed=len(taken) - len(own),
         )
         if base is not None and name != baseline:
             figures.speedup, figures.speedup_ci, figures.speedup_halfwidth = paired_figures(
-                windows[name], base
+                view[name], base
             )
-            figures.moved = moved_between_halves(windows[name], base)
+            figures.moved = moved_between_halves(view[name], base)
         out[name] = figures
     return out
+
+
+def _view(windows, failed, policy) -> dict[str, list]:
+    """Each engine's windows as the figures see them: the disturbed ones left out where
+    the policy screens."""
+    return {
+        name: screened(ws) if policy.screen else ws
+        for name, ws in windows.items()
+        if name not in failed
+    }
 
 
 def _taking_turns(names, failed, reasons, baseline) -> list[str]:
@@ -345,10 +408,14 @@ def _reachable(width: float, limit: float, seconds: float, until: float) -> bool
     return seconds * (math.log1p(width) / math.log1p(limit)) ** 2 <= until
 
 
-def _stop(name, windows, baseline, settings, policy, cap) -> str:
-    """Why engine ``name`` is done after the rounds so far (``""``: not yet)."""
+def _stop(name, windows, taken, baseline, settings, policy, cap) -> str:
+    """Why engine ``name`` is done after the rounds so far (``""``: not yet). ``windows``
+    are every engine's windows as the figures see them (disturbed ones left out), ``taken``
+    this engine's windows as measured: the floors count what the figure rests on, the cap
+    the seconds spent."""
     own = [w for w in windows[name] if w is not None]
     seconds = sum(w.seconds for w in own)
+    spent = sum(w.seconds for w in taken if w is not None)
     requests = sum(w.requests for w in own)
     ready = (
         requests >= settings.repetitions
@@ -363,15 +430,16 @@ def _stop(name, windows, baseline, settings, policy, cap) -> str:
     # an explicit --max-duration caps everything; the default cap never cuts the floors,
     # nor the rounds an interval needs (an engine whose request outlasts a window)
     if settings.max_duration_s is not None:
-        return "max_duration" if seconds >= cap else ""
-    if seconds < cap or not ready:
+        return "max_duration" if spent >= cap else ""
+    if spent < cap or not ready:
         return ""
     if limit is None or width is None:
         return "max_duration"
     if width <= limit:
         # known well enough to be STABLE: at the cap, or once the stretch got it there
-        return "max_interval" if sum(w.seconds for w in own[:-1]) >= cap else "max_duration"
+        before = sum(w.seconds for w in taken[:-1] if w is not None)
+        return "max_interval" if before >= cap else "max_duration"
     until = policy.stretch * cap
-    if seconds >= until or not _reachable(width, limit, seconds, until):
+    if spent >= until or not _reachable(width, limit, spent, until):
         return "max_duration"
     return ""

@@ -9,6 +9,10 @@ A measurement is UNSTABLE when
 - it has too few windows for an interval (fewer than 3);
 - other processes used more than ``other_cpu_threshold`` percent of the machine's CPU time
   during its windows;
+- its process lost CPU (to another process or the hypervisor) in more than
+  :data:`MAX_DISTURBED` of its windows: those windows are left out of the figures
+  (:func:`mlflow_ngraph.measure.rounds.screened`), and so many of them say the host was busy
+  in a way the rest may not escape;
 - or the host drifted beyond what its rounds cover: the speedup of the rounds' first half
   and that of their second half have 95% intervals that do not overlap (the pairing did
   not cancel what the host did). The host's drift itself (the baseline's spread across
@@ -34,6 +38,9 @@ MAX_INTERVAL = 0.05
 THROUGHPUT_WIDER = 2.0
 #: default of ``--max-other-cpu``, percent of all logical cores
 OTHER_CPU_THRESHOLD = 25.0
+#: the largest share of an engine's windows that may be disturbed (left out because its
+#: process lost CPU) in a STABLE measurement
+MAX_DISTURBED = 0.25
 
 
 @dataclass(frozen=True)
@@ -58,12 +65,14 @@ def assess(
     other_cpu_threshold: float = OTHER_CPU_THRESHOLD,
     what: str = "throughput",
     stretched: bool = False,
+    disturbed: tuple[int, int] | None = None,
 ) -> Stability:
     """Judge one measurement. ``halfwidth`` is the relative half-width of the 95% interval
     of ``what`` (``speedup`` or ``throughput``), ``None`` when there was too little to
     make one; ``moved`` the speedup's change between the halves of the rounds where their
-    intervals part (:func:`mlflow_ngraph.measure.rounds.moved_between_halves`); a host
-    quantity that was not measured (None/NaN) is not held against it."""
+    intervals part (:func:`mlflow_ngraph.measure.rounds.moved_between_halves`);
+    ``disturbed`` (windows left out as disturbed, windows measured); a host quantity that
+    was not measured (None/NaN) is not held against it."""
     causes = []
     if not _given(halfwidth):
         causes.append(f"too few windows for a {what} interval")
@@ -74,6 +83,11 @@ def assess(
     if _given(other_cpu_percent) and other_cpu_percent > other_cpu_threshold:
         causes.append(
             f"other processes used {other_cpu_percent:.1f}% of the CPU (> {other_cpu_threshold:g}%)"
+        )
+    if disturbed and disturbed[1] > 0 and disturbed[0] > MAX_DISTURBED * disturbed[1]:
+        causes.append(
+            f"the process lost CPU in {disturbed[0]} of {disturbed[1]} windows "
+            f"(> {100 * MAX_DISTURBED:g}%)"
         )
     if _given(moved):
         causes.append(

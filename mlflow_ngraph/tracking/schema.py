@@ -77,6 +77,8 @@ M_CV = "cv"  # coefficient of variation of the windows' rates
 M_REPETITIONS = "repetitions"  # requests measured (one inference of one batch each)
 M_WINDOWS = "windows"  # windows measured (one per round when interleaved)
 M_WINDOW_S = "window_s"  # the windows' target length
+# windows left out of the figures: the process lost CPU during them (measure/rounds.py)
+M_WINDOWS_DISTURBED = "windows_disturbed"
 M_THROUGHPUT_HALFWIDTH = "throughput_halfwidth"  # relative half-width of its 95% interval
 M_LATENCY_SAMPLES = "latency_samples"  # per-request latencies behind the percentiles
 M_INTERLEAVED = "interleaved"  # 1: measured in rounds with the model's other engines

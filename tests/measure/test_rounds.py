@@ -23,6 +23,7 @@ from mlflow_ngraph.measure.rounds import (
     order,
     paired_figures,
     run_rounds,
+    screened,
     throughput_figures,
 )
 from mlflow_ngraph.measure.stability import assess
@@ -303,3 +304,76 @@ def test_only_a_figure_a_pause_may_settle_is_measured_again():
     assert not busy.stable and busy.retry  # other processes took the CPU: they may stop
     moved = assess(0.03, 1.0, moved=0.1, max_interval=0.05, what="speedup", stretched=True)
     assert not moved.stable and moved.retry
+
+
+class SharedHost:
+    """Two cores, and in about one window in five another process takes part of a core
+    for the window's length: the engine that holds that window loses that CPU, and its two
+    threads (waiting for each other at every step) twice that share of their speed."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def lost(self) -> float:
+        return float(self.rng.uniform(0.1, 0.4)) if self.rng.random() < 0.2 else 0.0
+
+
+class CpuMeter:
+    """An engine whose windows report the CPU seconds its process got (two busy threads)."""
+
+    def __init__(self, rate: float, host: SharedHost) -> None:
+        self.rate, self.host = rate, host
+
+    def window(self, seconds: float) -> Window:
+        lost = self.host.lost()
+        speed = 1.0 - lost
+        samples = max(1, round(self.rate * speed * seconds))
+        wall = samples / (self.rate * speed)
+        return Window(samples, samples, wall, (2.0 - lost) * wall)
+
+
+def test_a_window_whose_process_lost_cpu_is_left_out_of_the_figures():
+    """A window that lost part of a core to another process is slowed by that alone:
+    screened, the speedup is exact and its interval tight, each throughput is the engine's
+    own, and the windows left out are counted; not screened, the same host gives a
+    biased throughput and a wider speedup interval."""
+
+    def measure(screen: bool):
+        host = SharedHost(seed=3)
+        meters = {"identity": CpuMeter(100.0, host), "fast": CpuMeter(250.0, host)}
+        policy = RoundPolicy(min_rounds=30, precision=1e-9, max_s=3.0, screen=screen)
+        return run_rounds(meters, settings(max_duration_s=3.0), "identity", policy)
+
+    kept, raw = measure(True), measure(False)
+    fast = kept["fast"]
+    assert fast.speedup == pytest.approx(2.5, rel=1e-3)
+    assert fast.speedup_halfwidth < 0.005
+    assert fast.throughput == pytest.approx(250.0, rel=0.01)
+    assert kept["identity"].throughput == pytest.approx(100.0, rel=0.01)
+    assert 0.1 < fast.disturbed / (fast.rounds + fast.disturbed) < 0.35
+    assert kept["identity"].disturbed > 0 and raw["fast"].disturbed == 0
+    assert raw["fast"].speedup_halfwidth > 10 * fast.speedup_halfwidth
+    assert raw["fast"].throughput < 0.97 * 250.0
+
+
+def test_the_screen_judges_each_engine_against_its_own_median_window():
+    """One engine's pool uses two cores, another's one: each is judged on its own share;
+    an engine that mostly waits, or one with too few windows, is not screened."""
+    full = [Window(10, 10, 0.1, 0.2)] * 6 + [Window(5, 5, 0.1, 0.15)]
+    half = [Window(10, 10, 0.1, 0.1)] * 6 + [Window(9, 9, 0.1, 0.097), Window(5, 5, 0.1, 0.09)]
+    assert screened(full)[:6] == full[:6] and screened(full)[6] is None
+    assert screened(half)[:7] == half[:7] and screened(half)[7] is None
+    waiting = [Window(10, 10, 0.1, 0.01)] * 6 + [Window(5, 5, 0.1, 0.001)]
+    assert screened(waiting) == waiting
+    few = full[-3:]
+    assert screened(few) == few
+    unread = [Window(10, 10, 0.1)] * 7
+    assert screened(unread) == unread
+
+
+def test_many_disturbed_windows_mark_the_figure_and_say_so():
+    calm = assess(0.02, 1.0, what="speedup", disturbed=(10, 40))
+    assert calm.stable
+    busy = assess(0.02, 1.0, what="speedup", disturbed=(11, 40))
+    assert not busy.stable and busy.retry
+    assert "lost CPU in 11 of 40 windows (> 25%)" in busy.reason
