@@ -53,9 +53,12 @@ def load() -> str:
     return f"{os.getloadavg()[0]:.2f}"
 
 
-def benchmark(args: list[str], home: Path, uri: str, checkout: Path = REPO) -> float:
+def benchmark(
+    args: list[str], home: Path, uri: str, checkout: Path = REPO, extra: dict | None = None
+) -> float:
     """One ``mlflow-ngraph benchmark`` from ``checkout``; returns its wall seconds."""
     env = {**os.environ, "MLFLOW_NGRAPH_HOME": str(home), "PYTHONPATH": str(checkout)}
+    env.update(extra or {})
     for name in list(env):  # the suite's shortcuts must not reach a measured run
         if name.startswith("MLFLOW_NGRAPH_BENCHMARK_"):
             env.pop(name)
@@ -126,12 +129,13 @@ def repeat(args) -> None:
     work = Path(tempfile.mkdtemp(prefix="calibration-"))
     uri = f"sqlite:///{work / 'mlflow.db'}"
     home = work / "home"
+    print(f"store, engines and every window (windows-N.jsonl) in {work}", flush=True)
     runs = []
     for i in (1, 2):
         before = load()
         seconds = benchmark(
             ["--spec", args.spec, "--device", args.device, "--experiment", f"calibration-{i}"],
-            home, uri,
+            home, uri, extra={"MLFLOW_NGRAPH_WINDOWS_LOG": str(work / f"windows-{i}.jsonl")},
         )  # fmt: skip
         runs.append(records(uri, f"calibration-{i}"))
         print(f"run {i}: {seconds:.0f} s (load {before} -> {load()})", flush=True)

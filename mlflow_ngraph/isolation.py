@@ -381,11 +381,44 @@ def _freeze_idle() -> bool:
     return os.environ.get(FREEZE_ENV, "1") != "0"
 
 
+#: a file to which every group's windows are appended, one JSON line per attempt (the raw
+#: data behind the figures, for studying the method: bench/bench_calibration.py)
+WINDOWS_LOG_ENV = "MLFLOW_NGRAPH_WINDOWS_LOG"
+
+
+def _log_windows(proxies: dict[str, _Proxy], b: int, baseline: str | None, attempt: int) -> None:
+    path = os.environ.get(WINDOWS_LOG_ENV)
+    if not path or not proxies:
+        return
+    import json
+
+    task = next(iter(proxies.values())).cell.task
+    line = {
+        "time": time.time(),
+        "model": task.model_name,
+        "model_params": task.model_params,
+        "batch_size": b,
+        "attempt": attempt,
+        "baseline": baseline,
+        "engines": {
+            name: {
+                "compiler": p.cell.task.compiler,
+                "flags": p.cell.task.flags,
+                "windows": [[w.requests, w.samples, w.seconds, w.cpu_s] for w in p.taken],
+            }
+            for name, p in proxies.items()
+        },
+    }
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line, default=str) + "\n")
+
+
 class _Proxy:
     """A group member's worker as the rounds see it: one window on command."""
 
     def __init__(self, group: _Group, cell: GroupCell) -> None:
         self.group, self.cell = group, cell
+        self.taken: list = []  # the windows it gave, in order
 
     def window(self, seconds: float):
         """One window of this worker, the others of the group stopped meanwhile: a runtime's
@@ -399,6 +432,7 @@ class _Proxy:
             self.cell.worker.pause()
         if kind != "window":
             raise RuntimeError(payload or self.cell.death or "the worker is gone")
+        self.taken.append(payload)
         return payload
 
 
@@ -586,13 +620,13 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
         if _freeze_idle():
             for cell in warmed:  # each runs only for its own windows (_Proxy.window)
                 cell.worker.pause()
+        proxies = {n: _Proxy(group, c) for n, c in names.items()}
         try:
-            figures = run_rounds(
-                {n: _Proxy(group, c) for n, c in names.items()}, settings, base, policy
-            )
+            figures = run_rounds(proxies, settings, base, policy)
         finally:
             for cell in warmed:
                 cell.worker.resume()
+        _log_windows(proxies, b, base, attempt)
         _resume_spares()
         judged, unstable = [], []
         for name, cell in names.items():

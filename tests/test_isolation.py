@@ -109,9 +109,12 @@ def _group(tmp_path, tasks, baseline=None, ahead=None, retries=0, policy=None):
     return records, {c.name: c.death for c in cells}
 
 
-def test_a_group_measures_its_engines_interleaved_and_pairs_the_speedup(tmp_path):
+def test_a_group_measures_its_engines_interleaved_and_pairs_the_speedup(tmp_path, monkeypatch):
     """...and while one member measures a window, the others are stopped (their runtimes'
-    spinning thread pools would take its cores); all run again for their verdicts."""
+    spinning thread pools would take its cores); all run again for their verdicts. Every
+    window goes to the windows log when one is asked for."""
+    import json
+
     import psutil
 
     from mlflow_ngraph import isolation
@@ -129,6 +132,7 @@ def test_a_group_measures_its_engines_interleaved_and_pairs_the_speedup(tmp_path
         return real(self, cell, command, kinds)
 
     isolation._Group.ask = ask
+    monkeypatch.setenv(isolation.WINDOWS_LOG_ENV, str(tmp_path / "windows.jsonl"))
     try:
         records, deaths = _group(tmp_path, tasks, baseline="id")
     finally:
@@ -149,6 +153,13 @@ def test_a_group_measures_its_engines_interleaved_and_pairs_the_speedup(tmp_path
     assert 0.67 < m["speedup_paired"] / (m["throughput"] / mb["throughput"]) < 1.5
     assert "speedup_ci_low" not in mb and m["host_drift"] == mb["host_drift"] >= 0
     assert _workers() == []
+    lines = [json.loads(s) for s in (tmp_path / "windows.jsonl").read_text().splitlines()]
+    assert [(x["batch_size"], x["baseline"], x["attempt"]) for x in lines] == [(1, "id", 1)]
+    logged = lines[-1]["engines"]
+    assert (
+        len(logged["ts"]["windows"]) == m["windows"] and logged["ts"]["compiler"] == "torchscript"
+    )
+    assert all(w[3] > 0 for w in logged["id"]["windows"])  # the CPU seconds of each window
 
 
 def test_an_unstable_group_is_measured_again_with_its_baseline(tmp_path):
