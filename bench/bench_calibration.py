@@ -398,9 +398,121 @@ def aa(args) -> None:
         print("   " + line)
 
 
+def _groups(path: Path) -> dict[tuple, dict]:
+    """(model, params, batch size) -> the last attempt's line of a windows log."""
+    out = {}
+    for text in path.read_text().splitlines():
+        line = json.loads(text)
+        key = (line["model"], json.dumps(line["model_params"], sort_keys=True), line["batch_size"])
+        out[key] = line
+    return out
+
+
+def _engines(line: dict) -> dict[str, tuple[str, list, list | None]]:
+    """label -> (cell name, its windows, the baseline's windows or None) of one group."""
+    from mlflow_ngraph.measure.harness import Window
+
+    def ws(name):
+        return [Window(*w) for w in line["engines"][name]["windows"]]
+
+    base = line.get("baseline")
+    out = {}
+    for name, e in line["engines"].items():
+        label = e["compiler"] + json.dumps(e["flags"], sort_keys=True)
+        out[label] = (name, ws(name), ws(base) if base and name != base else None)
+    return out
+
+
+def _blocks_interval(logs: list[float], count: int = 4):
+    """(centre, half-width) on the log scale of Student's t over ``count`` contiguous block
+    means of ``logs`` (what a slow drift within the run makes of a t interval)."""
+    from scipy import stats
+
+    if len(logs) < 2 * count:
+        return None
+    n = len(logs)
+    means = [statistics.fmean(logs[i * n // count : (i + 1) * n // count]) for i in range(count)]
+    sd = statistics.stdev(means)
+    return statistics.fmean(means), stats.t.ppf(0.975, count - 1) * sd / math.sqrt(count)
+
+
+def study(args) -> None:
+    """Interval methods against a re-run: for each way of making a throughput's or a
+    speedup's interval from the windows a ``repeat`` logged, the share of intervals that
+    overlap the other run's, the share holding the other run's figure, the median
+    half-width, and the share narrow enough to be STABLE."""
+    from mlflow_ngraph.measure import rounds as R
+
+    work = Path(args.work)
+    one, two = _groups(work / "windows-1.jsonl"), _groups(work / "windows-2.jsonl")
+
+    def tp_current(own, _base, screen):
+        own = R.screened(own) if screen else own
+        t, ci, _, _ = R.throughput_figures([w for w in own if w is not None])
+        return (t, ci) if ci else None
+
+    def tp_blocks(own, _base, screen):
+        own = [w for w in (R.screened(own) if screen else own) if w is not None]
+        got = _blocks_interval([math.log(w.rate) for w in own])
+        return None if got is None else (math.exp(got[0]), (math.exp(got[0] - got[1]),
+                                                            math.exp(got[0] + got[1])))  # fmt: skip
+
+    def sp_current(own, base, screen):
+        if base is None:
+            return None
+        if screen:
+            own, base = R.screened(own), R.screened(base)
+        s, ci, _ = R.paired_figures(own, base)
+        return (s, ci) if ci else None
+
+    def sp_blocks(own, base, screen):
+        if base is None:
+            return None
+        if screen:
+            own, base = R.screened(own), R.screened(base)
+        got = _blocks_interval(R._log_ratios(own, base))
+        return None if got is None else (math.exp(got[0]), (math.exp(got[0] - got[1]),
+                                                            math.exp(got[0] + got[1])))  # fmt: skip
+
+    methods = [
+        ("throughput", "t over windows, all windows (before)", tp_current, False, 0.10),
+        ("throughput", "t over windows, disturbed left out (now)", tp_current, True, 0.10),
+        ("throughput", "t over 4 blocks of windows, disturbed left out", tp_blocks, True, 0.10),
+        ("speedup", "signed rank over rounds, all rounds (before)", sp_current, False, 0.05),
+        ("speedup", "signed rank over rounds, disturbed left out (now)", sp_current, True, 0.05),
+        ("speedup", "t over 4 blocks of rounds, disturbed left out", sp_blocks, True, 0.05),
+    ]
+    print(f"{'figure':10} {'interval':52} {'n':>4} {'overlap':>8} {'holds':>6} "
+          f"{'half-width':>10} {'narrow':>7} {'overlap|narrow':>14}")  # fmt: skip
+    for kind, label, fn, screen, limit in methods:
+        rows = []
+        for key in one.keys() & two.keys():
+            a, b = _engines(one[key]), _engines(two[key])
+            for eng in a.keys() & b.keys():
+                if kind == "throughput" and a[eng][2] is not None:
+                    continue  # a compiled engine's throughput is not what it is judged on
+                x, y = fn(a[eng][1], a[eng][2], screen), fn(b[eng][1], b[eng][2], screen)
+                if x is None or y is None:
+                    continue
+                (mx, (lx, hx)), (my, (ly, hy)) = x, y
+                overlap = lx <= hy and ly <= hx
+                holds = lx <= my <= hx
+                wx, wy = max(hx / mx - 1, 1 - lx / mx), max(hy / my - 1, 1 - ly / my)
+                rows.append((overlap, holds, wx, wx <= limit and wy <= limit))
+        if not rows:
+            continue
+        n = len(rows)
+        narrow = [r for r in rows if r[3]]
+        print(f"{kind:10} {label:52} {n:4d} {sum(r[0] for r in rows) / n:8.0%} "
+              f"{sum(r[1] for r in rows) / n:6.0%} {statistics.median(r[2] for r in rows):10.1%} "
+              f"{len(narrow) / n:7.0%} "
+              f"{sum(r[0] for r in narrow) / max(len(narrow), 1):14.0%}")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["repeat", "hog", "walltime", "paper", "windows", "aa"])
+    p.add_argument("what", choices=["repeat", "hog", "walltime", "paper", "windows", "aa", "study"])
+    p.add_argument("--work", help="study: the folder a repeat printed (its windows logs)")
     p.add_argument("--compilers", nargs="+", default=["identity", "onnxruntime", "openvino"])
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5, help="aa: groups per engine")
@@ -421,6 +533,8 @@ def main() -> None:
         windows(args)
     elif args.what == "aa":
         aa(args)
+    elif args.what == "study":
+        study(args)
     elif args.what == "repeat":
         repeat(args)
     elif args.what == "hog":

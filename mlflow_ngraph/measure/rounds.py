@@ -259,8 +259,8 @@ def screened(windows) -> list:
     leaves): those whose CPU share is below :data:`DISTURBED_SHARE` of the engine's median
     window's. A CPU-bound engine's share is steady from window to window (a pool that waits
     spins, and spinning counts), so a share that drops says its threads were off their
-    cores; the window's rate dropped with it (measured on a 2-core VM: correlation 0.84-0.97
-    between a window's rate and its share). Nothing is judged before :data:`SCREEN_MIN`
+    cores, and the window's rate dropped with it (a 2-core VM: a window's rate and its share
+    correlate at 0.70-0.97 for most engines; docs/measurement.md). Nothing is judged before :data:`SCREEN_MIN`
     windows have a reading, nor for an engine that mostly waits (:data:`SCREEN_MIN_SHARE`)."""
     shares = [s for s in map(cpu_share, windows) if s is not None]
     if len(shares) < SCREEN_MIN:
