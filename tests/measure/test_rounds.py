@@ -377,3 +377,17 @@ def test_many_disturbed_windows_mark_the_figure_and_say_so():
     busy = assess(0.02, 1.0, what="speedup", disturbed=(11, 40))
     assert not busy.stable and busy.retry
     assert "lost CPU in 11 of 40 windows (> 25%)" in busy.reason
+
+
+@pytest.mark.parametrize("kind,screen", [("cpu", True), ("cuda", False)])
+def test_a_gpu_engine_is_not_screened_on_its_host_threads_cpu(kind, screen):
+    """A GPU engine's host thread waits on the device: its CPU share says nothing of the
+    device's speed, so its windows are never left out for it."""
+    from mlflow_ngraph.worker import CellTask
+
+    task = CellTask(
+        name="c", model_name="m", model_params={}, compiler="identity", flags={},
+        batch_sizes=[1], device=kind, device_kind=kind, home="/nonexistent",
+        measure=settings(), tolerance=1e-3,
+    )  # fmt: skip
+    assert task.policy().screen is screen
