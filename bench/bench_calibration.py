@@ -26,6 +26,12 @@ marked UNSTABLE is the noise floor of the marks on this host; the per-round log 
     python bench/bench_calibration.py walltime --before f3ab2ff --spec default
     python bench/bench_calibration.py paper --before f3ab2ff
     python bench/bench_calibration.py aa --model mha_block:width=256,depth=3 --repeats 5
+    python bench/bench_calibration.py study --work /tmp/calibration-XXXX
+
+``study`` reads the windows a ``repeat`` logged (``MLFLOW_NGRAPH_WINDOWS_LOG``, one file per
+run in the folder ``repeat`` prints) and sets each way of making an interval from one run's
+windows against the other run's figure: the share of intervals that overlap, the share
+that hold the re-run's figure, their median half-width.
 """
 
 from __future__ import annotations
