@@ -408,7 +408,10 @@ def _groups(path: Path) -> dict[tuple, dict]:
     """(model, params, batch size) -> the last attempt's line of a windows log."""
     out = {}
     for text in path.read_text().splitlines():
-        line = json.loads(text)
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError:  # a line torn by a kill
+            continue
         key = (line["model"], json.dumps(line["model_params"], sort_keys=True), line["batch_size"])
         out[key] = line
     return out
@@ -430,16 +433,17 @@ def _engines(line: dict) -> dict[str, tuple[str, list, list | None]]:
 
 
 def _blocks_interval(logs: list[float], count: int = 4):
-    """(centre, half-width) on the log scale of Student's t over ``count`` contiguous block
-    means of ``logs`` (what a slow drift within the run makes of a t interval)."""
+    """(figure, its 95% interval) of Student's t over ``count`` contiguous block means of
+    the log values ``logs`` (what a slow drift within the run makes of a t interval)."""
     from scipy import stats
 
     if len(logs) < 2 * count:
         return None
     n = len(logs)
     means = [statistics.fmean(logs[i * n // count : (i + 1) * n // count]) for i in range(count)]
-    sd = statistics.stdev(means)
-    return statistics.fmean(means), stats.t.ppf(0.975, count - 1) * sd / math.sqrt(count)
+    centre = statistics.fmean(means)
+    h = stats.t.ppf(0.975, count - 1) * statistics.stdev(means) / math.sqrt(count)
+    return math.exp(centre), (math.exp(centre - h), math.exp(centre + h))
 
 
 def study(args) -> None:
@@ -459,9 +463,7 @@ def study(args) -> None:
 
     def tp_blocks(own, _base, screen):
         own = [w for w in (R.screened(own) if screen else own) if w is not None]
-        got = _blocks_interval([math.log(w.rate) for w in own])
-        return None if got is None else (math.exp(got[0]), (math.exp(got[0] - got[1]),
-                                                            math.exp(got[0] + got[1])))  # fmt: skip
+        return _blocks_interval([math.log(w.rate) for w in own])
 
     def sp_current(own, base, screen):
         if base is None:
@@ -476,9 +478,7 @@ def study(args) -> None:
             return None
         if screen:
             own, base = R.screened(own), R.screened(base)
-        got = _blocks_interval(R._log_ratios(own, base))
-        return None if got is None else (math.exp(got[0]), (math.exp(got[0] - got[1]),
-                                                            math.exp(got[0] + got[1])))  # fmt: skip
+        return _blocks_interval(R._log_ratios(own, base))
 
     methods = [
         ("throughput", "t over windows, all windows (before)", tp_current, False, 0.10),

@@ -386,9 +386,14 @@ def _freeze_idle() -> bool:
 WINDOWS_LOG_ENV = "MLFLOW_NGRAPH_WINDOWS_LOG"
 
 
+_windows_log_failed: set[str] = set()  # paths already warned about: one warning per path
+
+
 def _log_windows(proxies: dict[str, _Proxy], b: int, baseline: str | None, attempt: int) -> None:
+    """Append the group's windows to the file :data:`WINDOWS_LOG_ENV` names, if any; a file
+    that cannot be written costs a warning, never the measurement."""
     path = os.environ.get(WINDOWS_LOG_ENV)
-    if not path or not proxies:
+    if not path or not proxies or path in _windows_log_failed:
         return
     import json
 
@@ -409,8 +414,18 @@ def _log_windows(proxies: dict[str, _Proxy], b: int, baseline: str | None, attem
             for name, p in proxies.items()
         },
     }
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(line, default=str) + "\n")
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line, default=str) + "\n")
+    except OSError as exc:
+        _windows_log_failed.add(path)
+        log.warning(
+            "cannot write the windows log %s (%s): point %s at a writable file or unset it; "
+            "measuring goes on without it",
+            path,
+            exc.strerror or exc,
+            WINDOWS_LOG_ENV,
+        )
 
 
 class _Proxy:

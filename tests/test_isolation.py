@@ -318,3 +318,22 @@ def test_a_group_refuses_one_cell_given_twice_before_starting_a_worker(tmp_path)
     with pytest.raises(ValueError, match="given twice"):
         isolation.run_group(cells, [1], None, task.measure, RoundPolicy(), 0, 30)
     assert all(c.worker is None for c in cells)
+
+
+def test_a_windows_log_that_cannot_be_written_costs_one_warning_not_the_measurement(
+    tmp_path, monkeypatch, caplog
+):
+    from types import SimpleNamespace
+
+    from mlflow_ngraph import isolation
+    from mlflow_ngraph.measure.harness import Window
+
+    path = str(tmp_path / "missing" / "windows.jsonl")
+    monkeypatch.setenv(isolation.WINDOWS_LOG_ENV, path)
+    cell = SimpleNamespace(task=_task(tmp_path))
+    proxy = SimpleNamespace(cell=cell, taken=[Window(1, 1, 0.1, 0.2)])
+    with caplog.at_level("WARNING", logger="mlflow_ngraph.worker"):
+        isolation._log_windows({"id": proxy}, 1, None, 1)
+        isolation._log_windows({"id": proxy}, 2, None, 1)
+    warned = [r for r in caplog.records if "cannot write the windows log" in r.getMessage()]
+    assert len(warned) == 1 and path in warned[0].getMessage()

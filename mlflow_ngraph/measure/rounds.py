@@ -81,6 +81,9 @@ SCREEN_MIN = 5
 #: an engine whose median window used less than this many CPU seconds per second mostly
 #: waits (a device, a sleep, I/O): its share does not govern its rate, so it is not screened
 SCREEN_MIN_SHARE = 0.5
+#: a window shorter than this is not judged: its CPU share is scheduler jitter (a policy
+#: with windows of a few ms, as in tests), the reason windows last 100 ms
+SCREEN_MIN_WINDOW_S = 0.05
 
 
 class Windowed(Protocol):
@@ -248,8 +251,9 @@ def moved_between_halves(windows, base_windows) -> float | None:
 
 
 def cpu_share(window) -> float | None:
-    """The process's CPU seconds per wall second over ``window`` (None: not read)."""
-    if window is None or window.cpu_s is None or not window.seconds > 0:
+    """The process's CPU seconds per wall second over ``window`` (None: not read, or the
+    window too short to say: :data:`SCREEN_MIN_WINDOW_S`)."""
+    if window is None or window.cpu_s is None or not window.seconds >= SCREEN_MIN_WINDOW_S:
         return None
     return window.cpu_s / window.seconds
 
@@ -260,8 +264,9 @@ def screened(windows) -> list:
     window's. A CPU-bound engine's share is steady from window to window (a pool that waits
     spins, and spinning counts), so a share that drops says its threads were off their
     cores, and the window's rate dropped with it (a 2-core VM: a window's rate and its share
-    correlate at 0.70-0.97 for most engines; docs/measurement.md). Nothing is judged before :data:`SCREEN_MIN`
-    windows have a reading, nor for an engine that mostly waits (:data:`SCREEN_MIN_SHARE`)."""
+    correlate at 0.70-0.97 for most engines; docs/measurement.md). Nothing is judged before
+    :data:`SCREEN_MIN` windows have a reading, nor for an engine that mostly waits
+    (:data:`SCREEN_MIN_SHARE`)."""
     shares = [s for s in map(cpu_share, windows) if s is not None]
     if len(shares) < SCREEN_MIN:
         return list(windows)
@@ -314,6 +319,7 @@ def run_rounds(
     windows: dict[str, list] = {name: [] for name in names}
     failed: dict[str, BaseException] = {}
     reasons: dict[str, str] = {}
+    view = _view(windows, failed, policy)
     r = 0
     while True:
         live = _taking_turns(names, failed, reasons, baseline)
@@ -339,7 +345,7 @@ def run_rounds(
             if name not in failed and not reasons.get(name):
                 reasons[name] = _stop(name, view, windows[name], baseline, settings, policy, cap)
     interleaved = len(names) > 1
-    view = _view(windows, failed, policy)
+    # ``view`` is the last round's: no window has been taken since
     base = view.get(baseline) if baseline and baseline not in failed else None
     drift = drift_of(base) if base is not None else None
     out: dict[str, Figures] = {}
