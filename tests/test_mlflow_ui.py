@@ -124,7 +124,12 @@ def test_descriptions_hold_the_winners_table_with_stability(viewed):
         assert [row.split(" | ")[1] for row in rows] == ["1", "2"]
         for row in rows:
             stable = row.rstrip(" |").rsplit(" | ", 1)[-1]
-            assert re.fullmatch(r"yes|-|\*\*UNSTABLE\*\*( \(.*\))?", stable), row
+            # the winner's own mark, then which of its figures (own, next, baseline) are noise
+            mark = re.fullmatch(
+                r"(yes|-|\*\*UNSTABLE\*\*)( \(((own|next|baseline)(, )?)+\))?", stable
+            )
+            assert mark, row
+            assert (mark[1] == "**UNSTABLE**") == ("own" in (mark[2] or "")), row
             winner = re.fullmatch(
                 r"\*\*\[(\w+)\]\(#/experiments/(\w+)/runs/(\w+)"
                 r"\?workflowType=machine_learning\)\*\*",
