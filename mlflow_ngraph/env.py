@@ -172,6 +172,10 @@ def environment(
     }
     env.update({f"version.{k}": v for k, v in library_versions().items()})
     env.update({f"env.{k}": os.environ[k] for k in _THREAD_VARS if k in os.environ})
+    # how measuring processes treat freed memory (measure/memory.py)
+    from mlflow_ngraph.measure.memory import record as malloc_record
+
+    env.update(malloc_record())
     # energy: RAPL's method and domains, or why nothing is measured (never an estimate)
     env.update(energy_record())
     if device_kind == "cuda":

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlflow_ngraph.measure.memory import keep_freed_memory
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.worker import CellTask
 
@@ -178,6 +179,7 @@ def _spare_main(conn, ahead: Ahead | None = None) -> None:
     """The spawned worker: import what every cell needs, prepare the cell ``ahead``, wait
     for the task, measure the cell, send every event, then ``done``."""
     _die_with_parent()
+    keep_freed_memory()  # before the imports and the model: every buffer on the kept heap
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
     saved = os.dup(1), os.dup(2)
     counted = None

@@ -101,7 +101,10 @@ def measure_cell(
     while another measures); ``False`` stops the cell there."""
     measurer = measurer or measure_alone
     from mlflow_ngraph.compilers.registry import get_compiler
+    from mlflow_ngraph.measure.memory import keep_freed_memory
     from mlflow_ngraph.supply import EngineSupply
+
+    keep_freed_memory()  # a spawned worker did at its start; ``--isolation none`` does here
 
     pending = list(task.batch_sizes)
     try:
