@@ -27,7 +27,9 @@ def test_ctrl_c_ends_with_exit_130_and_the_same_command_resumes(tmp_path):
             "--batch-sizes", "1,2", "--warmup", "1", "--repetitions", "3",
             "--min-duration", "0.5", "--experiment", "ctrlc", "--tracking-uri", uri,
             "--home", str(home)]  # fmt: skip
-    for depth in (1, 2, 3, 4):
+    # eight cells: the run must still be measuring when the first one is logged, also on a
+    # busy host where the store's writes lag the measuring (four finished first there)
+    for depth in range(1, 9):
         args += ["--model", f"conv_block:width=8,depth={depth},image_size=32"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
