@@ -47,6 +47,10 @@ _M_MMAP_MAX = -4
 #: the largest trim threshold mallopt takes (an int): 2 GiB of free heap top before a trim
 _NEVER_TRIM = 2**31 - 1
 
+#: what the ``malloc`` tag says of each outcome
+KEPT = f"{KEEP} (glibc: no mmap per buffer, no trim)"
+NOT_GLIBC = f"{SYSTEM} (not glibc: its allocator is left as it is)"
+
 _applied: str | None = None
 
 
@@ -85,23 +89,20 @@ def keep_freed_memory() -> str:
         return _applied
     mallopt = _glibc()
     if mallopt is None:
-        _applied = f"{SYSTEM} (not glibc: its allocator is left as it is)"
+        _applied = NOT_GLIBC
         return _applied
     ok = mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM) == 1
     if not ok:
         log.warning("glibc refused mallopt: measuring with the allocator's defaults")
         _applied = f"{SYSTEM} (mallopt refused)"
         return _applied
-    _applied = f"{KEEP} (glibc: no mmap per buffer, no trim)"
+    _applied = KEPT
     return _applied
 
 
 def record() -> dict[str, str]:
     """The environment record's ``malloc`` entry: what a measuring process does (workers
     apply it at their start; this says what they will do on this host)."""
-    policy = requested()
-    if policy == SYSTEM:
+    if requested() == SYSTEM:
         return {"malloc": SYSTEM}
-    if _glibc() is None:
-        return {"malloc": f"{SYSTEM} (not glibc: its allocator is left as it is)"}
-    return {"malloc": f"{KEEP} (glibc: no mmap per buffer, no trim)"}
+    return {"malloc": KEPT if _glibc() is not None else NOT_GLIBC}
