@@ -21,7 +21,7 @@ UNSTABLE limit (no re-measure). The true speedup is 1: the share of 95% interval
 marked UNSTABLE is the noise floor of the marks on this host; the per-round log ratio's sd
 (and its MAD-based sd: the bulk without the stray rounds) says why.
 
-    python bench/bench_calibration.py repeat --spec default
+    python bench/bench_calibration.py repeat --spec default   # also: --rerun-sd 0
     python bench/bench_calibration.py hog --spec bench/specs/calibration.yaml
     python bench/bench_calibration.py walltime --before f3ab2ff --spec default
     python bench/bench_calibration.py paper --before f3ab2ff
@@ -140,7 +140,8 @@ def repeat(args) -> None:
     for i in (1, 2):
         before = load()
         seconds = benchmark(
-            ["--spec", args.spec, "--device", args.device, "--experiment", f"calibration-{i}"],
+            ["--spec", args.spec, "--device", args.device, "--experiment", f"calibration-{i}",
+             "--rerun-sd", str(args.rerun_sd)],
             home, uri, extra={"MLFLOW_NGRAPH_WINDOWS_LOG": str(work / f"windows-{i}.jsonl")},
         )  # fmt: skip
         runs.append(records(uri, f"calibration-{i}"))
@@ -195,7 +196,38 @@ def repeat(args) -> None:
         f"   winners called beyond noise in run 1: the same in run 2: {pct(same, len(called))}"
         f"  (load {load()})"
     )
+    for figure, low, high in (
+        ("speedup", "speedup_ci_low", "speedup_ci_high"),
+        ("throughput", "throughput_ci_low", "throughput_ci_high"),
+    ):
+        keys = paired(both, low)
+        if figure == "speedup":
+            keys = [k for k in keys if k[1] != "identity"]
+        sd = rerun_spread(first, second, keys, figure, low, high, args.rerun_sd)
+        print(
+            f"   re-run spread of a {figure} beyond its run's own interval: "
+            f"{'-' if sd is None else f'{100 * sd:.2f}%'} (sd of the log; --rerun-sd was "
+            f"{100 * args.rerun_sd:.2f}%)"
+        )
     _changes(first, second, both)
+
+
+def rerun_spread(first, second, keys, figure, low, high, rerun_sd) -> float | None:
+    """The sd (log scale) by which a figure moves from one run to the next beyond what
+    each run's rounds showed: each run's 95% interval, less the re-run spread it was
+    given, says its own sd; the rest of the squared change between the runs, over two
+    runs, is the spread of a sitting (method of moments over every figure in ``keys``)."""
+    z = 1.959963984540054
+    changes, own = [], []
+    for k in keys:
+        a, b = first[k], second[k]
+        changes.append(math.log(b[figure] / a[figure]) ** 2)
+        for r in (a, b):
+            h = math.log(r[high] / r[low]) / 2  # the interval's half-width on the log scale
+            own.append(max(h * h - (z * rerun_sd) ** 2, 0.0) / z**2)
+    if len(changes) < 3:
+        return None
+    return math.sqrt(max(statistics.mean(changes) - 2 * statistics.mean(own), 0.0) / 2)
 
 
 def _changes(first, second, keys) -> None:
@@ -526,6 +558,9 @@ def main() -> None:
     p.add_argument("--model", default="mha_block:width=128,depth=1")
     p.add_argument("--count", type=int, default=30, help="rounds per window length")
     p.add_argument("--spec", default="default")
+    p.add_argument(
+        "--rerun-sd", type=float, default=0.012, help="repeat: the benchmark's --rerun-sd"
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--before", default="f3ab2ff", help="the revision to compare against")
     p.add_argument("--rounds", type=int, default=1, help="alternating rounds of before/after")

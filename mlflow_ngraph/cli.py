@@ -255,6 +255,15 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
     "is within +-X, or --max-duration.",
 )
 @click.option(
+    "--rerun-sd",
+    type=float,
+    default=0.012,  # measure/rounds.py RERUN_SD (this module does not import numpy)
+    show_default=True,
+    help="The spread (sd of the log) of a figure between runs on this host that one run's "
+    "rounds cannot show; both 95% intervals include it ('bench/bench_calibration.py repeat' "
+    "measures it).",
+)
+@click.option(
     "--max-other-cpu",
     type=float,
     default=25.0,
@@ -281,7 +290,13 @@ def benchmark(**o: Any) -> None:
         o["retry_failed"],
         o["isolation"],
         o["cell_timeout"],
-        stability=(o["max_interval"], o["max_other_cpu"], o["stable_retries"], o["precision"]),
+        stability=(
+            o["max_interval"],
+            o["max_other_cpu"],
+            o["stable_retries"],
+            o["precision"],
+            o["rerun_sd"],
+        ),
         quiet=o["quiet"],
         experiment_explicit=o["experiment"] is not None,
     )
@@ -320,7 +335,7 @@ def _run(
     retry_failed: bool,
     isolation: str = "process",
     cell_timeout: float = 1800.0,
-    stability: tuple[float, float, int, float] = (0.05, 25.0, 1, 0.02),
+    stability: tuple[float, float, int, float, float] = (0.05, 25.0, 1, 0.02, 0.012),
     quiet: bool = False,
     experiment_explicit: bool = False,
 ) -> None:
@@ -328,19 +343,19 @@ def _run(
 
     ``stability`` is (the widest relative half-width of a STABLE figure's interval, percent
     of the CPU other processes may use, retries of an UNSTABLE batch size, the stop rule's
-    target half-width)."""
+    target half-width, the re-run spread the intervals include)."""
     from mlflow_ngraph.runner import Runner
     from mlflow_ngraph.view import make_view
 
     _check_run_options(cell_timeout, stability)
-    max_interval, max_other_cpu, stable_retries, precision = stability
+    max_interval, max_other_cpu, stable_retries, precision, rerun_sd = stability
     home = home or default_home()
     work, uri = _plan(data, home)
     spec = work.spec
     runner = Runner(
         work, uri, home, retry_failed=retry_failed, isolation=isolation,
         cell_timeout_s=cell_timeout, max_interval=max_interval, max_other_cpu=max_other_cpu,
-        stable_retries=stable_retries, precision=precision,
+        stable_retries=stable_retries, precision=precision, rerun_sd=rerun_sd,
         view=make_view(len(work.cells), quiet), experiment_explicit=experiment_explicit,
     )  # fmt: skip
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -415,20 +430,30 @@ def _plan(data: dict[str, Any], home: Path):
     return work, uri
 
 
-def _check_run_options(cell_timeout: float, stability: tuple[float, float, int, float]) -> None:
+def _check_run_options(cell_timeout: float, stability: tuple) -> None:
     """Raises:
     NgraphError: a cell timeout or a stability setting out of its range."""
     if not (math.isfinite(cell_timeout) and cell_timeout > 0):
         raise NgraphError(
             f"cell-timeout must be a finite number of seconds > 0, got {cell_timeout}"
         )
-    max_interval, max_other_cpu, stable_retries, precision = stability
+    max_interval, max_other_cpu, stable_retries, precision, rerun_sd = stability
     if not (math.isfinite(max_interval) and 0 < max_interval < 1):
         raise NgraphError(f"max-interval must be a fraction in (0, 1), got {max_interval}")
     if not (math.isfinite(precision) and 0 < precision < 1):
         raise NgraphError(f"precision must be a fraction in (0, 1), got {precision}")
     if not (math.isfinite(max_other_cpu) and 0 <= max_other_cpu <= 100):
         raise NgraphError(f"max-other-cpu must be a percent in 0..100, got {max_other_cpu}")
+    if not (math.isfinite(rerun_sd) and 0 <= rerun_sd):
+        raise NgraphError(f"rerun-sd must be a fraction >= 0 (0.012 is 1.2%), got {rerun_sd}")
+    from mlflow_ngraph.measure.rounds import Z95, within_limit
+
+    if within_limit(max_interval, Z95 * rerun_sd) is None:
+        raise NgraphError(
+            f"rerun-sd {rerun_sd:g} leaves no room under max-interval {max_interval:g}: every "
+            f"figure would be UNSTABLE; set --rerun-sd below {math.log1p(max_interval) / Z95:.4f}"
+            " or raise --max-interval"
+        )
     if stable_retries < 0:
         raise NgraphError(f"stable-retries must be >= 0, got {stable_retries}")
 

@@ -31,7 +31,7 @@ from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
 from mlflow_ngraph.errors import NgraphError, host_errno, host_fault
 from mlflow_ngraph.estimate import Estimate, Item, Timings, describe
-from mlflow_ngraph.measure.rounds import PRECISION
+from mlflow_ngraph.measure.rounds import PRECISION, RERUN_SD
 from mlflow_ngraph.measure.stability import MAX_INTERVAL, OTHER_CPU_THRESHOLD
 from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.summary import cell_run_name, differing_flags
@@ -193,6 +193,7 @@ class Runner:
         max_other_cpu: float = OTHER_CPU_THRESHOLD,
         stable_retries: int = STABLE_RETRIES,
         precision: float = PRECISION,
+        rerun_sd: float = RERUN_SD,
         view: PlainView | None = None,
         experiment_explicit: bool = False,
         reference: bool = False,
@@ -213,6 +214,7 @@ class Runner:
         self.max_other_cpu = max_other_cpu
         self.stable_retries = stable_retries
         self.precision = precision
+        self.rerun_sd = rerun_sd
         self.view = view
         self.rows: list[Row] = []
         #: the experiment was named on the command line (not taken from the spec file)
@@ -468,6 +470,7 @@ class Runner:
             max_other_cpu=self.max_other_cpu,
             stable_retries=self.stable_retries,
             precision=self.precision,
+            rerun_sd=self.rerun_sd,
         )
 
     def _dispatch(self, cell: Cell, pending: list[int], log_file: Path):

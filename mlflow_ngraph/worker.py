@@ -28,7 +28,7 @@ import numpy as np
 
 from mlflow_ngraph.config import MeasureSettings
 from mlflow_ngraph.errors import CompileFailed
-from mlflow_ngraph.measure.rounds import PRECISION, WINDOW_S
+from mlflow_ngraph.measure.rounds import PRECISION, RERUN_SD, WINDOW_S
 from mlflow_ngraph.measure.stability import MAX_INTERVAL, OTHER_CPU_THRESHOLD
 from mlflow_ngraph.tracking import schema as S
 
@@ -72,6 +72,7 @@ class CellTask:
     stable_retries: int = STABLE_RETRIES
     precision: float = PRECISION  # the stop rule's target relative half-width
     window_s: float = WINDOW_S
+    rerun_sd: float = RERUN_SD  # the re-run spread the intervals include
     extra: dict[str, Any] = field(default_factory=dict)
 
     def policy(self):
@@ -82,6 +83,7 @@ class CellTask:
             precision=self.precision,
             enough=self.max_interval,
             screen=self.device_kind != "cuda",
+            rerun_sd=self.rerun_sd,
         )
 
 

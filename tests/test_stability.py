@@ -19,7 +19,8 @@ def test_a_wide_interval_is_unstable_measured_again_and_said(run_cli, tracking_u
     # no real measurement is known to +-1e-9: every batch size is UNSTABLE
     code, out, err = run_cli(
         "benchmark", *TINY, "--compiler", "identity", "--experiment", "unstable",
-        "--tracking-uri", tracking_uri, "--max-interval", "1e-9", "--stable-retries", "1",
+        "--tracking-uri", tracking_uri, "--max-interval", "1e-9", "--rerun-sd", "0",
+        "--stable-retries", "1",
         "--isolation", "none",
     )  # fmt: skip
     assert code == 0, err

@@ -111,6 +111,8 @@ class Measurement:
     stretched: bool = False
     #: windows left out of the figures because the process lost CPU during them
     windows_disturbed: int = 0
+    #: the re-run spread (sd of the log) the 95% intervals include (``--rerun-sd``)
+    rerun_sd: float | None = None
     #: energy_j_per_sample and power_w (total and per RAPL domain), where RAPL is readable
     energy: dict = field(default_factory=dict)
 
@@ -341,5 +343,6 @@ def finish(meter: Meter, figures) -> Measurement:
         speedup_halfwidth=figures.speedup_halfwidth,
         stretched=figures.stretched,
         windows_disturbed=figures.disturbed,
+        rerun_sd=figures.rerun_sd,
         energy=energy_metrics(usage.energy_j, samples, usage.wall_s),
     )

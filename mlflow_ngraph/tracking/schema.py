@@ -79,6 +79,8 @@ M_WINDOWS = "windows"  # windows measured (one per round when interleaved)
 M_WINDOW_S = "window_s"  # the windows' target length
 # windows left out of the figures: the process lost CPU during them (measure/rounds.py)
 M_WINDOWS_DISTURBED = "windows_disturbed"
+# the re-run spread (sd of the log) added to both 95% intervals (measure/rounds.py)
+M_RERUN_SD = "rerun_sd"
 M_THROUGHPUT_HALFWIDTH = "throughput_halfwidth"  # relative half-width of its 95% interval
 M_LATENCY_SAMPLES = "latency_samples"  # per-request latencies behind the percentiles
 M_INTERLEAVED = "interleaved"  # 1: measured in rounds with the model's other engines
