@@ -182,6 +182,7 @@ def _benchmark(command: list[str], env: dict[str, str]) -> subprocess.CompletedP
     """Run a device's benchmark to its end. A cancelled task (``ray.cancel``, which raises
     KeyboardInterrupt here) stops it as Ctrl-C does, so its runs end KILLED and the next
     run resumes them; it is polled each second so the interrupt is seen while it runs."""
+    _interruptible()
     proc = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=_die_with_task(),
@@ -201,6 +202,21 @@ def _benchmark(command: list[str], env: dict[str, str]) -> subprocess.CompletedP
             proc.kill()
             proc.communicate()
         raise
+
+
+def _interruptible() -> None:
+    """Let ``ray.cancel`` reach this task. Ray raises its KeyboardInterrupt with
+    ``_thread.interrupt_main``, which does nothing where Python does not handle SIGINT, and
+    a worker of a cluster started from a background job or under ``nohup`` inherits SIGINT
+    ignored: the cancel was lost there, and the benchmark ran to its end. Only the task's
+    main thread may set a handler; elsewhere nothing is changed."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _die_with_task():
