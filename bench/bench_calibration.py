@@ -217,7 +217,8 @@ def rerun_spread(first, second, keys, figure, low, high, rerun_sd) -> float | No
     each run's rounds showed: each run's 95% interval, less the re-run spread it was
     given, says its own sd; the rest of the squared change between the runs, over two
     runs, is the spread of a sitting (method of moments over every figure in ``keys``)."""
-    z = 1.959963984540054
+    from mlflow_ngraph.measure.rounds import Z95 as z
+
     changes, own = [], []
     for k in keys:
         a, b = first[k], second[k]
