@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
 import warnings
@@ -13,6 +15,76 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
 REPO = Path(__file__).resolve().parent.parent
+
+pytest_plugins = ["tests._profile"]
+
+
+def _run_folder(config) -> Path:
+    """A folder every process of this test run shares: under pytest-xdist each worker's
+    base temporary folder is ``<run>/popen-gwN``, so their parent; else the base folder."""
+    base = config._tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def _flock(path: Path, mode: int):
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Tests marked ``serial`` measure time or CPU, or load the CPU on purpose: under
+    pytest-xdist each one runs alone, never beside another test of this run (a readers-writer
+    lock over the run's folder: every other test, its fixtures' setup included, holds the
+    shared side; a serial test the exclusive side, and the turnstile lets it in before any
+    further test starts). Without xdist the lock is never contended."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    folder = _run_folder(item.config)
+    serial = item.get_closest_marker("serial") is not None
+    with _flock(folder / "turnstile.lock", fcntl.LOCK_EX):
+        if serial:  # hold the turnstile until every other test has ended
+            lock = _flock(folder / "serial.lock", fcntl.LOCK_EX)
+            lock.__enter__()
+    if not serial:
+        lock = _flock(folder / "serial.lock", fcntl.LOCK_SH)
+        lock.__enter__()
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def shared_build(request):
+    """``shared_build(name, build)``: a folder built once per test run and shared by every
+    pytest-xdist worker: the first caller runs ``build(folder)`` under a file lock, the
+    others wait for it and get the same folder. For what tests only read; a test that
+    changes it takes its own copy."""
+    root = _run_folder(request.config) / "shared"
+    root.mkdir(exist_ok=True)
+
+    def get(name: str, build):
+        folder = root / name
+        done = root / f"{name}.done"
+        with _flock(root / f"{name}.lock", fcntl.LOCK_EX):
+            if not done.exists():
+                if folder.exists():  # a build that failed part-way: start again
+                    import shutil
+
+                    shutil.rmtree(folder)
+                folder.mkdir()
+                build(folder)
+                done.touch()
+        return folder
+
+    return get
 
 
 @pytest.fixture(scope="session", autouse=True)

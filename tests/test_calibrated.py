@@ -3,6 +3,7 @@ the paired speedup interval, the windows, the host's drift and the stop reason."
 
 from __future__ import annotations
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.tracking import schema as S
@@ -16,6 +17,7 @@ def _cells(uri: str, experiment: str) -> dict[str, object]:
     return {r.data.params[S.P_COMPILER]: r for r in runs if r.data.tags.get(S.T_ROLE) == "cell"}
 
 
+@pytest.mark.serial
 def test_a_model_is_measured_interleaved_and_its_speedup_interval_logged(run_cli, tracking_uri):
     code, out, err = run_cli(
         "benchmark", *TINY, "--compiler", "identity", "--compiler", "torchscript",

@@ -109,6 +109,7 @@ def _group(tmp_path, tasks, baseline=None, ahead=None, retries=0, policy=None):
     return records, {c.name: c.death for c in cells}
 
 
+@pytest.mark.serial
 def test_a_group_measures_its_engines_interleaved_and_pairs_the_speedup(tmp_path, monkeypatch):
     """...and while one member measures a window, the others are stopped (their runtimes'
     spinning thread pools would take its cores); all run again for their verdicts. Every

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.tracking import schema as S
@@ -33,6 +34,7 @@ def test_a_wide_interval_is_unstable_measured_again_and_said(run_cli, tracking_u
     assert "bs1 UNSTABLE: throughput interval" in err and "measuring again" in err
 
 
+@pytest.mark.serial
 def test_a_measurement_within_its_limits_is_stable(run_cli, tracking_uri):
     code, out, err = run_cli(
         "benchmark", *TINY, "--compiler", "identity", "--experiment", "stable",

@@ -273,30 +273,63 @@ def _one_error_line(done: subprocess.CompletedProcess, fragment: str) -> None:
     assert len(errors) == 1 and fragment in errors[0], text[-3000:]
 
 
-BAD_CONFIGS = [
-    ('{"devices": ["xeon"]', "Invalid backend config JSON"),  # MLflow's own check
-    ({"local": True, "devices": ["cpu"], "nodes": 2}, "unknown key 'nodes'"),
-    ({"local": True}, "'devices' must list the devices"),
-    ({"local": True, "devices": ["tpu"]}, "unknown profile 'tpu'"),
-    ({"address": "127.0.0.1:9", "devices": ["cpu"]}, "Ray cluster at 127.0.0.1:9 does not answer"),
-]
-
-
-@pytest.mark.parametrize("config,fragment", BAD_CONFIGS)
-def test_a_bad_backend_config_is_one_line(tmp_path, config, fragment):
+def test_a_bad_backend_config_is_one_line_from_mlflow_run(tmp_path):
+    """What the user meets: ``mlflow run`` prints the backend's error as one line and exits
+    non-zero (the other bad inputs raise the same exception: tested on the backend below)."""
+    config = {"local": True, "devices": ["tpu"]}
     done = subprocess.run(_command(config, TINY), cwd=tmp_path, env=_env(tmp_path),
                           capture_output=True, text=True, timeout=300)  # fmt: skip
-    _one_error_line(done, fragment)
+    _one_error_line(done, "unknown profile 'tpu'")
 
 
-def test_a_backend_config_file_that_is_not_json_fails_in_mlflow(tmp_path):
-    """MLflow reads a ``.json`` backend config before any backend is loaded: its error,
-    not ours (a plug-in cannot reach it), and a non-zero exit."""
+def test_backend_config_json_is_checked_by_mlflow(tmp_path):
+    """MLflow parses the backend config (inline or a ``.json`` file) before any backend is
+    loaded: its error, not ours (a plug-in cannot reach it), and a non-zero exit."""
+    done = subprocess.run(_command('{"devices": ["xeon"]', TINY), cwd=tmp_path,
+                          env=_env(tmp_path), capture_output=True, text=True)  # fmt: skip
+    _one_error_line(done, "Invalid backend config JSON")
     (tmp_path / "cluster.json").write_text("{devices: [xeon]")
     done = subprocess.run(_command(str(tmp_path / "cluster.json"), TINY), cwd=tmp_path,
                           env=_env(tmp_path), capture_output=True, text=True)  # fmt: skip
     assert done.returncode != 0
     assert "parse JSON cluster spec from file" in done.stderr, done.stderr[-3000:]
+
+
+def _backend_refuses(in_store, config, fragment, entry="benchmark", params=None) -> None:
+    """The backend refuses before anything starts: MLflow's ExecutionException (which
+    ``mlflow run`` prints as one line, exit status 1), naming the problem, one line, and no
+    run made."""
+    from mlflow.exceptions import ExecutionException
+
+    from mlflow_ngraph.cluster.backend import RayBackend
+
+    uri, experiment_id = in_store
+    with pytest.raises(ExecutionException) as raised:
+        RayBackend().run(str(REPO), entry, dict(TINY if params is None else params), None,
+                         config, uri, experiment_id)  # fmt: skip
+    message = raised.value.message
+    assert fragment in message and "\n" not in message, message
+    assert not _client_of(uri).search_runs([experiment_id]), "a run was made"
+
+
+def _client_of(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri)
+
+
+@pytest.mark.parametrize(
+    "config,fragment",
+    [
+        ({"local": True, "devices": ["cpu"], "nodes": 2}, "unknown key 'nodes'"),
+        ({"local": True}, "'devices' must list the devices"),
+        ({"local": True, "devices": ["tpu"]}, "unknown profile 'tpu'"),
+        ({"address": "127.0.0.1:9", "devices": ["cpu"]},
+         "Ray cluster at 127.0.0.1:9 does not answer"),
+    ],
+)  # fmt: skip
+def test_a_bad_backend_config_is_refused_in_one_line(in_store, config, fragment):
+    _backend_refuses(in_store, config, fragment)
 
 
 @pytest.mark.parametrize(
@@ -308,21 +341,15 @@ def test_a_backend_config_file_that_is_not_json_fails_in_mlflow(tmp_path):
         ("benchmark", {"batch_sizes": "x"}, "batch size 'x' is not an integer"),
     ],
 )
-def test_an_entry_point_the_backend_cannot_run_is_one_line(tmp_path, entry, params, fragment):
+def test_an_entry_point_the_backend_cannot_run_is_one_line(in_store, entry, params, fragment):
     config = {"local": True, "devices": ["cpu"]}
-    done = subprocess.run(_command(config, params, entry), cwd=tmp_path, env=_env(tmp_path),
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    _one_error_line(done, fragment)
+    _backend_refuses(in_store, config, fragment, entry, params)
 
 
-def test_no_ray_installed_names_the_extra(tmp_path):
-    blocked = ("import sys; sys.modules['ray'] = None; from mlflow.cli import cli; "
-               "sys.argv[0] = 'mlflow'; cli()")  # fmt: skip
-    command = [sys.executable, "-c", blocked, *_command({"local": True, "devices": ["cpu"]},
-                                                         TINY)[1:]]  # fmt: skip
-    done = subprocess.run(command, cwd=tmp_path, env=_env(tmp_path), capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-    _one_error_line(done, "pip install 'mlflow-ngraph[cluster]'")
+def test_no_ray_installed_names_the_extra(in_store, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    config = {"local": True, "devices": ["cpu"]}
+    _backend_refuses(in_store, config, "pip install 'mlflow-ngraph[cluster]'")
 
 
 @pytest.fixture

@@ -154,6 +154,7 @@ def test_latency_scenario_times_one_infer_per_request(model):
     assert result.latency_samples == result.repetitions
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("scenario", ["throughput", "latency"])
 def test_throughput_is_samples_over_measured_seconds(model, scenario):
     """Not the mean of per-window rates, which over-reports whenever windows vary."""
@@ -183,6 +184,7 @@ class BurstyEngine(CountingEngine):
         Engine.run_many(self, count, stamps)  # the base loop: infer() per request
 
 
+@pytest.mark.serial
 def test_throughput_percentiles_are_per_request(model):
     """A window's mean would hide the slow request: p50 near 1 ms, p99 near 20 ms."""
     engine = counting_engine(model, parallel_requests=1, kind=BurstyEngine)
@@ -211,6 +213,7 @@ def test_windows_last_at_least_the_window_length(model):
     assert result.window_s == 0.05
 
 
+@pytest.mark.serial
 def test_repetitions_are_a_floor_of_requests(model):
     """``--repetitions 100`` counts the paper's unit: 100 inferences, not 100 calls."""
     engine = counting_engine(model, parallel_requests=1, kind=SlowEngine)

@@ -25,6 +25,7 @@ def _spin(seconds: float) -> None:
         pass
 
 
+@pytest.mark.serial
 def test_other_processes_cpu_is_seen(tmp_path):
     sampler = ResourceSampler()
     with cpu_hog(tmp_path, processes=2):
@@ -36,6 +37,7 @@ def test_other_processes_cpu_is_seen(tmp_path):
     assert noise.load_avg is not None and noise.steal_percent is not None
 
 
+@pytest.mark.serial
 def test_own_work_is_not_counted_as_other():
     # whatever else the host runs, other = machine busy - own: the spin's CPU is not in it
     cores = psutil.cpu_count(logical=True) or 1
@@ -56,6 +58,7 @@ def test_own_work_is_not_counted_as_other():
     )  # fmt: skip
 
 
+@pytest.mark.serial
 def test_windows_are_summed_and_the_time_between_them_left_out(tmp_path):
     """Engines measured in rounds: a hog running between this engine's windows (another
     engine's turn) is not counted, and short windows together reach a judgement."""
@@ -115,6 +118,7 @@ def _cell(uri: str, experiment: str):
     )
 
 
+@pytest.mark.serial
 def test_a_competing_load_makes_the_cell_unstable(run_cli, tracking_uri, tmp_path):
     args = list(TINY)
     args[args.index("--min-duration") + 1] = "0.8"  # long enough to read the host
