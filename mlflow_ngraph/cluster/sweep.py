@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,6 +61,17 @@ FAST_HEALTH_CHECK = {"health_check_period_ms": 1000, "health_check_failure_thres
 REJOIN_WAIT_S = 120.0
 #: the settings of every node of a cluster on this machine
 LOCAL_NODE = {"node_ip_address": "127.0.0.1", "include_dashboard": False}
+#: ports a local cluster's head would otherwise take fixed: its dashboard agent's HTTP port
+#: (52365, though the dashboard is off) and the dashboard's (8265, tried even so); 0: one
+#: the OS hands out. Ray leaves every other port of a node of the cluster to the OS already.
+FREE_PORTS = {"dashboard_agent_listen_port": 0, "dashboard_port": 0}
+#: a local cluster's temp folder (``ngr-XXXXXXXX``, Ray's sessions, sockets and logs in its
+#: ``ray/``) goes under the system's temp folder when that is at most this long, else under
+#: /tmp: Ray's Unix sockets lie ~71 bytes below it, and an AF_UNIX path is 107 bytes at most
+TEMP_BASE_MAX = 20
+#: seconds a local cluster's head is given to start, and to stop
+HEAD_START_S = 180.0
+HEAD_STOP_S = 60.0
 
 
 class DeviceFailed(Exception):
@@ -269,37 +281,131 @@ def loopback_only() -> None:
 
 def start_local_cluster(devices: list[SweepDevice], homes: Path | None = None):
     """A Ray cluster of one head and one node per device on this machine, every process
-    on 127.0.0.1, no dashboard. With ``homes``, a device's node keeps its journal and
-    caches in ``homes/<device>`` (a re-run of the sweep resumes from it)."""
-    loopback_only()
-    from ray.cluster_utils import Cluster
+    on 127.0.0.1, no dashboard, its own ports and its own temp folder (removed at
+    ``shutdown()``), so that two run side by side. With ``homes``, a device's node keeps its
+    journal and caches in ``homes/<device>`` (a re-run of the sweep resumes from it).
 
-    head = {"num_cpus": 0, "_system_config": FAST_HEALTH_CHECK, **LOCAL_NODE}
-    with _no_cloud_probe():
-        cluster = Cluster(initialize_head=True, head_node_args=head)
-    for device in devices:
-        add_device_node(cluster, device, homes / device.name if homes else None)
+    The head runs in a process of its own (:mod:`mlflow_ngraph.cluster.head`); the device
+    nodes run here, as ``ray.cluster_utils.Cluster`` nodes (``add_node``, ``remove_node``).
+    """
+    loopback_only()
+    temp = Path(tempfile.mkdtemp(prefix="ngr-", dir=_temp_base()))
+    head = cluster = None
+    try:
+        head = _start_head(temp)
+        cluster = _local_cluster(head, temp)
+        for device in devices:
+            add_device_node(cluster, device, homes / device.name if homes else None)
+    except BaseException:
+        if cluster is not None:
+            cluster.shutdown()
+        elif head is not None:
+            head.stop()
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
     return cluster
 
 
-@contextmanager
-def _no_cloud_probe():
-    """While the head starts: Ray's dashboard head, which runs even without a dashboard,
-    asks the cloud metadata address (169.254.169.254) which cloud it runs on unless
-    ``$HOME/ray_bootstrap_config.yaml`` (an autoscaler's config) is there; the head's
-    processes get a HOME that holds an empty one. The cluster runs nothing there."""
-    home = Path(tempfile.gettempdir()) / "mlflow-ngraph-ray-head"
-    home.mkdir(exist_ok=True)
-    (home / "ray_bootstrap_config.yaml").write_text("{}\n")
-    saved = os.environ.get("HOME")
-    os.environ["HOME"] = str(home)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("HOME", None)
-        else:
-            os.environ["HOME"] = saved
+def _temp_base() -> str:
+    base = tempfile.gettempdir()
+    return base if len(base.encode()) <= TEMP_BASE_MAX else "/tmp"
+
+
+class _Head:
+    """``Cluster.head_node`` of a local cluster: the process running the head, and what
+    ``Cluster`` asks of a head node (its GCS address)."""
+
+    def __init__(self, proc: subprocess.Popen, gcs_address: str) -> None:
+        self.proc = proc
+        self.gcs_address = gcs_address
+
+    def remaining_processes_alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, wait_s: float = HEAD_STOP_S) -> None:
+        """The end of its stdin stops the head (its processes, then the temp folder); one
+        that has not stopped after ``wait_s`` seconds is terminated."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()  # Ray's own SIGTERM handler stops the head's processes
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _start_head(temp: Path) -> _Head:
+    """Start a local cluster's head in a process of its own, with its own environment: the
+    head's dashboard process, which runs even without a dashboard, asks the cloud metadata
+    address (169.254.169.254) which cloud it runs on unless ``$HOME/ray_bootstrap_config.yaml``
+    (an autoscaler's config) is there; its ``HOME`` is the temp folder, which holds an empty
+    one. Its ``RAY_TMPDIR`` is the temp folder too, so that Ray's address file of the "current
+    cluster" (``$RAY_TMPDIR/ray/ray_current_cluster``, which ``Cluster`` writes and deletes) is
+    this cluster's, not the host's (``/tmp/ray/``, where ``ray start`` writes it).
+
+    Raises:
+        NgraphError: the head did not start (the end of what it wrote).
+    """
+    from mlflow_ngraph.cluster.head import ADDRESS_FILE
+
+    (temp / "ray_bootstrap_config.yaml").write_text("{}\n")
+    (temp / "ray").mkdir()  # Ray's temp_dir: what RAY_TMPDIR implies, written explicitly
+    args = {"num_cpus": 0, "_system_config": FAST_HEALTH_CHECK, "temp_dir": str(temp / "ray"),
+            **FREE_PORTS, **LOCAL_NODE}  # fmt: skip
+    env = {**os.environ, "HOME": str(temp), "RAY_TMPDIR": str(temp)}
+    log = temp / "head.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow_ngraph.cluster.head", json.dumps(args), str(temp)],
+            stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,  # Ctrl-C reaches the sweep, which stops the head itself
+        )  # fmt: skip
+    address = temp / ADDRESS_FILE
+    deadline = time.time() + HEAD_START_S
+    while not address.exists():
+        if proc.poll() is not None or time.time() > deadline:
+            _Head(proc, "").stop(wait_s=0)
+            said = log.read_text(errors="replace").strip().splitlines() or [
+                f"no word from it in {HEAD_START_S:g} s" if proc.returncode is None
+                else f"exit status {proc.returncode}"]  # fmt: skip
+            raise NgraphError(f"the local Ray cluster's head did not start: {said[-1]}")
+        time.sleep(0.1)
+    return _Head(proc, address.read_text().strip())
+
+
+def _local_cluster(head: _Head, temp: Path):
+    """A ``ray.cluster_utils.Cluster`` whose head is ``head`` (a process of its own): its
+    nodes are added and removed as any cluster's; ``shutdown()`` removes them, stops the
+    head and removes the temp folder."""
+    from ray.cluster_utils import Cluster
+
+    class LocalCluster(Cluster):
+        def __init__(self) -> None:
+            super().__init__(initialize_head=False)
+            self.head_node = head  # Cluster.gcs_address, and add_node adds device nodes
+            self.temp_folder = temp
+
+        def shutdown(self) -> None:
+            # not Cluster.shutdown: that also deletes the host's ray_current_cluster file,
+            # which may be another cluster's (ray start writes it)
+            if self.head_node is None:
+                return
+            try:
+                for node in list(self.worker_nodes):
+                    self.remove_node(node)
+            finally:
+                self.head_node.stop()
+                self.head_node = None
+                shutil.rmtree(self.temp_folder, ignore_errors=True)
+                import ray.experimental.internal_kv as kv
+
+                kv._internal_kv_reset()  # as Cluster.shutdown: the GCS is gone
+
+    return LocalCluster()
 
 
 def add_device_node(cluster, device: SweepDevice, home: Path | None = None):

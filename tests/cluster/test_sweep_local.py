@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -128,3 +129,33 @@ def test_two_devices_of_one_profile_stay_apart(tmp_path):
     cells = MlflowClient(uri).search_runs([exp.experiment_id], "tags.`ngraph.role` = 'cell'")
     assert sorted(r.data.params["device"] for r in cells) == ["cpu-a", "cpu-b"]
     assert {r.data.tags.get("ngraph.sweep") for r in cells} != {None}
+
+
+def test_two_local_clusters_run_side_by_side(tmp_path, monkeypatch):
+    """Two local clusters on this host at once (two sweeps, or two test workers): each has
+    its own ports (none of Ray's fixed ones) and its own short temp folder, removed at its
+    end, and starting one changes nothing of this process's environment."""
+    from mlflow_ngraph.cluster.spec import parse_sweep
+    from mlflow_ngraph.cluster.sweep import LOOPBACK_ONLY, start_local_cluster
+
+    monkeypatch.setenv(LOOPBACK_ONLY, "0")
+    sweep = parse_sweep({"devices": [{"name": "cpu", "profile": "cpu"}], "models": ["resnet18"]})
+    home = os.environ.get("HOME")
+    first = start_local_cluster(sweep.devices, tmp_path / "a")
+    try:
+        second = start_local_cluster(sweep.devices, tmp_path / "b")
+        try:
+            assert os.environ.get("HOME") == home
+            assert first.address != second.address
+            folders = [Path(first.temp_folder), Path(second.temp_folder)]
+            assert folders[0] != folders[1] and all(f.is_dir() for f in folders)
+            assert all(len(str(f).encode()) <= 40 for f in folders), folders
+            sockets = _listening(_descendants(os.getpid()))
+            assert sockets, "no listening socket was seen: the check saw nothing"
+            fixed = [s for s in sockets if s.rsplit(":", 1)[-1] in ("52365", "8265", "6379")]
+            assert not fixed, fixed
+        finally:
+            second.shutdown()
+    finally:
+        first.shutdown()
+    assert not any(f.exists() for f in folders), folders
