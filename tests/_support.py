@@ -88,12 +88,29 @@ def postgres_missing(port: int | None = None) -> str | None:
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
+    """A TCP port free on 127.0.0.1 now, for a server a test starts.
+
+    Drawn from a block of ports of this test process's own (by pytest-xdist worker), below
+    the system's ephemeral range (32768-60999 on Linux), so that neither the other worker's
+    servers nor any client's outgoing connection takes it between this check and the
+    server's bind, and a test that restarts a server on its port minutes later gets it."""
+    import itertools
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    base = 20000 + 1000 * (index % 12)
+    start = random.randrange(1000)
+    for offset in itertools.islice(itertools.count(start), 1000):
+        port = base + offset % 1000
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {base}-{base + 999}")
 
 
 def wait_http(url: str, process, seconds: float = 120) -> None:
@@ -114,3 +131,55 @@ def wait_http(url: str, process, seconds: float = 120) -> None:
             return
         except OSError:
             time.sleep(0.5)
+
+
+def clone_store(source: Path, target: Path, skip_home: bool = False) -> str:
+    """A copy of the store under ``source`` (``mlflow.db`` + artifacts, and the home unless
+    ``skip_home``) at ``target``, its artifact locations rewritten (MLflow keeps them as
+    absolute paths); returns its tracking URI. Never hard links: a test that writes its copy
+    would write the original. Clears MLflow's artifact repositories cached by run id, which
+    every copy shares with the original."""
+    import shutil
+    import sqlite3
+
+    from mlflow.tracking._tracking_service import utils
+
+    ignore = shutil.ignore_patterns("home") if skip_home else None
+    shutil.copytree(source, target, ignore=ignore)
+    db = sqlite3.connect(target / "mlflow.db")
+    old, new = str(source), str(target)
+    for table, column in (
+        ("experiments", "artifact_location"),
+        ("runs", "artifact_uri"),
+        ("logged_models", "artifact_location"),
+        ("model_versions", "storage_location"),
+    ):
+        db.execute(f"UPDATE {table} SET {column} = replace({column}, ?, ?)", (old, new))
+    db.commit()
+    db.close()
+    utils._artifact_repos_cache.clear()
+    return f"sqlite:///{target / 'mlflow.db'}"
+
+
+#: the tiny benchmark several test files read (``tiny_store`` in conftest.py): its model,
+#: compilers and experiment
+TINY_STORE_MODEL = "conv_block:width=8,depth=1,image_size=32"
+TINY_STORE_COMPILERS = ["identity", "torchscript", "onnxruntime"]
+TINY_STORE_EXPERIMENT = "deploy"
+
+
+def build_tiny_store(root: Path) -> None:
+    """The tiny benchmark of :data:`TINY_STORE_COMPILERS` into ``root/mlflow.db`` (home
+    ``root/home``), in its own process as a user runs it; its stdout in ``root/stdout``."""
+    import subprocess
+
+    args = [PYTHON, "-m", "mlflow_ngraph", "benchmark", "--model", TINY_STORE_MODEL,
+            "--batch-sizes", "1,2", "--warmup", "1", "--repetitions", "3",
+            "--min-duration", "0.05", "--experiment", TINY_STORE_EXPERIMENT,
+            "--tracking-uri", f"sqlite:///{root / 'mlflow.db'}"]  # fmt: skip
+    for compiler in TINY_STORE_COMPILERS:
+        args += ["--compiler", compiler]
+    env = {**os.environ, "MLFLOW_NGRAPH_HOME": str(root / "home"), "PYTHONPATH": str(REPO)}
+    done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=root, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (root / "stdout").write_text(done.stdout)

@@ -87,6 +87,17 @@ def shared_build(request):
     return get
 
 
+@pytest.fixture(scope="session")
+def tiny_store(shared_build) -> Path:
+    """The folder of one tiny benchmark (identity, TorchScript, ONNX Runtime; experiment
+    ``deploy``), built once per test run: ``mlflow.db``, its artifacts, ``home`` and the
+    command's ``stdout``. Read it, or take a copy to change (``clone_store``)."""
+    pytest.importorskip("onnxruntime")
+    from tests._support import build_tiny_store
+
+    return shared_build("tiny-store", build_tiny_store)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_in_tmp(tmp_path_factory):
     """Module and session fixtures run before the per-test directory exists: they run in
@@ -176,6 +187,9 @@ os.environ.setdefault("MLFLOW_NGRAPH_BENCHMARK_PRECISION", "0.5")
 os.environ.setdefault("MLFLOW_NGRAPH_BENCHMARK_STABLE_RETRIES", "0")
 os.environ.setdefault("MLFLOW_NGRAPH_TUNE_PRECISION", "0.5")
 os.environ.setdefault("MLFLOW_NGRAPH_TUNE_STABLE_RETRIES", "0")
+# a tune's trials are measured for 0.5 s a batch size by default: the floor that still
+# measures every engine in rounds is enough for what the tests check
+os.environ.setdefault("MLFLOW_NGRAPH_TUNE_MIN_DURATION", "0.05")
 # ... so their figures are often UNSTABLE, which pull and register would set aside
 os.environ.setdefault("MLFLOW_NGRAPH_PULL_ALLOW_UNSTABLE", "1")
 os.environ.setdefault("MLFLOW_NGRAPH_REGISTER_ALLOW_UNSTABLE", "1")

@@ -6,39 +6,37 @@ real tiny benchmark in its own process, its store read back directly and through
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking import ui
-from tests._support import PYTHON, TINY, free_port, wait_http
+from tests._support import (
+    PYTHON,
+    TINY_STORE_COMPILERS,
+    TINY_STORE_EXPERIMENT,
+    clone_store,
+    free_port,
+    wait_http,
+)
 
-COMPILERS = ["identity", "torchscript", "onnxruntime"]
+COMPILERS = TINY_STORE_COMPILERS
 BATCH_SIZES = (1, 2)  # TINY's
 
 
 @pytest.fixture(scope="module")
-def viewed(tmp_path_factory):
+def viewed(tiny_store, tmp_path_factory):
     """(client, experiment, parent run, cell runs, stdout) of one tiny benchmark."""
-    tmp = tmp_path_factory.mktemp("ui")
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    args = [PYTHON, "-m", "mlflow_ngraph", "benchmark", *TINY, "--experiment", "ui"]
-    for name in COMPILERS:
-        args += ["--compiler", name]
-    env = {**os.environ, "MLFLOW_NGRAPH_HOME": str(tmp / "home")}
-    done = subprocess.run(
-        [*args, "--tracking-uri", uri], capture_output=True, text=True, env=env, cwd=tmp,
-        timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    uri = clone_store(tiny_store, tmp_path_factory.mktemp("ui") / "store", skip_home=True)
+    done = SimpleNamespace(stdout=(tiny_store / "stdout").read_text())
     client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name("ui")
+    experiment = client.get_experiment_by_name(TINY_STORE_EXPERIMENT)
     runs = client.search_runs([experiment.experiment_id])
     (parent,) = [r for r in runs if r.data.tags.get(S.T_ROLE) == "benchmark"]
     cells = [r for r in runs if r.data.tags.get(S.T_ROLE) == "cell"]
@@ -142,7 +140,7 @@ def test_descriptions_hold_the_winners_table_with_stability(viewed):
 
 def test_each_cell_run_describes_its_figures_and_leads_to_the_view(viewed):
     client, _, parent, cells, _, _ = viewed
-    note = client.get_experiment_by_name("ui").tags[ui.NOTE_TAG]
+    note = client.get_experiment_by_name(TINY_STORE_EXPERIMENT).tags[ui.NOTE_TAG]
     winners = set(re.findall(r"/runs/(\w+)\?workflowType", note))
     for run in cells:
         text = run.data.tags[ui.NOTE_TAG]
@@ -155,7 +153,10 @@ def test_each_cell_run_describes_its_figures_and_leads_to_the_view(viewed):
 def test_cell_runs_have_one_color_per_compiler(viewed):
     _, _, _, cells, _, _ = viewed
     colors = {r.data.params["compiler"]: r.data.tags[ui.RUN_COLOR_TAG] for r in cells}
-    assert colors == {c: ui.COMPILER_COLORS[c] for c in COMPILERS}
+    assert sorted(colors) == sorted(COMPILERS)
+    # one colour per compiler: no two compilers alike, each a colour the UI draws
+    assert len(set(colors.values())) == len(colors), colors
+    assert all(re.fullmatch(r"#[0-9a-fA-F]{6}", c) for c in colors.values()), colors
 
 
 def test_the_tracking_server_hands_the_view_to_the_ui(viewed, tmp_path):

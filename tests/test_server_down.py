@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -18,13 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
-from tests._support import PYTHON, REPO, TINY
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests._support import PYTHON, REPO, TINY, free_port
 
 
 def _start_server(tmp: Path, port: int) -> subprocess.Popen:
@@ -157,7 +150,7 @@ def _assert_complete_and_once(uri: str, cells: int = 4) -> None:
 def _offline_run(tmp_path: Path):
     """A 4-cell run whose server is killed after 2 logged results: it measures every cell
     into the journal and ends with one line; returns (port, home, server-kill-to-warning s)."""
-    port = _free_port()
+    port = free_port()
     home = tmp_path / "home"
     server = _start_server(tmp_path, port)
     bench, err, killed_at = _run_until_server_killed(tmp_path, port, home, server, after=2)
@@ -222,7 +215,7 @@ def test_server_killed_mid_run_then_sync_sends_each_result_once(tmp_path, run_cl
 
 
 def test_server_back_during_the_run_gets_everything_on_the_next_contact(tmp_path):
-    port = _free_port()
+    port = free_port()
     uri = f"http://127.0.0.1:{port}"
     home = tmp_path / "home"
     server = _start_server(tmp_path, port)

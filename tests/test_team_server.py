@@ -4,7 +4,6 @@ artifacts, an admin with a password of its own, users with per-experiment permis
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._support import POSTGRES_URL, PYTHON, TINY, in_threads, postgres_missing
+from tests._support import POSTGRES_URL, PYTHON, TINY, free_port, in_threads, postgres_missing
 
 PG = POSTGRES_URL
 #: every test here runs against a server on PostgreSQL: without one they skip, saying why
@@ -31,12 +30,6 @@ def _pg(sql: str) -> None:
     conn.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     # MLflow's basic-auth app needs the `mlflow[auth]` extra (Flask-WTF)
@@ -51,7 +44,7 @@ def server(tmp_path_factory):
         f"admin_password = {ADMIN_PASSWORD}\n"
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
     )
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     mlflow_cli = str(Path(sys.executable).with_name("mlflow"))
     log = open(tmp / "server.log", "w")

@@ -77,6 +77,13 @@ log = logging.getLogger("mlflow_ngraph")
     help="Each trial's rounds stop when its speedup's 95% interval is within +-X.",
 )
 @click.option(
+    "--min-duration",
+    type=float,
+    default=0.5,
+    show_default=True,
+    help="Each trial's engines are measured at least this many seconds per batch size.",
+)
+@click.option(
     "--stable-retries",
     type=int,
     default=1,
@@ -159,7 +166,7 @@ def _settings(o: dict[str, Any]):
         seed=o["seed"],
         per_group=o["per_group"],
         finalists=o["finalists"],
-        measure=MeasureSettings(warmup=3, repetitions=10, min_duration_s=0.5),
+        measure=MeasureSettings(warmup=3, repetitions=10, min_duration_s=o["min_duration"]),
     )
     return settings, home, uri
 

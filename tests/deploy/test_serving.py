@@ -15,23 +15,21 @@ import urllib.request
 import mlflow
 import numpy as np
 import pytest
-from deploy_support import benchmark, cli
+from deploy_support import cli
 
-from tests._support import PYTHON, free_port, wait_http
+from tests._support import PYTHON, TINY_STORE_EXPERIMENT, clone_store, free_port, wait_http
 
-EXPERIMENT = "serving"
+EXPERIMENT = TINY_STORE_EXPERIMENT
 NAME = "tiny-served"
 SAFE = {"MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
 SHAPE = (2, 3, 32, 32)  # the engine registered below: batch size 2
 
 
 @pytest.fixture(scope="module")
-def registered(tmp_path_factory):
+def registered(tiny_store, tmp_path_factory):
     """(tracking URI, client, model version) of an ONNX Runtime engine at batch size 2."""
-    pytest.importorskip("onnxruntime")
     root = tmp_path_factory.mktemp("serving")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    benchmark(uri, root / "home", compilers=["identity", "onnxruntime"], experiment=EXPERIMENT)
+    uri = clone_store(tiny_store, root / "store", skip_home=True)
     args = ["register", "-e", EXPERIMENT, "--device", "cpu", "--model", "conv_block"]
     args += ["--compiler", "onnxruntime", "--batch-size", "2", "--name", NAME]
     done = cli(*args, "--tracking-uri", uri, env=SAFE)

@@ -12,7 +12,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
-from deploy_support import benchmark, cli
+from deploy_support import cli
 from trust_support import (
     EXPERIMENT,
     build_payload,
@@ -33,16 +33,9 @@ SAFE = {"MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
 
 
 @pytest.fixture(scope="module")
-def pristine(tmp_path_factory):
+def pristine(tiny_store):
     """A store holding a tiny benchmark with an ONNX Runtime and a TorchScript engine."""
-    root = tmp_path_factory.mktemp("trust-store") / "store"
-    root.mkdir()
-    benchmark(
-        f"sqlite:///{root / 'mlflow.db'}",
-        root / "home",
-        compilers=["identity", "onnxruntime", "torchscript"],
-    )
-    return root
+    return tiny_store
 
 
 @pytest.fixture
@@ -50,10 +43,11 @@ def store(pristine, tmp_path):
     """(tracking URI, client) of this test's own copy of the store."""
     from mlflow.tracking._tracking_service import utils
 
-    # MLflow caches artifact repositories by run id, and every copy has the same run ids
+    # MLflow caches artifact repositories by run id, and every copy has the same run ids:
+    # cleared for the copy, and after the test for whatever reads another copy next
+    uri = clone_store(pristine, tmp_path / "store", skip_home=True)
+    yield uri, mlflow.tracking.MlflowClient(uri)
     utils._artifact_repos_cache.clear()
-    uri = clone_store(pristine, tmp_path / "store")
-    return uri, mlflow.tracking.MlflowClient(uri)
 
 
 def pull(uri, out, *extra):

@@ -7,7 +7,6 @@ printed by no command, and a missing permission is one line."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from trust_support import (
 )
 
 from mlflow_ngraph.errors import NgraphError
+from tests._support import free_port
 
 ADMIN = "admin-" + uuid.uuid4().hex[:10]
 PASSWORDS = {
@@ -37,12 +37,6 @@ PASSWORDS = {
     "stranger": "Str-" + uuid.uuid4().hex[:10],
 }
 SAFE = {"MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -81,7 +75,7 @@ def server(tmp_path_factory):
         f"admin_password = {ADMIN}\n"
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
     )
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(tmp / "server.log", "w")
     proc = subprocess.Popen(

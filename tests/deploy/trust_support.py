@@ -8,31 +8,15 @@ import gzip
 import hashlib
 import json
 import shutil
-import sqlite3
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from tests._support import clone_store  # noqa: F401  (the attack tests' copies)
+
 EXPERIMENT = "deploy"
-
-
-def clone_store(source: Path, target: Path) -> str:
-    """A copy of the store under ``source`` (sqlite file + artifacts) at ``target``, its
-    artifact locations rewritten; returns its tracking URI."""
-    shutil.copytree(source, target)
-    db = sqlite3.connect(target / "mlflow.db")
-    old, new = str(source), str(target)
-    for table, column in (
-        ("experiments", "artifact_location"),
-        ("runs", "artifact_uri"),
-        ("logged_models", "artifact_location"),
-    ):
-        db.execute(f"UPDATE {table} SET {column} = replace({column}, ?, ?)", (old, new))
-    db.commit()
-    db.close()
-    return f"sqlite:///{target / 'mlflow.db'}"
 
 
 def build_payload(directory: Path, marker: Path) -> Path:
