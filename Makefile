@@ -1,10 +1,13 @@
 # `make run`: set up .venv with the CPU compilers and benchmark the default experiment here.
-# `make test`: set up .venv with every extra the tests need and run the test suite.
+# `make test`: set up .venv with every extra the tests need and run the whole suite (two
+# pytest-xdist workers; tests marked serial run alone); `make test-fast`: what needs no
+# compile, server, cluster or benchmark run, for the edit-test loop (under 3 minutes);
+# `make coverage`: the whole suite under coverage.py, subprocesses included.
 VENV ?= .venv
 PYTHON ?= python3
 BIN = $(VENV)/bin
 
-.PHONY: setup setup-all run test lint
+.PHONY: setup setup-all run test test-fast coverage lint
 
 # what the default experiment needs: PyTorch, MLflow, ONNX Runtime and OpenVINO
 $(BIN)/.installed: pyproject.toml
@@ -25,8 +28,22 @@ setup-all: $(BIN)/.installed-all
 run: setup
 	$(BIN)/mlflow-ngraph benchmark --spec default --device cpu
 
+# --dist loadscope: a test file's tests stay on one worker, so its module fixtures are built once
+PYTEST_PARALLEL = -n 2 --dist loadscope
+
 test: setup-all
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=20
+
+test-fast: setup-all
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not e2e" --durations=10
+
+# line and branch coverage of mlflow_ngraph/, in every Python process the tests start
+coverage: setup-all
+	rm -rf .coverage-data && mkdir .coverage-data
+	NGRAPH_COV_DATA=$(CURDIR)/.coverage-data/.coverage $(BIN)/python -m coverage run \
+		--rcfile=tests/coveragerc -m pytest -q $(PYTEST_PARALLEL) -p no:cacheprovider
+	$(BIN)/python -m coverage combine --rcfile=tests/coveragerc --data-file=.coverage-data/.coverage -q
+	$(BIN)/python -m coverage report --rcfile=tests/coveragerc --data-file=.coverage-data/.coverage | tail -1
 
 lint: setup-all
 	$(BIN)/ruff check mlflow_ngraph tests bench entrypoints

@@ -19,6 +19,35 @@ REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests._profile"]
 
 
+#: the tiers. ``make test-fast`` runs what needs no compile, server, cluster or benchmark run
+#: (``-m "not e2e"``): a test is ``e2e`` when its file is one of these, whose tests start
+#: processes, servers or clusters or compile real engines ...
+E2E_FILES = {
+    "cluster/test_project_backend.py", "cluster/test_sweep_faults.py",
+    "cluster/test_sweep_local.py", "cluster/test_sweep_stumbles.py", "cluster/test_sync.py",
+    "cluster/test_cancel_reaches_the_task.py", "cluster/test_sweep_view.py",
+    "compilers/test_inductor.py", "compilers/test_onnxruntime.py", "compilers/test_openvino.py",
+    "compilers/test_torchscript.py", "compilers/test_tvm.py", "compilers/test_tensorrt.py",
+    "deploy/test_pull.py", "deploy/test_register.py", "deploy/test_serving.py",
+    "deploy/test_trust.py", "deploy/test_trust_server.py", "deploy/test_register_output.py",
+    "test_faults.py", "test_server_down.py", "test_team_server.py", "test_resume.py",
+    "test_interrupt_and_view.py", "test_mlproject.py", "test_tvm_benchmark.py",
+    "test_onnx_file_benchmark.py", "test_isolation.py", "test_mlflow_ui.py",
+    "test_benchmark_mlflow.py", "tune/test_tune_run.py", "test_postgres_skip.py",
+    "test_calibrated.py", "test_stability.py",
+}  # fmt: skip
+#: ... or it uses one of these fixtures (a benchmark in-process, a shared store)
+E2E_FIXTURES = {"run_cli", "store", "tiny_store", "shared_build"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        name = path.relative_to(REPO / "tests").as_posix() if path.is_relative_to(REPO) else ""
+        if name in E2E_FILES or E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
+
 def _run_folder(config) -> Path:
     """A folder every process of this test run shares: under pytest-xdist each worker's
     base temporary folder is ``<run>/popen-gwN``, so their parent; else the base folder."""
@@ -128,7 +157,8 @@ def _untracked(root: Path) -> set[str]:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return set()
-    skip = (".venv/", ".ruff_cache/", ".pytest_cache/", "mlflow_ngraph.egg-info/", "bench/results/")
+    skip = (".venv/", ".ruff_cache/", ".pytest_cache/", "mlflow_ngraph.egg-info/", "bench/results/",
+            ".coverage-data/")
     paths = {line[3:] for line in out.splitlines() if line[:2] in ("??", "!!")}
     return {p for p in paths if not p.startswith(skip) and "__pycache__" not in p}
 

@@ -235,6 +235,7 @@ def test_compare_is_listed_with_its_own_help_without_importing_it():
     assert re.search(r"compare\s+" + re.escape(compare_line), listing)
 
 
+@pytest.mark.e2e
 def test_timm_names_are_checked_from_the_cache_without_importing_timm(tmp_path):
     """The first check writes timm's model names under the home; later ones skip `import timm`
     (seconds); an unknown name is still refused by timm itself."""

@@ -272,14 +272,37 @@ def test_a_second_copy_waits_for_the_first_and_says_so(tmp_path):
 
 
 def test_two_copies_at_once_measure_everything_once(tmp_path):
+    """Two real copies of one benchmark, the second started while the first holds the
+    journal (and has 2 s a batch size left to measure): the second says it waits, once, and
+    between them every result is measured and logged once."""
+    from mlflow_ngraph.tracking.journal import Journal, JournalLock
+
     uri, home = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "home"
     env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_NGRAPH_HOME": str(home)}
-    procs = [subprocess.Popen(_args(uri, home), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+    args = _args(uri, home, "--min-duration", "2")
+
+    def start():
+        return subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    first = start()
+    lock = JournalLock(Journal.path_for(home, uri, "faults", "cpu")).path
+    deadline = time.time() + 300
+
+    def held_by_first() -> bool:  # the holder writes its pid into the lock file
+        try:
+            return json.loads(lock.read_text() or "{}").get("pid") == first.pid
+        except (OSError, ValueError):
+            return False
+
+    while not held_by_first():  # read, never taken: the first must not wait on the test
+        assert first.poll() is None and time.time() < deadline, "the first never took it"
+        time.sleep(0.05)
+    procs = [first, start()]
     outputs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
-    # the one that found the journal taken said so (unless the first was done before)
-    assert sum("another copy of this benchmark is running" in err for _, err in outputs) <= 1
+    waited = ["another copy of this benchmark is running" in err for _, err in outputs]
+    assert waited == [False, True], outputs[1][1][-3000:]
     assert _journal_measured(home) == 4  # 2 cells x 2 batch sizes, once each
     _assert_whole(uri)
     records = [json.loads(line) for p in (home / "journals").glob("*.jsonl")

@@ -2,6 +2,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 HEAVY = ("openvino", "onnxruntime", "tvm", "tensorrt", "pynvml", "ray")
 
 
@@ -27,6 +29,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
 NOT_ON_A_RESUME = ("torch", "timm", "torchvision", "onnx", "openvino", "tvm", "tensorrt")
 
 
+@pytest.mark.e2e
 def test_a_rerun_with_every_cell_journaled_imports_no_runtime(tmp_path):
     """Time to result: a re-run that has nothing to measure imports neither the model
     libraries (timm, torch) nor any compiler runtime."""
@@ -69,6 +72,7 @@ def test_a_rerun_with_every_cell_journaled_imports_no_runtime(tmp_path):
     assert again.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.e2e
 def test_torch_thread_counts_are_cached_per_environment(tmp_path):
     code = (
         "import sys\n"

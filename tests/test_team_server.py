@@ -70,7 +70,7 @@ def server(tmp_path_factory):
         pytest.fail(
             "the tracking server did not start: " + (tmp / "server.log").read_text()[-2000:]
         )
-    os.environ.update(MLFLOW_TRACKING_USERNAME="admin", MLFLOW_TRACKING_PASSWORD=ADMIN_PASSWORD)
+    saved = _login("admin", ADMIN_PASSWORD)
     try:
         from mlflow.server import get_app_client
         from mlflow.tracking import MlflowClient
@@ -82,13 +82,29 @@ def server(tmp_path_factory):
         auth.grant_user_permission("dev", "experiment", exp, "EDIT")
         auth.grant_user_permission("reader", "experiment", exp, "READ")
     finally:
-        for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
-            os.environ.pop(name)
+        _restore(saved)
     yield url, tmp
     proc.terminate()
     proc.wait(30)
     log.close()
     _pg(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+def _login(user: str, password: str) -> dict:
+    """MLflow's calls in this process log in as ``user``; what the variables held before,
+    for :func:`_restore`."""
+    names = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(MLFLOW_TRACKING_USERNAME=user, MLFLOW_TRACKING_PASSWORD=password)
+    return saved
+
+
+def _restore(saved: dict) -> None:
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _benchmark(url: str, home: Path, user: str, password: str):
@@ -128,7 +144,7 @@ def test_the_password_is_nowhere(server, tmp_path):
     url, _ = server
     done = _benchmark(url, tmp_path, "dev", DEV_PASSWORD)
     assert done.returncode == 0, done.stderr[-3000:]
-    os.environ.update(MLFLOW_TRACKING_USERNAME="dev", MLFLOW_TRACKING_PASSWORD=DEV_PASSWORD)
+    saved = _login("dev", DEV_PASSWORD)
     try:
         client = MlflowClient(url)
         exp = client.get_experiment_by_name("team")
@@ -140,16 +156,15 @@ def test_the_password_is_nowhere(server, tmp_path):
             local = client.download_artifacts(run.info.run_id, "", str(tmp_path / run.info.run_id))
             texts += [p.read_text(errors="replace") for p in Path(local).rglob("*") if p.is_file()]
     finally:
-        for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
-            os.environ.pop(name)
+        _restore(saved)
     texts += [p.read_text() for p in (tmp_path / "journals").glob("*.jsonl")]
     assert any("spec_hash" in t for t in texts)  # the artifacts were read
     assert not [t[:200] for t in texts if DEV_PASSWORD in t]
 
 
 # --- many clients against one PostgreSQL-backed server --------------------------------------
-def _as_admin():
-    os.environ.update(MLFLOW_TRACKING_USERNAME="admin", MLFLOW_TRACKING_PASSWORD=ADMIN_PASSWORD)
+def _as_admin() -> dict:
+    return _login("admin", ADMIN_PASSWORD)
 
 
 def test_concurrent_creators_on_postgresql_make_one_experiment_and_one_cell_run(server):
@@ -158,7 +173,7 @@ def test_concurrent_creators_on_postgresql_make_one_experiment_and_one_cell_run(
     from mlflow_ngraph.tracking import mlflow_log as ml
 
     url, _ = server
-    _as_admin()
+    saved = _as_admin()
     try:
         ids = in_threads(20, lambda i: ml.ensure_experiment(MlflowClient(url), "pg-shared"))
         assert len(set(ids)) == 1
@@ -169,8 +184,7 @@ def test_concurrent_creators_on_postgresql_make_one_experiment_and_one_cell_run(
         found = MlflowClient(url).search_runs([ids[0]], "tags.`ngraph.cell_key` = 'key-pg'")
         assert [r.info.run_id for r in found] == [runs[0]]
     finally:
-        for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
-            os.environ.pop(name)
+        _restore(saved)
 
 
 def test_eight_concurrent_benchmark_clients_lose_nothing(server, tmp_path):
@@ -197,14 +211,13 @@ def test_eight_concurrent_benchmark_clients_lose_nothing(server, tmp_path):
     outcomes = [p.communicate(timeout=900) for p in procs]
     for proc, (_out, err) in zip(procs, outcomes):
         assert proc.returncode == 0, err[-2000:]
-    _as_admin()
+    saved = _as_admin()
     try:
         client = MlflowClient(url)
         exp = client.get_experiment_by_name("eight")
         cells = client.search_runs([exp.experiment_id], "tags.`ngraph.role` = 'cell'")
     finally:
-        for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
-            os.environ.pop(name)
+        _restore(saved)
     assert sorted(r.data.params[S.P_DEVICE] for r in cells) == [f"device-{i}" for i in range(8)]
     for run in cells:
         assert run.info.status == "FINISHED"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -91,6 +90,7 @@ def _cell_journal(home, uri) -> tuple[Journal, str]:
     return journal, run_id
 
 
+@pytest.mark.e2e
 def test_a_recreated_sqlite_store_starts_the_journal_afresh(tmp_path, home):
     uri = _store(tmp_path)
     _cell_journal(home, uri)
@@ -124,6 +124,7 @@ def test_a_deleted_cell_run_makes_its_cell_pending(tmp_path, home):
     assert again.done("b", 1)
 
 
+@pytest.mark.e2e
 def test_a_rerun_after_the_store_was_deleted_measures_again(tmp_path, home):
     """``rm mlflow.db`` and the same command: the new store gets every result."""
     import os
@@ -197,11 +198,43 @@ def test_credentials_are_redacted():
 
 
 def test_http_retries_are_bounded(monkeypatch):
+    """A server that answers every request with 503: each API request is tried once and
+    retried MLFLOW_HTTP_REQUEST_MAX_RETRIES (2) times, no more, and the store is given up on
+    in seconds; an address that does not answer at all is 'unreachable'."""
+    import http.server
+    import os
+    import threading
+    import time
+
     for name in ml.HTTP_LIMITS:
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(Exception, match="unreachable"):
         ml.connect("http://127.0.0.1:9")
-    import os
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+    hits: list[str] = []
 
-    assert int(os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]) <= 2
-    json.dumps(ml.HTTP_LIMITS)
+    class Busy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(503)
+            self.end_headers()
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(Exception, match="cannot be opened"):
+            ml.connect(f"http://127.0.0.1:{server.server_address[1]}")
+        seconds = time.monotonic() - started
+    finally:
+        server.shutdown()
+        server.server_close()
+    api = [h for h in hits if h.startswith("/api/")]
+    assert len(api) == 1 + 2, hits  # the first try and two retries
+    assert len(set(api)) == 1, hits  # of one request
+    assert seconds < 60, seconds  # backoff 1 s, 2 s: not MLflow's default of minutes

@@ -16,8 +16,8 @@ def _build(root):
 
 @pytest.fixture(scope="session")
 def store(shared_build, tmp_path_factory):
-    """(tracking URI, the shared home: read only) of this worker's copy of a store holding the tiny benchmark (a
-    test that damages it puts it back; ``register`` adds to it)."""
+    """(tracking URI, the shared home: read only) of this worker's copy of a store holding
+    the tiny benchmark (a test that damages it puts it back; ``register`` adds to it)."""
     pytest.importorskip("openvino")
     pytest.importorskip("tvm")
     built = shared_build("deploy-store", _build)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
@@ -30,6 +31,22 @@ from mlflow_ngraph.deploy import trust
 from mlflow_ngraph.errors import NgraphError
 
 SAFE = {"MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
+
+
+@contextmanager
+def _tracking(uri: str):
+    """MLflow's calls in this process go to ``uri``, with pickles refused, until the block
+    ends; the environment is put back as it was."""
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", *SAFE)}
+    os.environ.update(MLFLOW_TRACKING_URI=uri, **SAFE)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @pytest.fixture(scope="module")
@@ -150,15 +167,12 @@ def test_the_registered_model_holds_data_only_and_its_code_is_the_installed_one(
     pf = conf["flavors"]["python_function"]
     assert pf["loader_module"] == "mlflow_ngraph.deploy.pyfunc_model" and not pf.get("code")
     assert pf["config"]["manifest_sha256"] == version.tags["manifest_sha256"]
-    os.environ.update(MLFLOW_TRACKING_URI=uri, **SAFE)
-    try:
+    with _tracking(uri):
         from mlflow_ngraph import load_registered
 
         checked = load_registered(f"models:/{name}@cpu")
         plain = mlflow.pyfunc.load_model(f"models:/{name}@cpu")
         np.testing.assert_array_equal(checked.predict(_x()), plain.predict(_x()))
-    finally:
-        os.environ.pop("MLFLOW_TRACKING_URI")
 
 
 def _tamper_logged_model(client, logged, tmp_path, how):
@@ -214,13 +228,10 @@ def test_serve_serves_the_checked_registered_engine(store, tmp_path):
             headers={"Content-Type": "application/json"},
         )
         answer = json.loads(urllib.request.urlopen(request, timeout=60).read())
-        os.environ["MLFLOW_TRACKING_URI"] = uri
-        try:
+        with _tracking(uri):
             from mlflow_ngraph import load_registered
 
             expected = load_registered(f"models:/{name}@cpu").predict(_x())
-        finally:
-            os.environ.pop("MLFLOW_TRACKING_URI")
         served = np.asarray(answer["predictions"], dtype=np.float32)
         np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
     finally:
@@ -236,15 +247,12 @@ def test_a_changed_registered_model_is_refused(store, tmp_path, how):
     name = _register_onnx(uri)
     _, logged = _logged_model(client, name)
     marker = _tamper_logged_model(client, logged, tmp_path, how)
-    os.environ.update(MLFLOW_TRACKING_URI=uri, **SAFE)
-    try:
+    with _tracking(uri):
         from mlflow_ngraph import load_registered
 
         why = "asks MLflow to run" if how == "code" else "engine hash is not the registered"
         with pytest.raises(NgraphError, match=why):
             load_registered(f"models:/{name}@cpu")
-    finally:
-        os.environ.pop("MLFLOW_TRACKING_URI")
     served = cli("serve", f"models:/{name}@cpu", "-p", "1", "--tracking-uri", uri, env=SAFE)
     assert "refusing it" in one_error(served)
     assert not marker.exists()
@@ -263,12 +271,9 @@ def test_the_registered_version_pins_the_engine(store, tmp_path):
     half_weights(engine / "model.ort.onnx")
     rewrite_manifest(engine)
     client.log_model_artifacts(logged.model_id, str(local))
-    os.environ.update(MLFLOW_TRACKING_URI=uri, **SAFE)
-    try:
+    with _tracking(uri):
         with pytest.raises(NgraphError, match="changed after it was logged"):
             mlflow.pyfunc.load_model(f"models:/{name}@cpu")
-    finally:
-        os.environ.pop("MLFLOW_TRACKING_URI")
 
 
 # --- attack 4: a poisoned results index ---------------------------------------------------

@@ -232,6 +232,7 @@ def test_stop_reason_max_duration_caps_the_count(model):
     assert result.throughput_ci_low is None  # one window: no interval
 
 
+@pytest.mark.e2e
 def test_openvino_throughput_keeps_every_infer_request_busy(model, tmp_path):
     """The OpenVINO engine is measured with its optimal number of requests in flight, and
     its queue is drained once per window, not once per repetition."""

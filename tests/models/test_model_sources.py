@@ -94,6 +94,7 @@ def test_families():
         assert {family_of(n) for n in names} == {family}
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_the_paper_models_build_with_table_iv_parameter_counts():
     for name, count in TABLE_IV.items():

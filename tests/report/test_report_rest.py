@@ -6,6 +6,7 @@ subprocess takes many seconds to start on a busy 2-core machine).
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -14,12 +15,14 @@ from report_data import records_of
 
 @pytest.fixture(scope="module")
 def server_uri(store, tmp_path_factory):
-    import mlflow
     from mlflow.server import ARTIFACT_ROOT_ENV_VAR, BACKEND_STORE_URI_ENV_VAR, app, handlers
+    from mlflow.tracking._tracking_service import utils
     from werkzeug.serving import make_server
 
     uri, _ = store
-    previous_uri = mlflow.get_tracking_uri()
+    # the app sets the process-wide URI (and MLFLOW_TRACKING_URI) to its store: both are put
+    # back as they were, unset included
+    previous = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
     patch = pytest.MonkeyPatch()
     patch.setenv(BACKEND_STORE_URI_ENV_VAR, uri)
     patch.setenv(ARTIFACT_ROOT_ENV_VAR, str(tmp_path_factory.mktemp("server-artifacts")))
@@ -30,7 +33,11 @@ def server_uri(store, tmp_path_factory):
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
     patch.undo()
-    mlflow.set_tracking_uri(previous_uri)  # the app set the process-wide URI to its store
+    utils._tracking_uri = previous[0]
+    if previous[1] is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = previous[1]
 
 
 def test_server_and_store_give_the_same_tables(compare_cli, server_uri):
