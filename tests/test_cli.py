@@ -139,45 +139,23 @@ def test_failing_compiler_marks_cell_failed_and_run_goes_on(run_cli, tracking_ur
     assert "FAILED" in statuses["torchscript"]
 
 
-def test_blocks_runs_the_depth_width_grid(run_cli, tracking_uri):
-    from mlflow.tracking import MlflowClient
+def test_blocks_runs_the_depth_width_grid():
+    """The grid ``blocks`` plans: every kind x width x depth, one cell each, into
+    ``ngraph-blocks`` (the plan the runner measures; ``--small`` below runs one for real)."""
+    from mlflow_ngraph.cli import spec_of
+    from mlflow_ngraph.config import build_spec
+    from mlflow_ngraph.runner import plan
 
-    code, out, err = run_cli(
-        "blocks",
-        "--kinds",
-        "conv_block,mha_block",
-        "--widths",
-        "16,32",
-        "--depths",
-        "1-2",
-        "--batch-sizes",
-        "1",
-        "--compiler",
-        "identity",
-        "--warmup",
-        "0",
-        "--repetitions",
-        "2",
-        "--min-duration",
-        "0",
-        "--tracking-uri",
-        tracking_uri,
+    args = ["blocks", "--kinds", "conv_block,mha_block", "--widths", "16,32", "--depths", "1-2",
+            "--batch-sizes", "1", "--compiler", "identity"]  # fmt: skip
+    spec = build_spec(spec_of(args))
+    assert spec.experiment == "ngraph-blocks" and spec.batch_sizes == [1]
+    cells = plan(spec).cells
+    grid = [(c.model.name, c.model.params["width"], c.model.params["depth"]) for c in cells]
+    assert sorted(grid) == sorted(
+        (k, w, d) for k in ("conv_block", "mha_block") for w in (16, 32) for d in (1, 2)
     )
-    assert code == 0, err
-    client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name("ngraph-blocks")
-    cells = [
-        r
-        for r in client.search_runs([exp.experiment_id])
-        if r.data.tags.get("ngraph.role") == "cell"
-    ]
-    grid = {
-        (r.data.params["model"], r.data.params["model.width"], r.data.params["model.depth"])
-        for r in cells
-    }
-    assert grid == {
-        (k, w, d) for k in ("conv_block", "mha_block") for w in ("16", "32") for d in ("1", "2")
-    }
+    assert {c.compiler.name for c in cells} == {"identity"}
 
 
 def test_blocks_small_grid_measures_like_the_default_experiment(run_cli, tracking_uri):

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
 
+import pytest
 import requests
 from mlflow.tracking import MlflowClient
 
@@ -170,10 +172,37 @@ def _offline_run(tmp_path: Path):
     return port, home, said_at - killed_at
 
 
-def test_server_killed_mid_run_measuring_goes_on_and_a_rerun_sends_each_result_once(tmp_path):
-    port, home, _ = _offline_run(tmp_path)
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory):
+    """One outage run for the tests below (the folder it ran in, its server's port): each
+    test sends what its journal holds from a copy of the folder, to a server started again
+    on the same port (the journal belongs to the store's address)."""
+    folder = tmp_path_factory.mktemp("offline")
+    port, _, _ = _offline_run(folder)
+    return folder, port
+
+
+def _copy_of(offline, tmp_path: Path) -> tuple[int, Path]:
+    """This test's copy of the outage run's server store, artifacts and home (the folder)."""
+    folder, port = offline
+    copy = tmp_path / "outage"
+    copy.mkdir()
+    for name in ("server.db", "artifacts", "home"):
+        source = folder / name
+        if source.is_dir():
+            shutil.copytree(source, copy / name)
+        elif source.exists():
+            shutil.copy2(source, copy / name)
+    return port, copy
+
+
+def test_server_killed_mid_run_measuring_goes_on_and_a_rerun_sends_each_result_once(
+    tmp_path, offline
+):
+    port, copy = _copy_of(offline, tmp_path)
+    home = copy / "home"
     uri = f"http://127.0.0.1:{port}"
-    server = _start_server(tmp_path, port)
+    server = _start_server(copy, port)
     try:
         result = subprocess.run(
             _bench_args(uri, home), cwd=tmp_path, env=_bench_env(), capture_output=True,
@@ -187,14 +216,15 @@ def test_server_killed_mid_run_measuring_goes_on_and_a_rerun_sends_each_result_o
         os.killpg(server.pid, signal.SIGKILL)
 
 
-def test_server_killed_mid_run_then_sync_sends_each_result_once(tmp_path, run_cli):
-    port, home, _ = _offline_run(tmp_path)
+def test_server_killed_mid_run_then_sync_sends_each_result_once(tmp_path, run_cli, offline):
+    port, copy = _copy_of(offline, tmp_path)
+    home = copy / "home"
     uri = f"http://127.0.0.1:{port}"
     opened = {r["cell"] for r in _journal_records(home, "run")}
     described = {r["cell"] for r in _journal_records(home, "cell")}
     assert len(described) == 4 and described - opened, "some cell never had its run opened"
     waiting = 8 - _logged(home)
-    server = _start_server(tmp_path, port)
+    server = _start_server(copy, port)
     try:
         code, out, err = run_cli("sync", "--tracking-uri", uri, "--home", str(home))
         assert code == 0, err
