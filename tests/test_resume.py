@@ -22,36 +22,9 @@ def _cell_runs(uri: str, experiment: str):
     return [r for r in runs if r.data.tags.get(S.T_ROLE) == "cell"], runs
 
 
-def test_rerun_skips_finished_cells_and_creates_no_runs(run_cli, tracking_uri):
-    args = [
-        "benchmark",
-        *TINY,
-        "--compiler",
-        "identity",
-        "--compiler",
-        "torchscript",
-        "--experiment",
-        "resume",
-        "--tracking-uri",
-        tracking_uri,
-    ]
-    code, first, err = run_cli(*args)
-    assert code == 0, err
-    cells, runs = _cell_runs(tracking_uri, "resume")
-    assert len(cells) == 2 and len(runs) == 3
-    code, second, err = run_cli(*args)
-    assert code == 0, err
-    assert "compiling" not in err
-    assert second.count("(resumed)") == 4
-    cells2, runs2 = _cell_runs(tracking_uri, "resume")
-    assert sorted(r.info.run_id for r in runs2) == sorted(r.info.run_id for r in runs)
-    # the throughput history has one value per batch size, not one per invocation
-    history = MlflowClient(tracking_uri).get_metric_history(cells2[0].info.run_id, "throughput")
-    assert len(history) == 2
-
-
 def test_rerun_of_a_finished_indexed_spec_does_not_open_the_store(run_cli, tmp_path, monkeypatch):
-    """Every cell logged and the results index written, nothing since: the re-run answers
+    """Every cell logged and the results index written, nothing since: the re-run skips
+    every finished cell (compiles nothing, creates no run, logs no metric again), answers
     from the journal (with speedups) and never opens the store with MLflow (the journal only
     checks, with sqlite itself, that the store is still the one it recorded)."""
     from mlflow_ngraph.tracking import mlflow_log
@@ -62,6 +35,8 @@ def test_rerun_of_a_finished_indexed_spec_does_not_open_the_store(run_cli, tmp_p
             "--experiment", "fast", "--tracking-uri", uri]  # fmt: skip
     code, first, err = run_cli(*args)
     assert code == 0, err
+    cells, runs = _cell_runs(uri, "fast")
+    assert len(cells) == 2 and len(runs) == 3
 
     def never(*_args, **_kwargs):
         raise AssertionError("the store was opened")
@@ -69,7 +44,13 @@ def test_rerun_of_a_finished_indexed_spec_does_not_open_the_store(run_cli, tmp_p
     monkeypatch.setattr(mlflow_log, "connect", never)
     code, second, err = run_cli(*args)
     assert code == 0, err
+    assert "compiling" not in err
     assert second.count("(resumed)") == 4
+    cells2, runs2 = _cell_runs(uri, "fast")
+    assert sorted(r.info.run_id for r in runs2) == sorted(r.info.run_id for r in runs)
+    # the throughput history has one value per batch size, not one per invocation
+    history = MlflowClient(uri).get_metric_history(cells2[0].info.run_id, "throughput")
+    assert len(history) == 2
     # the same table as the first run printed (speedups included), marked as resumed
     rows = [line.split() for line in second.splitlines() if "(resumed)" in line]
     # the rows (not the header, the counts or the winners)
@@ -191,14 +172,16 @@ def test_warm_engine_cache_skips_compilation_in_a_new_store(run_cli, tmp_path):
 
 
 def test_mlflow_run_entry_point(tmp_path):
-    """`mlflow run . -e benchmark` from the repository root, as the README says."""
-    env = {
-        **os.environ,
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-        "MLFLOW_NGRAPH_HOME": str(tmp_path / "home"),
-    }
+    """`mlflow run . -e benchmark` from the repository root, as the README says, from a
+    fresh shell (no virtual environment on PATH, so `python` is not the project's: the entry
+    point runs with the interpreter of `mlflow run`), twice: the second resumes."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env.update(
+        PATH="/usr/bin:/bin",
+        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        MLFLOW_NGRAPH_HOME=str(tmp_path / "home"),
+    )
     bin_dir = Path(PYTHON).parent
-    env["PATH"] = f"{bin_dir}:{env['PATH']}"
     command = [
         str(bin_dir / "mlflow"),
         "run",
@@ -229,8 +212,14 @@ def test_mlflow_run_entry_point(tmp_path):
             command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
         )
         assert result.returncode == 0, result.stderr[-2000:]
+        assert "No module named" not in result.stderr
+        # the summary names the experiment the results are in
+        assert "experiment 'project'" in result.stdout
     cells, runs = _cell_runs(env["MLFLOW_TRACKING_URI"], "project")
     assert len(cells) == 1
+    # experiments the tool logs into open on the runs table in MLflow's UI
+    experiment = MlflowClient(env["MLFLOW_TRACKING_URI"]).get_experiment_by_name("project")
+    assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development"
     first, second = sorted(
         (r for r in runs if r.data.tags.get("mlflow.project.entryPoint") == "benchmark"),
         key=lambda r: r.info.start_time,
