@@ -3,6 +3,7 @@
 import functools
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 #: the smallest real workload: a 32x32 conv block, two batch sizes, a few repetitions
@@ -183,3 +184,23 @@ def build_tiny_store(root: Path) -> None:
     done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=root, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     (root / "stdout").write_text(done.stdout)
+
+
+@contextmanager
+def process_tracking_uri(uri: str):
+    """MLflow's process-wide tracking URI is ``uri`` inside the block; afterwards both it and
+    ``MLFLOW_TRACKING_URI`` (which ``mlflow.set_tracking_uri`` also sets, or unsets) are as
+    they were, so that no later test's client or subprocess inherits this test's store."""
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    saved = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        utils._tracking_uri = saved[0]
+        if saved[1] is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved[1]

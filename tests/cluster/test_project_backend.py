@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._support import PYTHON, REPO
+from tests._support import PYTHON, REPO, process_tracking_uri
 from tests.cluster.test_sweep_local import _descendants, watch
 
 MLFLOW = str(Path(PYTHON).parent / "mlflow")
@@ -174,10 +174,9 @@ def in_store(tmp_path, monkeypatch):
     for key, value in _env(tmp_path).items():
         monkeypatch.setenv(key, value)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    mlflow.set_tracking_uri(uri)
-    experiment_id = mlflow.tracking.MlflowClient(uri).create_experiment("backend-test")
-    yield uri, experiment_id
-    mlflow.set_tracking_uri(None)
+    with process_tracking_uri(uri):
+        experiment_id = mlflow.tracking.MlflowClient(uri).create_experiment("backend-test")
+        yield uri, experiment_id
 
 
 def test_wait_status_and_cancel_then_the_same_run_resumes(tmp_path, in_store):

@@ -17,7 +17,14 @@ import numpy as np
 import pytest
 from deploy_support import cli
 
-from tests._support import PYTHON, TINY_STORE_EXPERIMENT, clone_store, free_port, wait_http
+from tests._support import (
+    PYTHON,
+    TINY_STORE_EXPERIMENT,
+    clone_store,
+    free_port,
+    process_tracking_uri,
+    wait_http,
+)
 
 EXPERIMENT = TINY_STORE_EXPERIMENT
 NAME = "tiny-served"
@@ -59,11 +66,8 @@ def test_the_logged_model_is_named_after_model_compiler_and_batch(registered):
 
 def test_the_signature_states_the_batch_the_engine_takes(registered):
     uri, _, version = registered
-    mlflow.set_tracking_uri(uri)
-    try:
+    with process_tracking_uri(uri):  # put back: it would be every later client's registry
         info = mlflow.models.get_model_info(f"models:/{NAME}/{version.version}")
-    finally:  # the process-wide URI would become every later client's registry
-        mlflow.set_tracking_uri(None)
     (spec,) = info.signature.inputs.inputs
     assert tuple(spec.shape) == SHAPE
     (out,) = info.signature.outputs.inputs
