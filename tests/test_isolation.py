@@ -55,11 +55,11 @@ def test_crashes_and_a_broken_factory_fail_their_cells_and_the_run_goes_on(run_c
 def test_a_hanging_cell_is_killed_at_the_cell_timeout(run_cli, tracking_uri, isolation):
     models = ["tests.fixtures.crashing:hanging:input_shape=4", HEALTHY]
     code, out, err = _run(
-        run_cli, tracking_uri, models, "--cell-timeout", "10", "--isolation", isolation
+        run_cli, tracking_uri, models, "--cell-timeout", "15", "--isolation", isolation
     )
     assert code == 0, err
     rows = _rows(out)
-    assert "timed out after 10 s" in rows[("tests.fixtures.crashing:hanging:input_shape=4", "1")]
+    assert "timed out after 15 s" in rows[("tests.fixtures.crashing:hanging:input_shape=4", "1")]
     assert " OK" in rows[(HEALTHY_LABEL, "2")]
 
 
