@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from mlflow_ngraph.variables import environment
 from tests._support import POSTGRES_URL, PYTHON, TINY, free_port, in_threads, postgres_missing
 
 PG = POSTGRES_URL
@@ -90,21 +91,15 @@ def server(tmp_path_factory):
     _pg(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
 
 
-def _login(user: str, password: str) -> dict:
-    """MLflow's calls in this process log in as ``user``; what the variables held before,
-    for :func:`_restore`."""
-    names = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.update(MLFLOW_TRACKING_USERNAME=user, MLFLOW_TRACKING_PASSWORD=password)
-    return saved
+def _login(user: str, password: str):
+    """MLflow's calls in this process log in as ``user``, until :func:`_restore`."""
+    block = environment({"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password})
+    block.__enter__()
+    return block
 
 
-def _restore(saved: dict) -> None:
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+def _restore(block) -> None:
+    block.__exit__(None, None, None)
 
 
 def _benchmark(url: str, home: Path, user: str, password: str):
@@ -163,7 +158,7 @@ def test_the_password_is_nowhere(server, tmp_path):
 
 
 # --- many clients against one PostgreSQL-backed server --------------------------------------
-def _as_admin() -> dict:
+def _as_admin():
     return _login("admin", ADMIN_PASSWORD)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
@@ -29,24 +28,15 @@ from trust_support import (
 from mlflow_ngraph import load_engine
 from mlflow_ngraph.deploy import trust
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.variables import environment
 
 SAFE = {"MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
 
 
-@contextmanager
 def _tracking(uri: str):
     """MLflow's calls in this process go to ``uri``, with pickles refused, until the block
     ends; the environment is put back as it was."""
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", *SAFE)}
-    os.environ.update(MLFLOW_TRACKING_URI=uri, **SAFE)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    return environment({"MLFLOW_TRACKING_URI": uri, **SAFE})
 
 
 @pytest.fixture(scope="module")
