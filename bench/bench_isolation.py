@@ -4,13 +4,15 @@
 Both sides run ``mlflow-ngraph benchmark`` (this checkout's package) in a subprocess on the
 same spec and the same home: a warm-up run fills the export, engine and reference caches
 first, then each run logs into a fresh tracking store (so its journal is fresh and every
-cell is measured again, engines coming from the cache). The sides: ``process`` (a worker
-per cell, the next one started as a spare while the current cell runs, paused while it
-measures), ``process-cold`` (a worker per cell started when the cell starts:
-``MLFLOW_NGRAPH_SPARE_WORKER=0``) and ``none``. The sides take turns and rotate from round to
-round so that other load hits all alike; each run is printed with the host's load average
-before and after it. Reports each side's median seconds, the median ratio of each process
-side to ``none`` with its range over the rounds, and the overhead per cell in seconds.
+cell is measured again, engines coming from the cache). The sides: ``process`` (a worker per
+cell, forked from the run's template process, the next one started as a spare while the
+current cell runs, paused while it measures), ``process-spawn`` (the same with each worker
+its own interpreter importing PyTorch: ``MLFLOW_NGRAPH_WORKER_START=spawn``), ``process-
+cold`` (a worker per cell started when the cell starts: ``MLFLOW_NGRAPH_SPARE_WORKER=0``)
+and ``none``. The sides take turns and rotate from round to round so that other load hits
+all alike; each run is printed with the host's load average before and after it. Reports
+each side's median seconds, the median ratio of each process side to ``none`` with its range
+over the rounds, and the overhead per cell in seconds.
 
 ``--profile`` shows where a worker's time goes instead: the spec's cells run one after the
 other through the worker step, in spawned workers (with the spare) and in this process, and
@@ -49,7 +51,7 @@ repetitions: 10
 min_duration: 0.2
 """
 
-SIDES = ("process", "process-cold", "none")
+SIDES = ("process", "process-spawn", "process-cold", "none")
 PHASES = ("start", "build", "reference", "engine", "check", "measure", "end")
 
 
@@ -69,6 +71,7 @@ def _run(spec: str, device: str | None, home: Path, store: Path, side: str) -> f
     env = {
         **os.environ,
         "MLFLOW_NGRAPH_SPARE_WORKER": "0" if side == "process-cold" else "1",
+        "MLFLOW_NGRAPH_WORKER_START": "spawn" if side == "process-spawn" else "forkserver",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
     t0 = time.perf_counter()

@@ -93,11 +93,13 @@ def torch_threads(cache_dir: Path | None = None) -> tuple[int, int]:
     """PyTorch's intra-op and inter-op thread counts in this process.
 
     Importing torch takes seconds, which a re-run that measures nothing would spend only on
-    these two numbers. With a ``cache_dir`` they are kept in a file keyed by everything
-    PyTorch derives its defaults from (its version, the CPU, the affinity mask, the thread
-    environment variables), written whenever torch is asked, and read only while torch is
-    not imported: once it is, its own answer is the truth, and before it is nothing can
-    have changed its defaults. (The package never calls ``torch.set_num_threads``.)
+    these two numbers; a run that measures asks a fork of its workers' template, which has
+    torch imported (:func:`_asked_threads`). With a ``cache_dir`` they are kept in a file
+    keyed by everything PyTorch derives its defaults from (its version, the CPU, the
+    affinity mask, the thread environment variables), written whenever torch is asked, and
+    read only while torch is not imported: once it is, its own answer is the truth, and
+    before it is nothing can have changed its defaults. (The package never calls
+    ``torch.set_num_threads``.)
     """
     path = None
     if cache_dir is not None:
@@ -108,9 +110,7 @@ def torch_threads(cache_dir: Path | None = None) -> tuple[int, int]:
                 return int(intra), int(inter)
             except (OSError, ValueError, TypeError):
                 pass  # not cached yet: asked below, and written
-    import torch
-
-    threads = torch.get_num_threads(), torch.get_num_interop_threads()
+    threads = _asked_threads()
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,6 +120,26 @@ def torch_threads(cache_dir: Path | None = None) -> tuple[int, int]:
         except OSError:
             pass  # a read-only home only costs the import next time
     return threads
+
+
+def _torch_thread_counts() -> tuple[int, int]:
+    import torch
+
+    return torch.get_num_threads(), torch.get_num_interop_threads()
+
+
+def _asked_threads() -> tuple[int, int]:
+    """The counts in this process if it has imported torch; else from a fork of the run's
+    workers' template, when it runs (it has torch imported, and the counts are the workers',
+    which are the ones measured); else torch is imported here."""
+    from mlflow_ngraph import template
+
+    if "torch" not in sys.modules and template.running():
+        try:
+            return tuple(template.ask(_torch_thread_counts))
+        except Exception:  # asked here instead
+            pass
+    return _torch_thread_counts()
 
 
 def _thread_key() -> str:
@@ -176,6 +196,10 @@ def environment(
     from mlflow_ngraph.measure.memory import record as malloc_record
 
     env.update(malloc_record())
+    # how measuring processes start: forked from the run's template, or spawned (template.py)
+    from mlflow_ngraph.template import start_method
+
+    env["worker_start"] = start_method()
     # energy: RAPL's method and domains, or why nothing is measured (never an estimate)
     env.update(energy_record())
     if device_kind == "cuda":

@@ -1,6 +1,6 @@
 """Each cell in its own process, the cells of a model measured together.
 
-A spawned worker runs :func:`~mlflow_ngraph.worker.measure_cell` for one cell and streams
+A worker process runs :func:`~mlflow_ngraph.worker.measure_cell` for one cell and streams
 its events back through a pipe. The worker shares nothing with the runner or with other
 cells (thread pools, allocator state, peak RSS). A worker that dies (a segfault, an abort,
 the kernel's OOM killer) or runs past its time limit ends with a reason naming the signal or
@@ -15,23 +15,23 @@ process) lets every worker prepare a batch size at the same time, then, with all
 idle, has each warm up and run its windows in turn. Nothing runs beside a window but the
 window's own engine.
 
-Starting a worker costs seconds (a Python process importing PyTorch, timm and the runtimes:
-4-8 s on a 2-core host, more under load). So the next model's workers are started while the
-current model's run, as spares that import what every cell imports, their cell's compiler
-modules and model library, and build its model (:class:`Ahead`); then they wait for their
-task. Their work must never compete with a measurement: the spares are stopped (SIGSTOP)
-while the group measures and continued (SIGCONT) after. A worker that has sent its cell's
-last event is killed with its children rather than left to exit: the teardown of PyTorch and
-the runtimes takes seconds on a loaded host and has nothing left to give.
+A worker is forked from a template process that imported PyTorch, NumPy, SciPy and the
+measuring modules once per run (:mod:`mlflow_ngraph.template`; a spawned interpreter took
+2-8 s of a core for them, at every cell). What a cell still costs before its task, its
+compiler's runtime and its model library, is done ahead: the next model's workers are
+started while the current model's run, as spares that import their cell's compiler modules
+and model library and build its model (:class:`Ahead`); then they wait for their task. Their
+work must never compete with a measurement: the spares are stopped (SIGSTOP) while the group
+measures and continued (SIGCONT) after. A worker that has sent its cell's last event is
+killed with its children rather than left to exit: the teardown of PyTorch and the runtimes
+takes seconds on a loaded host and has nothing left to give.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.util
 import logging
-import multiprocessing
 import os
 import signal
 import sys
@@ -42,25 +42,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlflow_ngraph import template
 from mlflow_ngraph.measure.memory import keep_freed_memory
+from mlflow_ngraph.template import PRELOAD
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.worker import CellTask
 
 log = logging.getLogger("mlflow_ngraph.worker")
-
-#: what a spare imports before its task comes: what every cell imports (no engine state);
-#: a runtime only some cells use (timm, ONNX Runtime, OpenVINO) comes with :class:`Ahead`
-PRELOAD = (
-    "numpy",
-    "torch",
-    "scipy.stats",  # the throughput interval of every measurement (seconds to import)
-    "mlflow_ngraph.worker",
-    "mlflow_ngraph.compilers.registry",
-    "mlflow_ngraph.models.registry",
-    "mlflow_ngraph.supply",
-    "mlflow_ngraph.measure.harness",
-    "mlflow_ngraph.measure.stability",
-)
 
 
 @dataclass
@@ -79,12 +67,15 @@ VALIDITY_WORDS = ("precision", "fallback", "fall back", "tracer", "fp16", "bf16"
 
 
 class _Spare:
-    """A spawned worker that imports :data:`PRELOAD`, then waits on its pipe for one task."""
+    """A worker forked from the template (:mod:`mlflow_ngraph.template`), which imported
+    :data:`PRELOAD`, or spawned and importing it; then it waits on its pipe for one task."""
 
     def __init__(self, ahead: Ahead | None = None) -> None:
-        ctx = multiprocessing.get_context("spawn")
+        ctx = template.context()
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_spare_main, args=(child, ahead), name="ngraph spare worker")
+        self.proc = ctx.Process(
+            target=_spare_main, args=(child, ahead, dict(os.environ)), name="ngraph spare worker"
+        )
         self.proc.start()
         child.close()
         self.paused = False
@@ -130,10 +121,12 @@ def _await_stopped(pid: int) -> None:
 
 
 def shutdown() -> None:
-    """Kill the spare workers, if any wait (the end of a run, and at exit)."""
+    """Kill the spare workers, if any wait, and end the workers' template (the end of a
+    run, and at exit)."""
     while _spares:
         _, spare = _spares.pop()
         spare.kill()
+    template.stop()
 
 
 atexit.register(shutdown)
@@ -175,10 +168,12 @@ class _Forward(logging.Handler):
         self.send("log", (record.levelno, record.getMessage()))
 
 
-def _spare_main(conn, ahead: Ahead | None = None) -> None:
-    """The spawned worker: import what every cell needs, prepare the cell ``ahead``, wait
-    for the task, measure the cell, send every event, then ``done``."""
+def _spare_main(conn, ahead: Ahead | None = None, environment: dict | None = None) -> None:
+    """The worker: import what every cell needs (a forked one has it from the template),
+    prepare the cell ``ahead``, wait for the task, measure the cell, send every event, then
+    ``done``."""
     _die_with_parent()
+    template.in_worker(environment if environment is not None else dict(os.environ))
     keep_freed_memory()  # before the imports and the model: every buffer on the kept heap
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
     saved = os.dup(1), os.dup(2)
@@ -186,7 +181,7 @@ def _spare_main(conn, ahead: Ahead | None = None) -> None:
     with tempfile.TemporaryFile() as early:
         os.dup2(early.fileno(), 1)  # import chatter stays out of the runner's terminal
         os.dup2(early.fileno(), 2)
-        _import(PRELOAD)
+        template.preload(PRELOAD)  # a forked worker has them: nothing to do
         if ahead is not None:
             counted = _prepare(ahead)
         try:
@@ -205,14 +200,6 @@ def _spare_main(conn, ahead: Ahead | None = None) -> None:
     _worker_main(task, conn, counted)
 
 
-def _import(names) -> None:
-    for name in names:
-        if importlib.util.find_spec(name.split(".")[0]) is None:
-            continue
-        with contextlib.suppress(Exception):  # the cell's own import will say why
-            importlib.import_module(name)
-
-
 def _prepare(ahead: Ahead) -> list[int]:
     """Import the compiler's modules and build the model of the cell ``ahead`` (kept for
     the task if it is that cell's); any failure is left for the cell itself to meet and
@@ -222,7 +209,7 @@ def _prepare(ahead: Ahead) -> list[int]:
 
     with contextlib.suppress(Exception):
         compiler = get_compiler(ahead.compiler)
-        _import((*compiler.packages, *compiler.preload))
+        template.preload((*compiler.packages, *compiler.preload))
     counted = _count_warnings()
     with contextlib.suppress(Exception):
         load_cell_model(ahead.model_name, ahead.model_params)

@@ -285,12 +285,16 @@ class Runner:
         if self._finished_before():
             self._order_rows()
             return self.rows
-        self.store.start(environment(self.profile.name, self.profile.kind, self.home))
         todo = [
             (cell.model.label, cell.compiler.name, cell.flags, b)
             for cell in self.plan.cells
             for b in self._pending(cell)
         ]
+        if todo and self.isolation == "process":
+            from mlflow_ngraph import template
+
+            template.context()  # the workers' template imports while the store opens
+        self.store.start(environment(self.profile.name, self.profile.kind, self.home))
         self.estimate = Estimate.of(
             todo, self.spec.measure, Timings(self.home), self.stable_retries,
             grouped=self.isolation == "process",

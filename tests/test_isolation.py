@@ -66,11 +66,11 @@ def test_a_hanging_cell_is_killed_at_the_cell_timeout(run_cli, tracking_uri, iso
 def _workers() -> list:
     import psutil
 
-    return [
-        p
-        for p in psutil.Process().children(recursive=True)
-        if "spawn_main" in " ".join(p.cmdline())  # not the resource tracker
-    ]
+    def worker(p) -> bool:  # a spawned or forked worker, or the template it is forked from
+        line = " ".join(p.cmdline())
+        return "spawn_main" in line or "forkserver" in line  # not the resource tracker
+
+    return [p for p in psutil.Process().children(recursive=True) if worker(p)]
 
 
 def _task(tmp_path, model="conv_block", params=None, min_duration=0.5):
