@@ -74,7 +74,9 @@ class _Spare:
         ctx = template.context()
         self.conn, child = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(
-            target=_spare_main, args=(child, ahead, dict(os.environ)), name="ngraph spare worker"
+            target=_spare_main,
+            args=(child, ahead, dict(os.environ), template.parent_of_workers(ctx)),
+            name="ngraph spare worker",
         )
         self.proc.start()
         child.close()
@@ -168,11 +170,13 @@ class _Forward(logging.Handler):
         self.send("log", (record.levelno, record.getMessage()))
 
 
-def _spare_main(conn, ahead: Ahead | None = None, environment: dict | None = None) -> None:
+def _spare_main(
+    conn, ahead: Ahead | None = None, environment: dict | None = None, parent: int | None = None
+) -> None:
     """The worker: import what every cell needs (a forked one has it from the template),
     prepare the cell ``ahead``, wait for the task, measure the cell, send every event, then
     ``done``."""
-    _die_with_parent()
+    template.die_with_parent(parent)  # the runner's end, or the template's, is the worker's
     template.in_worker(environment if environment is not None else dict(os.environ))
     keep_freed_memory()  # before the imports and the model: every buffer on the kept heap
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
@@ -317,19 +321,6 @@ def _redirect_output(path: str, early=None) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-
-
-def _die_with_parent() -> None:
-    """Linux: the kernel kills the worker if the runner dies (kill -9 of the runner)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 # --- an interleaved group: the engines of one model, each in its own worker ---------------

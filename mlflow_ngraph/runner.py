@@ -290,11 +290,18 @@ class Runner:
             for cell in self.plan.cells
             for b in self._pending(cell)
         ]
-        if todo and self.isolation == "process":
-            from mlflow_ngraph import template
+        try:
+            if todo and self.isolation == "process":
+                from mlflow_ngraph import template
 
-            template.context()  # the workers' template imports while the store opens
-        self.store.start(environment(self.profile.name, self.profile.kind, self.home))
+                template.context()  # the workers' template imports while the store opens
+            self.store.start(environment(self.profile.name, self.profile.kind, self.home))
+        except BaseException:
+            if self.isolation == "process":
+                from mlflow_ngraph.isolation import shutdown
+
+                shutdown()  # the template, started for a run that cannot start
+            raise
         self.estimate = Estimate.of(
             todo, self.spec.measure, Timings(self.home), self.stable_retries,
             grouped=self.isolation == "process",

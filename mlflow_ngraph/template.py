@@ -9,11 +9,16 @@ fork of it, ready in milliseconds with the same modules imported. What a worker 
 the runner or with other cells is what it did with a spawn: nothing. Its heap policy
 (:func:`~mlflow_ngraph.measure.memory.keep_freed_memory`) is set here before the imports, as a
 spawned worker set it at its start, so every buffer the imports allocate is on the kept heap
-the worker inherits. Nothing here starts a thread pool: PyTorch's intra-op pool, OpenMP and
-the runtimes' pools start in the worker, at its first inference.
+the worker inherits. No thread pool crosses the fork: PyTorch's intra-op pool, OpenMP and the
+runtimes' pools start in the worker, at its first inference, and OpenBLAS (which starts its
+pool when NumPy is imported) shuts it down before each fork and starts it again in the child.
+
+The template dies with the runner (the kernel kills it when the runner's thread that started
+it ends, even by ``kill -9``), and each worker dies with the template: no worker outlives its
+run. The template's own output (import chatter) goes nowhere; a worker's goes to its log.
 
 ``MLFLOW_NGRAPH_WORKER_START=spawn`` starts every worker as its own interpreter instead (the
-way to compare: ``bench/bench_worker_start.py``).
+way to compare: ``bench/bench_isolation.py --sides process,process-spawn,none``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,13 @@ import contextlib
 import importlib
 import importlib.util
 import multiprocessing
+
+# imported now, not at the first worker: multiprocessing.util's exit handler (which removes
+# the forkserver's socket folder) is then registered before isolation's, and runs after it
+import multiprocessing.forkserver
 import os
+import signal
+import sys
 import threading
 
 from mlflow_ngraph.errors import NgraphError
@@ -116,14 +127,20 @@ def context():
 
 
 def stop() -> None:
-    """End the forkserver if this process started one (at the end of a run, with the
-    workers: nothing of a run stays behind in a process that goes on, a Ray worker's say)."""
+    """End the forkserver if this process started one (at the end of a run, after its
+    workers: a worker still alive dies with it); nothing of a run stays behind in a process
+    that goes on, a Ray worker's say."""
     global _server_key
     from multiprocessing import forkserver
 
     with _lock:
-        if _server_key is not None:
+        if _server_key is None:
+            return
+        try:
             forkserver._forkserver._stop()
+        except OSError:  # its socket's folder is already gone (at exit): it ended anyway
+            pass
+        finally:
             _server_key = None
 
 
@@ -184,8 +201,7 @@ def in_worker(environment: dict[str, str]) -> None:
     """At a forked worker's start: the runner's environment as it was when the worker was
     asked for (a spawn inherits it; a fork inherits the forkserver's), and the forkserver's
     "alive" pipe closed, so that the forkserver ends when the runner does, whatever its
-    workers do, and the kernel then kills them
-    (:func:`mlflow_ngraph.isolation._die_with_parent`)."""
+    workers do, and the kernel then kills them (:func:`die_with_parent`)."""
     from multiprocessing import forkserver
 
     server = forkserver._forkserver
@@ -198,8 +214,45 @@ def in_worker(environment: dict[str, str]) -> None:
         os.environ.update(environment)
 
 
+def die_with_parent(expected: int | None = None) -> None:
+    """Linux: the kernel kills this process when its parent ends (``kill -9`` included); a
+    parent that ended before (this process's parent is not ``expected``, or changed while
+    the kernel was told) ends it now."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid() if expected is None else expected
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def parent_of_workers(ctx) -> int:
+    """The pid a worker started from ``ctx`` has as its parent: the forkserver's, or this
+    process's for a spawn."""
+    return (_server_pid() if ctx.get_start_method() == FORKSERVER else None) or os.getpid()
+
+
 def boot() -> None:
-    """The forkserver's start (:mod:`mlflow_ngraph._template_boot`): the heap policy, then
-    the imports."""
+    """The forkserver's start (:mod:`mlflow_ngraph._template_boot`): it dies with the
+    runner; the heap policy, then the imports, their output discarded."""
+    die_with_parent()
     keep_freed_memory()
-    preload()
+    saved = os.dup(1), os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        preload()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)

@@ -162,6 +162,31 @@ def clone_store(source: Path, target: Path, skip_home: bool = False) -> str:
     return f"sqlite:///{target / 'mlflow.db'}"
 
 
+def build_empty_store(root: Path) -> None:
+    """``root/mlflow.db`` as MLflow creates a store: its tables migrated, the Default
+    experiment (its artifacts under ``root/mlruns``)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    SqlAlchemyStore(f"sqlite:///{root / 'mlflow.db'}", str(root / "mlruns")).engine.dispose()
+
+
+def copy_empty_store(template: Path, target: Path) -> str:
+    """A copy of the store :func:`build_empty_store` made, at ``target``, whose Default
+    experiment keeps its artifacts in ``mlruns`` beside it; returns its tracking URI."""
+    import shutil
+    import sqlite3
+
+    shutil.copyfile(template, target)
+    db = sqlite3.connect(target)
+    db.execute(
+        "UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+        (str(target.parent / "mlruns" / "0"),),
+    )
+    db.commit()
+    db.close()
+    return f"sqlite:///{target}"
+
+
 #: the tiny benchmark several test files read (``tiny_store`` in conftest.py): its model,
 #: compilers and experiment
 TINY_STORE_MODEL = "conv_block:width=8,depth=1,image_size=32"

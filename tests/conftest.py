@@ -185,9 +185,25 @@ def home(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory) -> Path:
+    """An MLflow SQLite store as MLflow creates it (its tables migrated, the Default
+    experiment), built once per worker: creating one costs 1-2 s of a core."""
+    from tests._support import build_empty_store
+
+    root = tmp_path_factory.mktemp("empty-store")
+    build_empty_store(root)
+    return root / "mlflow.db"
+
+
 @pytest.fixture
-def tracking_uri(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+def tracking_uri(tmp_path: Path, empty_store: Path) -> str:
+    """A fresh local store in the test's folder: a copy of :func:`empty_store`, its Default
+    experiment's artifacts in the test's ``mlruns`` as a store created there would have them.
+    (Every test that starts the tool on a path of its own still has MLflow create one.)"""
+    from tests._support import copy_empty_store
+
+    return copy_empty_store(empty_store, tmp_path / "mlflow.db")
 
 
 @pytest.fixture
