@@ -40,12 +40,49 @@ E2E_FILES = {
 E2E_FIXTURES = {"run_cli", "store", "tiny_store", "shared_build"}
 
 
+#: the files that took longest in the last profiled run (``make test`` with
+#: ``--profile-suite``), longest first: they start first, so that the run ends on short tests
+#: (the longest-processing-time-first rule); a file not listed comes after them, in its order
+SLOW_FILES = [
+    "cluster/test_sweep_faults.py", "cluster/test_project_backend.py",
+    "deploy/test_trust_server.py", "tune/test_tune_run.py", "test_faults.py",
+    "deploy/test_pull.py", "test_server_down.py", "test_resume.py", "test_team_server.py",
+    "deploy/test_trust.py", "cluster/test_sweep_local.py", "deploy/test_register.py",
+    "test_benchmark_mlflow.py", "test_isolation.py", "test_interrupt_and_view.py",
+    "test_template.py", "test_store_record.py", "cluster/test_journal_safety.py",
+    "test_imports.py", "test_cache.py", "test_cli.py", "compilers/test_tvm.py",
+    "deploy/test_register_output.py", "test_summary.py",
+]  # fmt: skip
+
+
+def _name(item) -> str:
+    path = Path(str(item.fspath)).resolve()
+    return path.relative_to(REPO / "tests").as_posix() if path.is_relative_to(REPO) else ""
+
+
+def _module_scoped(item) -> bool:
+    """Whether ``item`` uses a fixture built once per module (or class)."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info else ()
+    return any(d and d[-1].scope in ("module", "class") for d in defs)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items) -> None:
+    """The tiers' marks; under ``--dist loadgroup`` (``make test``) a test that uses a
+    module's fixture stays with that module's other tests on one worker (the fixture is built
+    once), every other test is a unit of its own that either worker takes; the slowest files
+    first (:data:`SLOW_FILES`)."""
+    grouped = config.getoption("dist", "no") == "loadgroup"
     for item in items:
-        path = Path(str(item.fspath)).resolve()
-        name = path.relative_to(REPO / "tests").as_posix() if path.is_relative_to(REPO) else ""
+        name = _name(item)
         if name in E2E_FILES or E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
+        if grouped and _module_scoped(item):
+            item.add_marker(pytest.mark.xdist_group(name))
+    rank = {name: i for i, name in enumerate(SLOW_FILES)}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (rank.get(_name(item), len(rank)), order[id(item)]))
 
 
 def _run_folder(config) -> Path:
@@ -157,8 +194,14 @@ def _untracked(root: Path) -> set[str]:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return set()
-    skip = (".venv/", ".ruff_cache/", ".pytest_cache/", "mlflow_ngraph.egg-info/", "bench/results/",
-            ".coverage-data/")
+    skip = (
+        ".venv/",
+        ".ruff_cache/",
+        ".pytest_cache/",
+        "mlflow_ngraph.egg-info/",
+        "bench/results/",
+        ".coverage-data/",
+    )
     paths = {line[3:] for line in out.splitlines() if line[:2] in ("??", "!!")}
     return {p for p in paths if not p.startswith(skip) and "__pycache__" not in p}
 

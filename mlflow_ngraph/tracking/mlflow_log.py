@@ -163,8 +163,12 @@ def _create_sqlite_store(path: Path) -> None:
 
 
 def _check_sqlite_store(path: Path, shown: str) -> None:
+    """Raises :class:`NgraphError` naming the fix for a file that is no sqlite database or a
+    half-made store. Opened for writing (never created): a run killed in the middle of a
+    write leaves a hot journal, which SQLite rolls back at the first read, and only a
+    connection that may write can."""
     try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10) as db:
+        with sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=10) as db:
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             version = (
                 db.execute("SELECT version_num FROM alembic_version").fetchall()

@@ -183,6 +183,32 @@ def test_a_half_made_sqlite_store_is_one_line_with_the_fix(tmp_path, run_cli):
     assert len(errors) == 1 and "half-made" in errors[0] and f"rm {db}" in errors[0]
 
 
+def test_a_store_whose_writer_was_killed_mid_transaction_opens(tmp_path, empty_store):
+    """kill -9 in the middle of a write leaves a hot journal beside the store; the next run
+    rolls it back and opens the store (a read-only check called it not an sqlite database)."""
+    import shutil
+    import subprocess
+    import sys
+
+    db = tmp_path / "mlflow.db"
+    shutil.copyfile(empty_store, db)
+    killed = (
+        "import os, signal, sqlite3\n"
+        f"db = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+        "db.execute('PRAGMA cache_size=1')\n"  # the transaction spills into the file
+        "db.execute('BEGIN IMMEDIATE')\n"
+        "db.execute('CREATE TABLE pad (x BLOB)')\n"
+        "for i in range(200):\n"
+        "    db.execute('INSERT INTO pad VALUES (randomblob(4000))')\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    subprocess.run([sys.executable, "-c", killed], check=False)
+    assert (tmp_path / "mlflow.db-journal").stat().st_size > 0
+    client = ml.connect(f"sqlite:///{db}")
+    assert [e.name for e in client.search_experiments()] == ["Default"]
+    assert not (tmp_path / "mlflow.db-journal").exists()  # rolled back: the pad is gone
+
+
 def test_a_new_sqlite_store_is_created_whole(tmp_path):
     uri = _store(tmp_path, "sub/new.db")
     ml.connect(uri)
