@@ -82,7 +82,7 @@ import sys, time
 if __name__ == "__main__":
     from mlflow_ngraph import isolation, template
     spare = isolation._Spare()
-    spare.conn.poll(120)  # nothing comes: the worker waits for its task
+    spare.conn.poll(3)  # nothing comes: the worker is waiting for its task by then
     print(spare.proc.pid, template._server_pid(), flush=True)
     time.sleep(300)
 """
