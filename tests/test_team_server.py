@@ -44,6 +44,8 @@ def server(tmp_path_factory):
         f"database_uri = sqlite:///{tmp / 'auth.db'}\nadmin_username = admin\n"
         f"admin_password = {ADMIN_PASSWORD}\n"
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        # as docs/team-server.md advises: a login checked once, not at every request
+        "auth_cache_ttl_seconds = 300\n"
     )
     port = free_port()
     url = f"http://127.0.0.1:{port}"
