@@ -28,9 +28,9 @@ setup-all: $(BIN)/.installed-all
 run: setup
 	$(BIN)/mlflow-ngraph benchmark --spec default --device cpu
 
-# --dist loadgroup: the tests of a module fixture stay on one worker, so it is built once; every
-# other test goes to whichever worker is free (tests/conftest.py), the slowest files first
-PYTEST_PARALLEL = -n 2 --dist loadgroup
+# --dist loadscope: a test file's tests stay on one worker, so its module fixtures are built
+# once; the slowest files start first (tests/conftest.py SLOW_FILES)
+PYTEST_PARALLEL = -n 2 --dist loadscope
 
 test: setup-all
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=20

@@ -6,6 +6,7 @@ Every option can also come from the environment as ``MLFLOW_NGRAPH_<COMMAND>_<OP
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import math
@@ -633,10 +634,49 @@ def spec_of(args: list[str]) -> dict[str, Any]:
         raise NgraphError(f"{name}: {exc.format_message()}") from None
 
 
+def _signal_main_thread() -> None:
+    """SIGINT to the main thread if Python handles it (SIGTERM if only that one is: see
+    :func:`_interrupt`)."""
+    import threading
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if callable(signal.getsignal(signum)):
+            signal.pthread_kill(threading.main_thread().ident, signum)
+            return
+
+
+@contextlib.contextmanager
+def _interrupts_end_the_run():
+    """Ctrl-C that lands while a finalizer runs (SQLAlchemy's, during a garbage collection)
+    is raised there, where Python can only print it ("Exception ignored in ...", a
+    traceback) and drop it. Inside the block it is raised again in the main thread, where
+    it ends the run as any Ctrl-C does."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            import threading
+
+            # a moment later, from another thread: the main thread takes it out of here (a
+            # signal, so that a sleep or a wait on the workers ends at once too)
+            later = threading.Timer(0.1, _signal_main_thread)
+            later.daemon = True
+            later.start()
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: user errors become one line and exit status 2."""
     try:
-        cli.main(args=argv, prog_name="mlflow-ngraph", standalone_mode=False)
+        with _interrupts_end_the_run():
+            cli.main(args=argv, prog_name="mlflow-ngraph", standalone_mode=False)
     except NgraphError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)

@@ -44,14 +44,14 @@ E2E_FIXTURES = {"run_cli", "store", "tiny_store", "shared_build"}
 #: ``--profile-suite``), longest first: they start first, so that the run ends on short tests
 #: (the longest-processing-time-first rule); a file not listed comes after them, in its order
 SLOW_FILES = [
-    "cluster/test_sweep_faults.py", "cluster/test_project_backend.py",
-    "deploy/test_trust_server.py", "tune/test_tune_run.py", "test_faults.py",
-    "deploy/test_pull.py", "test_server_down.py", "test_resume.py", "test_team_server.py",
-    "deploy/test_trust.py", "cluster/test_sweep_local.py", "deploy/test_register.py",
-    "test_benchmark_mlflow.py", "test_isolation.py", "test_interrupt_and_view.py",
+    "deploy/test_trust_server.py", "tune/test_tune_run.py", "cluster/test_project_backend.py",
+    "test_faults.py", "cluster/test_sweep_faults.py", "test_team_server.py",
+    "test_server_down.py", "deploy/test_pull.py", "deploy/test_trust.py",
+    "cluster/test_sweep_local.py", "test_resume.py", "deploy/test_register.py",
+    "test_isolation.py", "test_interrupt_and_view.py", "test_benchmark_mlflow.py",
     "test_template.py", "test_store_record.py", "cluster/test_journal_safety.py",
-    "test_imports.py", "test_cache.py", "test_cli.py", "compilers/test_tvm.py",
-    "deploy/test_register_output.py", "test_summary.py",
+    "test_cli.py", "deploy/test_register_output.py", "test_imports.py", "compilers/test_tvm.py",
+    "test_summary.py", "test_cache.py",
 ]  # fmt: skip
 
 
@@ -60,26 +60,14 @@ def _name(item) -> str:
     return path.relative_to(REPO / "tests").as_posix() if path.is_relative_to(REPO) else ""
 
 
-def _module_scoped(item) -> bool:
-    """Whether ``item`` uses a fixture built once per module (or class)."""
-    info = getattr(item, "_fixtureinfo", None)
-    defs = info.name2fixturedefs.values() if info else ()
-    return any(d and d[-1].scope in ("module", "class") for d in defs)
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """The tiers' marks; under ``--dist loadgroup`` (``make test``) a test that uses a
-    module's fixture stays with that module's other tests on one worker (the fixture is built
-    once), every other test is a unit of its own that either worker takes; the slowest files
-    first (:data:`SLOW_FILES`)."""
-    grouped = config.getoption("dist", "no") == "loadgroup"
+    """The tiers' marks, and the slowest files first (:data:`SLOW_FILES`): under
+    ``--dist loadscope`` (``make test``) each file is one unit of work that a free worker
+    takes whole (its module fixtures built once), in this order."""
     for item in items:
-        name = _name(item)
-        if name in E2E_FILES or E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if _name(item) in E2E_FILES or E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
-        if grouped and _module_scoped(item):
-            item.add_marker(pytest.mark.xdist_group(name))
     rank = {name: i for i, name in enumerate(SLOW_FILES)}
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (rank.get(_name(item), len(rank)), order[id(item)]))
@@ -269,6 +257,9 @@ def run_cli(home: Path, capsys, monkeypatch):
 
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+# every `mlflow server` the tests start, as docs/team-server.md advises: no GenAI job runner
+# (it starts eight processes, about 16 s of a core, that a tracking server never uses)
+os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
 # The suite checks what the tool does, not how fast the host is: its benchmarks stop at the
 # fewest rounds (a +-50% target) and never measure an UNSTABLE figure again, unless a test
 # sets these itself (the options' environment variables, as a user may set them).

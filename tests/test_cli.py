@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 
 import pytest
 
@@ -264,3 +265,25 @@ def test_ctrl_c_promises_a_resume_only_where_a_rerun_resumes():
     assert _interrupted(["-v", "sweep", "s.yaml"]).endswith("resume")
     assert _interrupted(["compare", "-e", "x"]) == "interrupted"
     assert _interrupted(["pull", "-e", "x"]) == "interrupted"
+
+
+def test_ctrl_c_inside_a_finalizer_ends_the_run_without_a_traceback(capsys):
+    """SIGINT that lands while a finalizer runs (SQLAlchemy's, in a garbage collection) is
+    raised again where it ends the run, not printed as "Exception ignored" and dropped."""
+    import signal
+
+    from mlflow_ngraph.cli import _interrupts_end_the_run
+
+    class Finalized:
+        def __del__(self):
+            raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _interrupts_end_the_run():
+                Finalized()
+                time.sleep(5)  # the interrupt lands within the block
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert "Exception ignored" not in capsys.readouterr().err
