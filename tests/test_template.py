@@ -81,18 +81,34 @@ RUNNER = """
 import sys, time
 if __name__ == "__main__":
     from mlflow_ngraph import isolation, template
+    from mlflow_ngraph.config import MeasureSettings
+    from mlflow_ngraph.worker import CellTask
+
     spare = isolation._Spare()
-    spare.conn.poll(3)  # nothing comes: the worker is waiting for its task by then
+    spare.conn.send(CellTask(
+        name="cell", model_name="tests.fixtures.crashing:hanging", model_params={"input_shape": 4},
+        compiler="identity", flags={}, batch_sizes=[1], device="cpu", device_kind="cpu",
+        home=sys.argv[1], tolerance=1e-3, log_file=sys.argv[1] + "/worker.log",
+        measure=MeasureSettings(warmup=1, repetitions=3, min_duration_s=0.1)))
+    while True:  # let it through its gate: then it runs the model, which hangs
+        kind, payload = spare.conn.recv()
+        if kind == "gate":
+            spare.conn.send(("prepare", payload))
+            break
+    time.sleep(2)  # in the model's forward by now, not reading its pipe
     print(spare.proc.pid, template._server_pid(), flush=True)
     time.sleep(300)
 """
 
 
-def test_a_killed_runner_takes_the_template_and_its_workers_with_it(tmp_path):
+def test_a_killed_runner_takes_the_template_and_its_busy_workers_with_it(tmp_path):
+    """A worker in the middle of its cell (a model that hangs: it reads nothing from the
+    runner) dies with the runner, as does the template."""
     script = tmp_path / "runner.py"
     script.write_text(RUNNER)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    runner = subprocess.Popen([PYTHON, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    runner = subprocess.Popen([PYTHON, str(script), str(tmp_path)], stdout=subprocess.PIPE,
+                              text=True, env=env)  # fmt: skip
     try:
         worker, server = map(int, runner.stdout.readline().split())
         assert psutil.Process(worker).ppid() == server
