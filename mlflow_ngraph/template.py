@@ -108,7 +108,7 @@ def context():
     global _server_key
     try:
         method = start_method()
-    except NgraphError:  # the runner reports it (:func:`check`); a worker starts anyway
+    except NgraphError:  # the run reports it (env.py); a worker starts anyway
         method = FORKSERVER if FORKSERVER in multiprocessing.get_all_start_methods() else SPAWN
     if method == SPAWN:
         return multiprocessing.get_context(SPAWN)
@@ -190,11 +190,6 @@ def _answer(sender, function, environment) -> None:
 
 def _forked(process) -> bool:
     return type(getattr(process, "_popen", None)).__module__.endswith("popen_forkserver")
-
-
-def check() -> None:
-    """Raise :class:`NgraphError` for a :data:`WORKER_START_ENV` that is not a choice."""
-    start_method()
 
 
 def in_worker(environment: dict[str, str]) -> None:

@@ -74,7 +74,7 @@ def test_spawn_is_the_other_way_and_anything_else_is_a_clear_error(fresh, monkey
     assert template.context().get_start_method() == "spawn" and not template.running()
     monkeypatch.setenv(template.WORKER_START_ENV, "thread")
     with pytest.raises(NgraphError, match=r"_START='thread' .* forkserver or spawn"):
-        template.check()
+        template.start_method()
 
 
 RUNNER = """
