@@ -44,7 +44,9 @@ class _Profile:
         output = getattr(session.config, "workeroutput", None)
         if output is not None:  # an xdist worker: hand the sums to the controller
             output["ngraph_profile"] = (
-                dict(self.files), dict(self.fixtures), dict(self.fixture_calls)
+                dict(self.files),
+                dict(self.fixtures),
+                dict(self.fixture_calls),
             )
 
     def pytest_testnodedown(self, node, error) -> None:

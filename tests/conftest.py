@@ -270,6 +270,9 @@ os.environ.setdefault("MLFLOW_NGRAPH_TUNE_STABLE_RETRIES", "0")
 # a tune's trials are measured for 0.5 s a batch size by default: the floor that still
 # measures every engine in rounds is enough for what the tests check
 os.environ.setdefault("MLFLOW_NGRAPH_TUNE_MIN_DURATION", "0.05")
+# ... and its finalists to the same floor (by default +-1% or 12 s of windows each)
+os.environ.setdefault("MLFLOW_NGRAPH_TUNE_FINAL_PRECISION", "0.5")
+os.environ.setdefault("MLFLOW_NGRAPH_TUNE_FINAL_MAX_DURATION", "2")
 # ... so their figures are often UNSTABLE, which pull and register would set aside
 os.environ.setdefault("MLFLOW_NGRAPH_PULL_ALLOW_UNSTABLE", "1")
 os.environ.setdefault("MLFLOW_NGRAPH_REGISTER_ALLOW_UNSTABLE", "1")

@@ -46,9 +46,13 @@ BASE = ["--model", "conv_block:width=8,depth=1,image_size=32", "--compiler", "id
     ],
 )
 def test_bad_value_is_one_error_line(run_cli, tmp_path, args, fragment):
+    _refused(run_cli, tmp_path, ["benchmark", *BASE], args, fragment)
+
+
+def _refused(run_cli, tmp_path: Path, command: list[str], args: list[str], fragment: str):
     db = tmp_path / "store.db"
     uri = [] if "--tracking-uri" in args else ["--tracking-uri", f"sqlite:///{db}"]
-    code, out, err = run_cli("benchmark", *BASE, *uri, *args)
+    code, out, err = run_cli(*command, *uri, *args)
     assert code == 2, (out, err)
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines[-1].startswith("error: ") and fragment in lines[-1], err
@@ -79,3 +83,17 @@ def test_a_home_that_cannot_be_used_leaves_no_run(run_cli, tmp_path, make_home, 
     assert code == 2, err
     assert err.strip().splitlines()[-1].startswith("error: home ") and fragment in err
     assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--precision", "0"], "--precision must be a fraction in (0, 1)"),
+        (["--final-precision", "1.5"], "--final-precision must be a fraction in (0, 1)"),
+        (["--final-precision", "nan"], "--final-precision must be a fraction in (0, 1)"),
+        (["--final-max-duration", "0"], "--final-max-duration must be seconds > 0"),
+        (["--final-max-duration", "inf"], "--final-max-duration must be seconds > 0"),
+    ],
+)
+def test_a_bad_tune_setting_is_one_error_line(run_cli, tmp_path, args, fragment):
+    _refused(run_cli, tmp_path, ["tune", "--model", BASE[1]], args, fragment)

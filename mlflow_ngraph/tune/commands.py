@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import signal
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,20 @@ log = logging.getLogger("mlflow_ngraph")
     help="Each trial's engines are measured at least this many seconds per batch size.",
 )
 @click.option(
+    "--final-precision",
+    type=float,
+    default=0.01,
+    show_default=True,
+    help="The finalists' rounds stop when every speedup's 95% interval is within +-X.",
+)
+@click.option(
+    "--final-max-duration",
+    type=float,
+    default=12.0,
+    show_default=True,
+    help="... or when each finalist has had this many seconds of windows.",
+)
+@click.option(
     "--stable-retries",
     type=int,
     default=1,
@@ -109,6 +124,8 @@ def tune(**o: Any) -> None:
         say=click.echo,
         stable_retries=o["stable_retries"],
         precision=o["precision"],
+        final_precision=o["final_precision"],
+        final_max_s=o["final_max_duration"],
         experiment_explicit=o["experiment"] is not None,
     )
     job.prepare()
@@ -137,6 +154,14 @@ def _settings(o: dict[str, Any]):
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
     from mlflow_ngraph.tune.settings import Constraints, TuneSettings, parse_budget
 
+    for option in ("precision", "final_precision"):
+        if not (math.isfinite(o[option]) and 0 < o[option] < 1):
+            flag = "--" + option.replace("_", "-")
+            raise NgraphError(f"{flag} must be a fraction in (0, 1), got {o[option]}")
+    if not (math.isfinite(o["final_max_duration"]) and o["final_max_duration"] > 0):
+        raise NgraphError(
+            f"--final-max-duration must be seconds > 0, got {o['final_max_duration']}"
+        )
     profile = get_profile(o["device"])
     names = _split_multi(o["compilers"])
     if names:

@@ -53,7 +53,8 @@ log = logging.getLogger(__name__)
 
 #: an improvement smaller than this share of the best is not one (patience counts on)
 IMPROVEMENT = 0.01
-#: the finalists' rounds: a tighter stop rule and a longer cap than the search's
+#: the finalists' rounds by default (--final-precision, --final-max-duration): a tighter
+#: stop rule and a longer cap than the search's
 FINAL_PRECISION = 0.01
 FINAL_MAX_S = 12.0
 #: proposals in a row that were all measured before: the space is exhausted
@@ -78,6 +79,8 @@ class Tune:
         max_interval: float = 0.05,
         precision: float = 0.02,
         experiment_explicit: bool = True,
+        final_precision: float = FINAL_PRECISION,
+        final_max_s: float = FINAL_MAX_S,
     ) -> None:
         self.settings = settings
         self.home = Path(home)
@@ -86,6 +89,9 @@ class Tune:
         self.stable_retries = stable_retries
         self.max_interval = max_interval
         self.precision = precision
+        #: the finalists' stop rule and cap on each engine's windows (their cells' settings)
+        self.final_precision = final_precision
+        self.final_max_s = final_max_s
         #: the experiment was named by the user (under ``mlflow run`` it must then be the
         #: project run's)
         self.experiment_explicit = experiment_explicit
@@ -382,7 +388,7 @@ class Tune:
 
         measure = self.settings.measure
         if trial.stage == "final":
-            measure = replace(measure, max_duration_s=FINAL_MAX_S)
+            measure = replace(measure, max_duration_s=self.final_max_s)
         spec = self._spec(
             [CompilerSpec(trial.compiler, {k: v for k, v in trial.flags.items() if v is not None})],
             trial.batch_size,
@@ -572,10 +578,10 @@ class Tune:
                 for trial in batch:
                     self._record(trial)
                 self.trials.extend(batch)
-            measure = replace(self.settings.measure, max_duration_s=FINAL_MAX_S)
+            measure = replace(self.settings.measure, max_duration_s=self.final_max_s)
             if not self._read_results(batch, b):
                 self.say(f"[tune] bs{b}: measuring the {len(batch)} finalist(s) again, together")
-                self._run_benchmark(batch, b, group, measure, FINAL_PRECISION)
+                self._run_benchmark(batch, b, group, measure, self.final_precision)
                 self._read_results(batch, b)
             for trial in batch:
                 trial.values = self.values_of(trial)
