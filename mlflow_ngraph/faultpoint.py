@@ -7,7 +7,9 @@ first) the process passes the point named ``<name>`` do ``<action>``:
 - ``enospc`` / ``erofs``: raise the ``OSError`` a full disk / a read-only file system gives
   (a fake of a fault the disk cannot produce on demand);
 - ``fill``: fill the file system of ``MLFLOW_NGRAPH_HOME`` with a ballast file, so the next
-  writes there meet a real full disk.
+  writes there meet a real full disk;
+- ``hold=<file>``: wait there while ``<file>`` exists (at most :data:`HOLD_MAX_S`), so that a
+  test's kill or cancel lands while work is left, however fast or busy the host is.
 
 Unset (always, outside tests), a point costs one dictionary lookup. :data:`POINTS` lists every
 point, in the order one benchmark invocation passes them.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import time
 from pathlib import Path
 
 ENV = "MLFLOW_NGRAPH_FAULT_POINT"
@@ -36,6 +39,9 @@ POINTS = {
     "parent_finished": "the parent run was ended (the journal's indexed record not written)",
     "indexed": "the journal's indexed record was written (the invocation is complete)",
 }
+
+#: the longest a ``hold`` waits for its file to go (a test that never removes it)
+HOLD_MAX_S = 600.0
 
 _seen: dict[str, int] = {}
 
@@ -67,8 +73,13 @@ def point(name: str) -> None:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), home)
     elif action == "fill":
         _fill(Path(home))
+    elif action.startswith("hold="):
+        gate = Path(action[len("hold=") :])
+        deadline = time.monotonic() + HOLD_MAX_S
+        while gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     else:
-        raise ValueError(f"{ENV}: unknown action {action!r} (kill, enospc, erofs, fill)")
+        raise ValueError(f"{ENV}: unknown action {action!r} (kill, enospc, erofs, fill, hold=F)")
 
 
 def _fill(home: Path) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from mlflow_ngraph import faultpoint
 from tests._support import PYTHON, REPO, process_tracking_uri
 from tests.cluster.test_sweep_local import _descendants, watch
 
@@ -33,18 +34,26 @@ TINY = {
     "repetitions": "3",
     "min_duration": "0.05",
 }
-# a run with work left after its first result: its cells are measured side by side, batch
-# size by batch size, so it is the batch sizes after the first that a cancel or kill meets;
-# each engine measured for at least 1 s a batch size (with TINY's 0.05 s, all three cells
-# once finished in a full suite before the cancel landed)
-LONGER = {**TINY, "compilers": "identity torchscript onnxruntime", "batch_sizes": "1,2,4,8",
-          "min_duration": "1"}  # fmt: skip
+# a run with work left after its first result: three cells, two batch sizes, held (a fault
+# point) just after its first result is logged until the test has cancelled or killed it
+LONGER = {**TINY, "compilers": "identity torchscript onnxruntime", "batch_sizes": "1,2"}
 LOOPBACK = ("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")
 
 
-def _env(tmp: Path) -> dict[str, str]:
-    return {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}",
-            "MLFLOW_NGRAPH_HOME": str(tmp / "home"), "PYTHONPATH": str(REPO)}  # fmt: skip
+def _env(tmp: Path, held: bool = False) -> dict[str, str]:
+    """The commands' environment; ``held``: the benchmark waits after its first result is
+    logged while ``tmp/gate`` exists (:func:`_release` lets it go on)."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}",
+           "MLFLOW_NGRAPH_HOME": str(tmp / "home"), "PYTHONPATH": str(REPO)}  # fmt: skip
+    env.pop(faultpoint.ENV, None)
+    if held:
+        (tmp / "gate").touch()
+        env[faultpoint.ENV] = f"record_logged:hold={tmp / 'gate'}"
+    return env
+
+
+def _release(tmp: Path) -> None:
+    (tmp / "gate").unlink(missing_ok=True)
 
 
 def _command(config: dict | str, params: dict, entry: str = "benchmark") -> list[str]:
@@ -153,6 +162,10 @@ def _first_result(tmp: Path, timeout: float = 480) -> None:
         time.sleep(0.5)
 
 
+def _unfinished(tmp: Path) -> bool:
+    return any(r.info.status != "FINISHED" for r in _runs(tmp, "cell"))
+
+
 def _said(tmp: Path) -> str:
     """What the client and the driver printed (the end of it)."""
     logs = [tmp / "client.out", *(tmp / "home" / "projects").glob("*/driver.log")]
@@ -179,10 +192,11 @@ def in_store(tmp_path, monkeypatch):
         yield uri, experiment_id
 
 
-def test_wait_status_and_cancel_then_the_same_run_resumes(tmp_path, in_store):
+def test_wait_status_and_cancel_then_the_same_run_resumes(tmp_path, in_store, monkeypatch):
     from mlflow_ngraph.cluster.backend import RayBackend
 
     uri, experiment_id = in_store
+    monkeypatch.setenv(faultpoint.ENV, _env(tmp_path, held=True)[faultpoint.ENV])
     backend = RayBackend()
     started = time.time()
     submitted = backend.run(str(REPO), "benchmark", dict(LONGER), None,
@@ -198,6 +212,8 @@ def test_wait_status_and_cancel_then_the_same_run_resumes(tmp_path, in_store):
     cells = _runs(tmp_path, "cell")
     assert cells and len([r for r in cells if r.info.status == "FINISHED"]) < 3
     assert not [r for r in cells if r.info.status == "RUNNING"], "a cell was left RUNNING"
+    _release(tmp_path)
+    monkeypatch.delenv(faultpoint.ENV)
     # the same run again: into the same project run, the rest measured, nothing twice
     again = backend.run(str(REPO), "benchmark", dict(LONGER), None,
                         _backend_config(synchronous=True), uri, experiment_id)  # fmt: skip
@@ -218,11 +234,13 @@ def test_a_client_killed_with_kill_9_is_picked_up_by_the_same_command(tmp_path):
     config = {"local": True, "devices": DEVICES[:1]}
     command = _command(config, LONGER)
     with open(tmp_path / "client.out", "w") as out:
-        client = subprocess.Popen(command, cwd=tmp_path, env=_env(tmp_path), stdout=out,
-                                  stderr=subprocess.STDOUT)  # fmt: skip
+        client = subprocess.Popen(command, cwd=tmp_path, env=_env(tmp_path, held=True),
+                                  stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     _first_result(tmp_path)
     client.send_signal(signal.SIGKILL)
     client.wait()
+    assert len(_runs(tmp_path, "cell")) < 3 or _unfinished(tmp_path), "nothing left to pick up"
+    _release(tmp_path)  # the driver goes on without its client
     done = subprocess.run(command, cwd=tmp_path, env=_env(tmp_path), capture_output=True,
                           text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
@@ -234,8 +252,9 @@ def test_a_driver_killed_with_kill_9_is_resumed_by_the_same_command(tmp_path):
 
     _make_store(tmp_path)
     config = {"local": True, "devices": DEVICES[:1], "synchronous": False}
-    started = subprocess.run(_command(config, LONGER), cwd=tmp_path, env=_env(tmp_path),
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    started = subprocess.run(_command(config, LONGER), cwd=tmp_path,
+                             env=_env(tmp_path, held=True), capture_output=True, text=True,
+                             timeout=300)  # fmt: skip
     assert started.returncode == 0, (started.stdout + started.stderr)[-3000:]
     assert "goes on in the background" in started.stdout, started.stdout
     _first_result(tmp_path)
@@ -245,6 +264,7 @@ def test_a_driver_killed_with_kill_9_is_resumed_by_the_same_command(tmp_path):
     for p in victims:  # the driver and everything it started, at once
         with contextlib.suppress(ProcessLookupError):  # a child that ended meanwhile
             os.kill(p, signal.SIGKILL)
+    _release(tmp_path)
     sync = {k: v for k, v in config.items() if k != "synchronous"}
     done = subprocess.run(_command(sync, LONGER), cwd=tmp_path, env=_env(tmp_path),
                           capture_output=True, text=True, timeout=900)  # fmt: skip
