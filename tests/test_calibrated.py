@@ -22,6 +22,7 @@ def test_a_model_is_measured_interleaved_and_its_speedup_interval_logged(run_cli
     code, out, err = run_cli(
         "benchmark", *TINY, "--compiler", "identity", "--compiler", "torchscript",
         "--experiment", "paired", "--tracking-uri", tracking_uri,
+        "--max-duration", "4",  # the default cap: rounds enough for an interval when busy
     )  # fmt: skip
     assert code == 0, err
     cells = _cells(tracking_uri, "paired")

@@ -279,7 +279,7 @@ def test_two_copies_at_once_measure_everything_once(tmp_path):
 
     uri, home = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "home"
     env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_NGRAPH_HOME": str(home)}
-    args = _args(uri, home, "--min-duration", "2")
+    args = _args(uri, home, "--min-duration", "2", "--max-duration", "2")
 
     def start():
         return subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE,

@@ -85,6 +85,12 @@ log = logging.getLogger("mlflow_ngraph")
     help="Each trial's engines are measured at least this many seconds per batch size.",
 )
 @click.option(
+    "--max-duration",
+    type=float,
+    default=None,
+    help="Cap on each trial's seconds of windows per engine and batch size (default 4).",
+)
+@click.option(
     "--final-precision",
     type=float,
     default=0.01,
@@ -191,8 +197,14 @@ def _settings(o: dict[str, Any]):
         seed=o["seed"],
         per_group=o["per_group"],
         finalists=o["finalists"],
-        measure=MeasureSettings(warmup=3, repetitions=10, min_duration_s=o["min_duration"]),
+        measure=MeasureSettings(
+            warmup=3,
+            repetitions=10,
+            min_duration_s=o["min_duration"],
+            max_duration_s=o["max_duration"],
+        ),
     )
+    settings.measure.validate()  # --min-duration / --max-duration: one line before anything runs
     return settings, home, uri
 
 
