@@ -19,6 +19,7 @@ from collections import Counter
 import pytest
 import yaml
 
+from mlflow_ngraph import faultpoint
 from tests._support import PYTHON, REPO
 from tests.cluster.test_sweep_local import _descendants, _listening
 
@@ -27,9 +28,9 @@ VICTIM = "xeon-a"
 SPEC = {
     "experiment": "sweep-faults",
     "devices": [
-        # three cells: the fault comes after the first is logged, before the last
-        {"name": VICTIM, "profile": "xeon",
-         "compilers": ["identity", "torchscript", "onnxruntime"]},
+        # two cells: the fault comes after the first result is logged (the benchmark waits
+        # there, see `cluster`), before either cell has finished
+        {"name": VICTIM, "profile": "xeon", "compilers": ["identity", "torchscript"]},
         {"name": "cpu-b", "profile": "cpu", "batch_sizes": [1]},
     ],
     "models": [TINY],
@@ -39,21 +40,44 @@ SPEC = {
     "repetitions": 3,
     "min_duration": 0.05,
 }  # fmt: skip
-EXPECTED = {VICTIM: (3, [1, 2]), "cpu-b": (1, [1])}  # cells and batch sizes per device
+EXPECTED = {VICTIM: (2, [1, 2]), "cpu-b": (1, [1])}  # cells and batch sizes per device
 LOOPBACK = ("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")
 
 
-@pytest.fixture
-def cluster(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def _cluster(tmp_path_factory):
+    """One cluster for the file: the kill leaves it whole, the replaced node leaves a fresh
+    one for the device, the node that leaves for good comes last (tests run in file order).
+    Its nodes' benchmarks wait after their first result is logged while the gate exists."""
     from mlflow_ngraph.cluster.spec import parse_sweep
     from mlflow_ngraph.cluster.sweep import LOOPBACK_ONLY, start_local_cluster
 
-    monkeypatch.setenv(LOOPBACK_ONLY, "0")
-    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the nodes' workers run this checkout
-    sweep = parse_sweep(SPEC)
-    cluster = start_local_cluster(sweep.devices, tmp_path / "nodes")
-    yield cluster, sweep
-    cluster.shutdown()
+    tmp = tmp_path_factory.mktemp("sweep-faults")
+    gate = tmp / "gate"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(LOOPBACK_ONLY, "0")
+        patch.setenv("PYTHONPATH", str(REPO))  # the nodes' workers run this checkout
+        patch.setenv(faultpoint.ENV, f"record_logged:hold={gate}")
+        sweep = parse_sweep(SPEC)
+        cluster = start_local_cluster(sweep.devices, tmp / "nodes")
+        try:
+            yield cluster, sweep, tmp / "nodes", gate
+        finally:
+            gate.unlink(missing_ok=True)
+            cluster.shutdown()
+
+
+@pytest.fixture
+def cluster(_cluster):
+    """The file's cluster, its gate closed: each device's benchmark holds after its first
+    result until the test has done its damage and opens it (:func:`_release`)."""
+    _cluster[3].touch()
+    yield _cluster
+    _cluster[3].unlink(missing_ok=True)
+
+
+def _release(cluster) -> None:
+    cluster[3].unlink(missing_ok=True)
 
 
 class Sweep:
@@ -163,42 +187,6 @@ def _final_state(out: str, device: str) -> str:
     return states[-1]
 
 
-def test_a_device_whose_node_is_replaced_mid_sweep_is_done_once(cluster, tmp_path):
-    from mlflow_ngraph.cluster.sweep import add_device_node
-
-    cluster_, spec = cluster
-    victim = next(d for d in spec.devices if d.name == VICTIM)
-    sweep = Sweep(tmp_path, cluster_.address)
-    _await_first_cell(sweep)
-    node = next(n for n in cluster_.worker_nodes if victim.resource in n._ray_params.resources)
-    cluster_.remove_node(node, allow_graceful=False)
-    sweep.await_line(f"device {VICTIM}: its node left the cluster")
-    fresh = tmp_path / "fresh-home"
-    add_device_node(cluster_, victim, fresh)
-    out = sweep.finish()
-    assert sweep.proc.returncode == 0, out[-3000:]
-    assert f"device {VICTIM}: a node offering it joined" in out, out[-3000:]
-    assert _final_state(out, VICTIM) == "done" and _final_state(out, "cpu-b") == "done"
-    assert list((fresh / "journals").glob("*.jsonl")), "the retry did not run on the new node"
-    _assert_every_cell_once(sweep.uri)
-    assert sweep.sockets and all(s.startswith(LOOPBACK) for s in sweep.sockets), sweep.sockets
-
-
-def test_a_device_whose_node_leaves_for_good_is_reported_missing(cluster, tmp_path):
-    cluster_, spec = cluster
-    victim = next(d for d in spec.devices if d.name == VICTIM)
-    sweep = Sweep(tmp_path, cluster_.address, "--wait", "5")
-    _await_first_cell(sweep)
-    node = next(n for n in cluster_.worker_nodes if victim.resource in n._ray_params.resources)
-    cluster_.remove_node(node, allow_graceful=False)
-    out = sweep.finish()
-    assert sweep.proc.returncode == 2, out[-3000:]  # reported as one error line
-    assert f"device {VICTIM} is missing: its node left mid-sweep" in out, out[-3000:]
-    assert _final_state(out, VICTIM) == "missing" and _final_state(out, "cpu-b") == "done"
-    assert out.strip().splitlines()[-1].startswith("error: sweep "), out[-1000:]
-    assert _finished_cells(sweep.uri, "cpu-b") == EXPECTED["cpu-b"][0]  # its results stand
-
-
 def _benchmark_of(device: str) -> int | None:
     """The pid of the sweep's benchmark process of ``device`` on this machine."""
     for pid in _descendants(os.getpid()):
@@ -215,7 +203,7 @@ def _benchmark_of(device: str) -> int | None:
 
 
 def test_a_device_whose_benchmark_is_killed_mid_sweep_resumes_from_its_journal(cluster, tmp_path):
-    cluster_, _ = cluster
+    cluster_, _, nodes, _ = cluster
     sweep = Sweep(tmp_path, cluster_.address)
     _await_first_cell(sweep)
     pid = _benchmark_of(VICTIM)
@@ -223,11 +211,50 @@ def test_a_device_whose_benchmark_is_killed_mid_sweep_resumes_from_its_journal(c
     for p in _descendants(pid):  # the benchmark and its cell worker, at once
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
+    _release(cluster)
     out = sweep.finish()
     assert sweep.proc.returncode == 0, out[-3000:]
     assert _final_state(out, VICTIM) == "done" and _final_state(out, "cpu-b") == "done"
     # the retry ran on the same node and went on from its journal
-    journals = list((tmp_path / "nodes" / VICTIM / "journals").glob("*.jsonl"))
+    journals = list((nodes / VICTIM / "journals").glob("*.jsonl"))
     assert len(journals) == 1, journals
     _assert_every_cell_once(sweep.uri)
     assert sweep.sockets and all(s.startswith(LOOPBACK) for s in sweep.sockets), sweep.sockets
+
+
+def test_a_device_whose_node_is_replaced_mid_sweep_is_done_once(cluster, tmp_path):
+    from mlflow_ngraph.cluster.sweep import add_device_node
+
+    cluster_, spec, _, _ = cluster
+    victim = next(d for d in spec.devices if d.name == VICTIM)
+    sweep = Sweep(tmp_path, cluster_.address)
+    _await_first_cell(sweep)
+    node = next(n for n in cluster_.worker_nodes if victim.resource in n._ray_params.resources)
+    cluster_.remove_node(node, allow_graceful=False)
+    _release(cluster)
+    sweep.await_line(f"device {VICTIM}: its node left the cluster")
+    fresh = tmp_path / "fresh-home"
+    add_device_node(cluster_, victim, fresh)
+    out = sweep.finish()
+    assert sweep.proc.returncode == 0, out[-3000:]
+    assert f"device {VICTIM}: a node offering it joined" in out, out[-3000:]
+    assert _final_state(out, VICTIM) == "done" and _final_state(out, "cpu-b") == "done"
+    assert list((fresh / "journals").glob("*.jsonl")), "the retry did not run on the new node"
+    _assert_every_cell_once(sweep.uri)
+    assert sweep.sockets and all(s.startswith(LOOPBACK) for s in sweep.sockets), sweep.sockets
+
+
+def test_a_device_whose_node_leaves_for_good_is_reported_missing(cluster, tmp_path):
+    cluster_, spec, _, _ = cluster
+    victim = next(d for d in spec.devices if d.name == VICTIM)
+    sweep = Sweep(tmp_path, cluster_.address, "--wait", "5")
+    _await_first_cell(sweep)
+    node = next(n for n in cluster_.worker_nodes if victim.resource in n._ray_params.resources)
+    cluster_.remove_node(node, allow_graceful=False)
+    _release(cluster)
+    out = sweep.finish()
+    assert sweep.proc.returncode == 2, out[-3000:]  # reported as one error line
+    assert f"device {VICTIM} is missing: its node left mid-sweep" in out, out[-3000:]
+    assert _final_state(out, VICTIM) == "missing" and _final_state(out, "cpu-b") == "done"
+    assert out.strip().splitlines()[-1].startswith("error: sweep "), out[-1000:]
+    assert _finished_cells(sweep.uri, "cpu-b") == EXPECTED["cpu-b"][0]  # its results stand
