@@ -406,20 +406,47 @@ def find_or_create_run(
     ``tags`` and ``more_tags`` at once (a kill never leaves it half-tagged). Safe when several
     clients ask at once: each creator waits :data:`SETTLE_S`, every client then agrees on the
     earliest run by (start time, id), and the others delete the run they made."""
-    found = _find_run(client, experiment_id, tags)
-    if found:
-        return found
-    # the creator, as ``pull`` names it
-    every = {**tags, **(more_tags or {}), "mlflow.user": run_user()}
-    mine = client.create_run(experiment_id, tags=every, run_name=run_name).info.run_id
-    if S.T_CELL_KEY in tags:
-        faultpoint.point("cell_run_created")
+    with _creators_in_turn(client):
+        found = _find_run(client, experiment_id, tags)
+        if found:
+            return found
+        # the creator, as ``pull`` names it
+        every = {**tags, **(more_tags or {}), "mlflow.user": run_user()}
+        mine = client.create_run(experiment_id, tags=every, run_name=run_name).info.run_id
+        if S.T_CELL_KEY in tags:
+            faultpoint.point("cell_run_created")
     time.sleep(SETTLE_S)
     winner = _find_run(client, experiment_id, tags) or mine
     if winner != mine:
         log.debug("run %s of %s was created twice: keeping %s", mine, tags, winner)
         client.delete_run(mine)
     return winner
+
+
+@contextlib.contextmanager
+def _creators_in_turn(client):
+    """On a local sqlite store, this host's clients look for a run and create it one at a
+    time (a lock file beside the store). The settle rule alone is not enough there: a create
+    that waited on sqlite's write lock longer than :data:`SETTLE_S` lands with the start
+    time it was asked with, earlier than a run another client has already settled on (four
+    threads at once on a busy host kept two runs of one cell)."""
+    path = local_sqlite(str(getattr(client, "tracking_uri", "") or ""))
+    if path is None or not path.parent.is_dir():
+        yield  # a tracking server: the settle rule
+        return
+    import fcntl
+
+    try:
+        handle = open(path.with_name(path.name + ".ngraph-create.lock"), "a")  # noqa: SIM115
+    except OSError:  # a folder this user cannot write: MLflow says so at the create
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def run_user() -> str:
