@@ -208,7 +208,7 @@ class Journal:
 
     def _append(self, record: dict[str, Any]) -> None:
         record = {"v": JOURNAL_VERSION, "time": time.time(), **record}
-        record["crc"] = _checksum(record)
+        record["crc"] = checksum(record)
         line = json.dumps(record, default=float) + "\n"
         if self._torn_tail:  # never glue a record to a line torn by a kill
             line = "\n" + line
@@ -453,7 +453,8 @@ class JournalLock:
 
 
 # --- records ------------------------------------------------------------------------------
-def _checksum(record: dict[str, Any]) -> str:
+def checksum(record: dict[str, Any]) -> str:
+    """A record's checksum: of every field but ``crc`` (where it is kept)."""
     payload = {k: v for k, v in record.items() if k != "crc"}
     text = json.dumps(payload, sort_keys=True, default=float)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -494,7 +495,7 @@ def _problem(record: Any) -> str:
             record[name] = value = int(value)
         if not isinstance(value, kind) or isinstance(value, bool):
             return f"{record['kind']} record without a valid {name!r}"
-    if "crc" in record and record["crc"] != _checksum(record):
+    if "crc" in record and record["crc"] != checksum(record):
         return "checksum mismatch"
     return ""
 

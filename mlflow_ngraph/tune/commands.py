@@ -137,12 +137,14 @@ def tune(**o: Any) -> None:
     job.prepare()
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        job.run()
+        with job.hold():  # a second copy of this tune waits for the first, then concludes
+            job.run()
+            signal.signal(signal.SIGTERM, previous)
+            verdict = _conclude(job)
+            if o["register_name"] and verdict is not None:
+                _register(job, verdict, o["register_name"])
     finally:
         signal.signal(signal.SIGTERM, previous)
-    verdict = _conclude(job)
-    if o["register_name"] and verdict is not None:
-        _register(job, verdict, o["register_name"])
 
 
 def _settings(o: dict[str, Any]):

@@ -25,13 +25,14 @@ How a tune runs:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -126,8 +127,27 @@ class Tune:
             entries.append((compiler, self.profile.compiler_flags.get(cspec.name, {}), cspec.flags))
         host = HostLimits.here(self.profile.kind, s.scenario)
         self.space = build_space(entries, host, s.allow_precision)
-        self.journal = TuneJournal(self.home, s.key())
+        self.journal = TuneJournal(self.home, TuneJournal.name_for(s.key(), self.uri))
         return self.space
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """One invocation of this tune (home, store and search) at a time, as the
+        benchmark's: a second copy says so in one line, waits for the first to end, then
+        takes what it left (its trials measured, its winner called)."""
+        lock = self.journal.lock()
+
+        def waiting(holder: str) -> None:
+            self.say(
+                f"[tune] another copy of this tune is running ({holder}): waiting for it to "
+                "end, then taking what it left (Ctrl-C to stop waiting)"
+            )
+
+        lock.acquire(on_wait=waiting)
+        try:
+            yield
+        finally:
+            lock.release()
 
     # --- the search -------------------------------------------------------------------------
     def run(self) -> list[Trial]:
@@ -220,8 +240,10 @@ class Tune:
             if members[0].stage == "final":
                 continue  # the finalists are chosen and measured again at the end
             if not self._read_results(members, b):
+                began = time.monotonic()
                 self._run_benchmark(members, b, group, self.settings.measure, self.precision)
                 self._read_results(members, b)
+                self._spent(group, time.monotonic() - began)
             for trial in members:
                 self._tell_new(trial)
 
@@ -295,11 +317,14 @@ class Tune:
         self._read_results(batch, b)
         for trial in batch:
             self._tell_new(trial)
-        seconds = time.monotonic() - began
+        self._spent(group, time.monotonic() - began)
+        self._say_progress(batch, b)
+
+    def _spent(self, group: int, seconds: float) -> None:
+        """The group's seconds into the journal, counted once in the budget."""
         self.journal.append("spent", seconds=seconds, group=group)
         self.spent_before += seconds
         self.started = time.monotonic()
-        self._say_progress(batch, b)
 
     def _run_benchmark(self, batch, b, group, measure: MeasureSettings, precision) -> None:
         """The group's cells measured as one benchmark of the model at ``b``, nested under
@@ -486,10 +511,8 @@ class Tune:
 
     def _group_cost(self) -> float:
         """What one more group is expected to take: the mean of the groups so far."""
-        records = [r for r in self.journal.records() if r.get("kind") == "spent"]
-        if not records:
-            return 0.0
-        return sum(float(r["seconds"]) for r in records) / len(records)
+        seconds = list(self.journal.group_seconds().values())
+        return sum(seconds) / len(seconds) if seconds else 0.0
 
     def _should_stop(self) -> bool:
         s = self.settings

@@ -9,7 +9,9 @@ re-run measures only what the benchmark journal lacks of it.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -17,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tracking.journal import JournalLock, checksum
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,53 +75,104 @@ def short_flags(flags: dict[str, Any], compiler: str) -> str:
 
 
 class TuneJournal:
-    """Append-only JSON lines under the home: ``tunes/<key>.jsonl``."""
+    """Append-only JSON lines under the home: ``tunes/<name>.jsonl``, one per tune (what it
+    searches, :meth:`TuneSettings.key`) and store (:meth:`name_for`).
 
-    def __init__(self, home: Path, key: str) -> None:
-        self.path = Path(home) / "tunes" / f"{key}.jsonl"
+    Every line carries a checksum, as the benchmark journal's do: a damaged line (torn by a
+    kill, garbled by a disk) is skipped with a warning, and what it asked is asked again. A
+    trial's number, a group's seconds and its reference are read once however often they
+    were written (a journal two copies of one tune wrote before the tune had a lock)."""
+
+    def __init__(self, home: Path, name: str) -> None:
+        self.path = Path(home) / "tunes" / f"{name}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._warned = False
+
+    @staticmethod
+    def name_for(key: str, tracking_uri: str) -> str:
+        """The journal of the tune ``key`` into the store at ``tracking_uri``: the same
+        search into another store is another tune (its runs and results are there)."""
+        store = hashlib.sha256(tracking_uri.encode()).hexdigest()[:8]
+        return f"{key}-{store}"
+
+    def lock(self) -> JournalLock:
+        """The tune's lock (``tunes/<name>.lock``): one invocation of a tune at a time."""
+        return JournalLock(self.path)
 
     def append(self, kind: str, **data: Any) -> None:
-        line = json.dumps({"kind": kind, "time": time.time(), **data}, default=str) + "\n"
+        record = json.loads(json.dumps({"kind": kind, "time": time.time(), **data}, default=str))
+        record["crc"] = checksum(record)
         with open(self.path, "a") as handle:
-            handle.write(line)
+            handle.write(json.dumps(record) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
 
     def records(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        out = []
-        for line in self.path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line torn by a kill: its group is asked again
+        out, damaged = [], 0
+        for line in self.path.read_text(errors="replace").splitlines():
+            if not line.strip():
                 continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line torn by a kill: its group is asked again
+                damaged += 1
+                continue
+            if not isinstance(record, dict) or (
+                "crc" in record and record["crc"] != checksum(record)
+            ):
+                damaged += 1
+                continue
+            out.append(record)
+        if damaged and not self._warned:
+            self._warned = True
+            log.warning(
+                "tune journal %s: %d damaged line(s) skipped (what they asked is asked again)",
+                self.path,
+                damaged,
+            )
         return out
 
     def load(self) -> tuple[list[Trial], float, str | None]:
-        """The trials asked so far, the seconds spent before, and the tune's run id."""
-        trials: list[Trial] = []
-        spent, run_id = 0.0, None
+        """The trials asked so far (each number once: the first word on it), the seconds
+        the search groups took (each group once: its last word), and the tune's run id."""
+        trials: dict[int, Trial] = {}
+        run_id = None
         for record in self.records():
             kind = record.get("kind")
-            if kind == "trial":
-                trials.append(
-                    Trial(
-                        number=record["number"],
-                        batch_size=record["batch_size"],
+            try:
+                if kind == "trial":
+                    number = int(record["number"])
+                    if number in trials:
+                        continue
+                    trials[number] = Trial(
+                        number=number,
+                        batch_size=int(record["batch_size"]),
                         compiler=record["compiler"],
                         flags=record["flags"],
                         params=record.get("params"),
-                        group=record["group"],
+                        group=int(record["group"]),
                         stage=record.get("stage", "search"),
                     )
-                )
-            elif kind == "spent":
-                spent += float(record["seconds"])
-            elif kind == "run":
-                run_id = record["run_id"]
-        return trials, spent, run_id
+                elif kind == "run":
+                    run_id = record["run_id"]
+            except (KeyError, TypeError, ValueError):  # a record of another shape: skipped
+                continue
+        spent = sum(self.group_seconds().values())
+        return sorted(trials.values(), key=lambda t: t.number), spent, run_id
+
+    def group_seconds(self) -> dict[Any, float]:
+        """Group -> the seconds it took (its last word; a line of an older journal without
+        its group counts on its own)."""
+        out: dict[Any, float] = {}
+        for i, record in enumerate(self.records()):
+            if record.get("kind") == "spent":
+                try:
+                    out[record.get("group", ("line", i))] = float(record["seconds"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+        return out
 
     def references(self) -> dict[tuple[int, int], dict]:
         """(group, batch size) -> the identity reference measured with that group: what

@@ -191,3 +191,43 @@ def test_a_tune_killed_with_kill_9_resumes_without_measuring_again(tmp_path):
                                                       str(tmp_path))).read_text())  # fmt: skip
     first = [t for t in table if t["group"] == 0 and t["status"] == "OK" and t["compile_s"]]
     assert first and all(t["payback_inferences"] is not None for t in first), first
+
+
+def test_a_second_copy_of_a_tune_waits_for_the_first_and_takes_what_it_left(tmp_path):
+    home = tmp_path / "home"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(uri).create_experiment(EXPERIMENT)  # not two processes creating the store
+    args = tune_args(uri, home, "--compiler", "onnxruntime", "--trials", "3")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 300
+    while not list((home / "tunes").glob("*.jsonl")) and first.poll() is None:
+        assert time.time() < deadline, "the first copy never wrote its journal"
+        time.sleep(0.1)
+    second = run(args, tmp_path)  # 1 s or so after the first: both on one home and store
+    out, err = first.communicate(timeout=900)
+    assert first.returncode == 0, err[-3000:]
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "another copy of this tune is running" in second.stdout, second.stdout[-2000:]
+    (journal,) = (home / "tunes").glob("*.jsonl")
+    lines = [json.loads(line) for line in journal.read_text().splitlines()]
+    numbers = [r["number"] for r in lines if r["kind"] == "trial"]
+    assert len(numbers) == len(set(numbers)), numbers
+    groups = [r["group"] for r in lines if r["kind"] == "spent"]
+    assert len(groups) == len(set(groups)), groups
+    keys = [(m["cell"], m["batch_size"]) for m in measured_records(home)]
+    assert len(keys) == len(set(keys)), "a trial was measured twice"
+
+    # both copies name one winner, and a third run resumes exactly the trials asked
+    def winner(text):
+        return [line for line in text.splitlines() if line.startswith("winner: ")]
+
+    assert winner(out) == winner(second.stdout) and len(winner(out)) == 1
+    third = run(args, tmp_path)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert f"[tune] resuming: {len(numbers)} trial(s)" in third.stdout
+    (line,) = winner(third.stdout)
+    label = line[len("winner: ") : line.index(" at bs")]
+    assert f"with {label} (" not in line, line  # never a tie with itself
+    assert winner(third.stdout) == winner(out)
