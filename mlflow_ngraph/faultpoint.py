@@ -40,6 +40,13 @@ POINTS = {
     "indexed": "the journal's indexed record was written (the invocation is complete)",
 }
 
+#: the points ``register`` passes (and ``tune --register``), in order
+REGISTER_POINTS = {
+    "register_model_initialized": "the logged model was created, PENDING, nothing in it yet",
+    "register_model_logged": "the logged model is READY (its run and metrics not linked)",
+    "register_version_created": "the registered version was created (the alias not moved)",
+}
+
 #: the longest a ``hold`` waits for its file to go (a test that never removes it)
 HOLD_MAX_S = 600.0
 

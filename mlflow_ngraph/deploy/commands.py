@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -254,19 +253,23 @@ def register(name: str | None, sha256: str | None, trust_code: bool | None, **op
     """Log the fastest verified engine as an MLflow model, register it and point the
     device's alias at it (when it is faster than the version the alias points at)."""
     from mlflow_ngraph.deploy.pull import download_verified
-    from mlflow_ngraph.deploy.register import cleanup
     from mlflow_ngraph.deploy.register import register as do_register
+    from mlflow_ngraph.scratch import work_folder
 
     with store_errors(options["tracking_uri"], options["experiment"], "EDIT"):
         client, uri, chosen, run, selection = _choose(options)
-        with tempfile.TemporaryDirectory(prefix="ngraph-register-") as tmp:
-            local = download_verified(client, chosen, Path(tmp), sha256, run)
-            try:
-                done = do_register(client, local, chosen, uri, selection.metric, name, trust_code)
-            finally:
-                cleanup(local)
+        # removed however it ends; one a killed register left, by the next one
+        with work_folder(None, "ngraph-register-") as tmp:
+            local = download_verified(client, chosen, tmp, sha256, run)
+            done = do_register(client, local, chosen, uri, selection.metric, name, trust_code)
     click.echo(f"logged model {done.model_uri} (source run {chosen.run_id})")
-    click.echo(f"registered {done.name} version {done.version}")
+    if done.reused:
+        click.echo(
+            f"{done.name} version {done.version} holds this engine of this run already: "
+            "no new version"
+        )
+    else:
+        click.echo(f"registered {done.name} version {done.version}")
     where = "now points at it" if done.alias_moved else f"stays on version {done.alias_version}"
     click.echo(f"alias {done.alias!r} {where}: models:/{done.name}@{done.alias}")
 
@@ -283,7 +286,6 @@ def serve(model_uri: str, host: str, port: int, tracking_uri: str | None, trust_
     what runs is the installed loader, never code from the store. A request of another
     shape than the engine's (its batch size) gets HTTP 400 with a one-line message."""
     import os
-    import shutil
     import signal
     import subprocess
     import sys
@@ -291,13 +293,16 @@ def serve(model_uri: str, host: str, port: int, tracking_uri: str | None, trust_
     from mlflow.pyfunc.scoring_server import _SERVER_MODEL_PATH as SERVER_MODEL_PATH
     from mlflow.tracking import MlflowClient
 
+    from mlflow_ngraph.config import check_tracking_uri
     from mlflow_ngraph.deploy.registered import fetch_registered
     from mlflow_ngraph.deploy.trust import TRUST_ENV, trusted
+    from mlflow_ngraph.scratch import work_folder
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
-    tmp = Path(tempfile.mkdtemp(prefix="ngraph-serve-"))
-    try:
+    check_tracking_uri(uri)
+    # the checked copy: removed when the server ends; one a killed serve left, by the next
+    with work_folder(None, "ngraph-serve-") as tmp:
         with store_errors(uri, model_uri, "READ"):
             local, version = fetch_registered(MlflowClient(uri), model_uri, tmp)
         click.echo(f"serving {version.name} version {version.version}, checked, from {local}")
@@ -318,8 +323,6 @@ def serve(model_uri: str, host: str, port: int, tracking_uri: str | None, trust_
             signal.signal(signal.SIGTERM, previous)
         if code and code != -signal.SIGTERM:
             raise NgraphError(f"the scoring server ended with status {code}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 __all__ = ["pull", "run_engine", "register", "serve"]

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from mlflow_ngraph.deploy.engine import read_manifest, verify_files
@@ -37,9 +36,11 @@ def check_target(directory: Path, force: bool) -> None:
 
 
 def download_verified(
-    client, candidate: Candidate, parent: Path, sha256: str | None = None, run=None
+    client, candidate: Candidate, holder: Path, sha256: str | None = None, run=None
 ) -> Path:
-    """The candidate's engine in a fresh temporary directory under ``parent``, verified.
+    """The candidate's engine in ``holder/engine``, verified (``holder``: the caller's work
+    folder, :func:`mlflow_ngraph.scratch.work_folder`, removed with what is in it however
+    the command ends).
 
     The manifest is fetched first and checked against the sha256 its cell run recorded when
     it logged the engine (a write-once param) or ``sha256`` pinned by hand, then against the
@@ -53,10 +54,8 @@ def download_verified(
     """
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     run = run if run is not None else client.get_run(candidate.run_id)
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".pull-", dir=parent))
+    local, digest = _fetch_manifest(client, candidate, Path(holder))
     try:
-        local, digest = _fetch_manifest(client, candidate, tmp)
         _check_pinned(digest, candidate, run, sha256)
         manifest = _checked_manifest(local, candidate, run)
         for entry in manifest["files"]:  # only what the manifest lists, confined
@@ -76,8 +75,8 @@ def download_verified(
         }
         (local / SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True))
         return local
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:  # nothing that looks usable is left behind
+        shutil.rmtree(local, ignore_errors=True)
         raise
 
 
@@ -179,18 +178,15 @@ def pull(
     run=None,
 ) -> Path:
     """Download, verify and move the candidate's engine into ``directory``."""
+    from mlflow_ngraph.scratch import work_folder
+
     directory = Path(directory).resolve()
     check_target(directory, force)
-    local = download_verified(client, candidate, directory.parent, sha256, run)
-    holder = local.parent
-    try:
-        if directory.exists():
-            old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
-            os.replace(directory, old)
-            os.replace(local, directory)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(local, directory)
-    finally:
-        shutil.rmtree(holder, ignore_errors=True)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    # beside the target (a rename moves it into place); one a killed pull left goes here
+    with work_folder(directory.parent, ".pull-") as holder:
+        local = download_verified(client, candidate, holder, sha256, run)
+        if directory.exists():  # --force: the old engine goes with the work folder
+            os.replace(directory, holder / "replaced")
+        os.replace(local, directory)
     return directory

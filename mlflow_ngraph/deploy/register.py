@@ -17,13 +17,13 @@ import json
 import logging
 import math
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mlflow_ngraph import faultpoint
 from mlflow_ngraph.deploy.engine import load_engine
 from mlflow_ngraph.deploy.select import METRICS, Candidate
 from mlflow_ngraph.tracking import schema as S
@@ -44,6 +44,7 @@ class Registered:
     alias: str
     alias_moved: bool
     alias_version: str  # the version the alias points at afterwards
+    reused: bool = False  # the same engine from the same run was registered before
 
 
 def default_name(candidate: Candidate) -> str:
@@ -161,7 +162,6 @@ def log_engine_model(
     (unrounded, the manifest hash of another batch size among them) and log its config as
     the run's params (a warning once a second batch size is logged)."""
     import mlflow
-    from mlflow.entities import LoggedModelOutput
 
     from mlflow_ngraph.deploy.pyfunc_model import CONFIG_KEY
     from mlflow_ngraph.deploy.registered import trust_setting
@@ -183,9 +183,14 @@ def log_engine_model(
         source_run_id=candidate.run_id,
         params=model_params(candidate, manifest, digest, run_params),
         model_type=MODEL_TYPE,
-        tags={"ngraph.compiler": candidate.compiler, "ngraph.device": candidate.device},
+        tags={
+            "ngraph.compiler": candidate.compiler,
+            "ngraph.device": candidate.device,
+            T_WRITER: _writer(),
+        },
         experiment_id=candidate.experiment_id,
     )
+    faultpoint.point("register_model_initialized")
     # data only: the engine folder, loaded by the installed loader module, never code
     engine_dir = Path(engine_dir)
     # MLflow loads the model to check its input example: as trusted as the load above
@@ -199,11 +204,86 @@ def log_engine_model(
             input_example=x,
             pip_requirements=_requirements(manifest),
         )
-    step = candidate.batch_size
-    client.log_outputs(candidate.run_id, models=[LoggedModelOutput(model.model_id, step=step)])
-    metrics = {k: v for k, v in candidate.metrics.items() if not math.isnan(v)}
-    mlflow.log_metrics(metrics, model_id=info.model_id, step=step, run_id=candidate.run_id)
+    faultpoint.point("register_model_logged")
+    _link(client, model.model_id, candidate)
     return info
+
+
+def _link(client, model_id: str, candidate: Candidate) -> None:
+    """The logged model as an output of its cell run, the cell's metrics on it."""
+    import mlflow
+    from mlflow.entities import LoggedModelOutput
+
+    step = candidate.batch_size
+    client.log_outputs(candidate.run_id, models=[LoggedModelOutput(model_id, step=step)])
+    metrics = {k: v for k, v in candidate.metrics.items() if not math.isnan(v)}
+    mlflow.log_metrics(metrics, model_id=model_id, step=step, run_id=candidate.run_id)
+
+
+#: a logged model's tag: who is logging it (``host:pid``), so that a later register can
+#: tell a model a killed register left half-logged from one being logged now
+T_WRITER = "ngraph.writer"
+#: seconds after which a half-logged model of another host is taken as left by a kill
+STALE_ELSEWHERE_S = 3600.0
+
+
+def _writer() -> str:
+    import os
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _abandoned(model) -> bool:
+    """Whether a logged model that is not READY was left by a register that died: its
+    writer was a process of this host that is gone, or (another host's) it is an hour old."""
+    import os
+    import socket
+    import time
+
+    host, _, pid = (model.tags.get(T_WRITER) or "").rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        return not os.path.exists(f"/proc/{pid}")
+    return time.time() - (model.creation_timestamp or 0) / 1000 > STALE_ELSEWHERE_S
+
+
+def registered_before(client, name: str, digest: str, run_id: str):
+    """The version of ``name`` that holds this engine (its manifest's sha256) from this run,
+    if one was registered before (the earliest), else None."""
+    found = client.search_model_versions(f"tags.{T_MANIFEST} = '{digest}'")
+    mine = [
+        v
+        for v in found
+        if v.name == name and v.tags.get("source_run") == run_id and v.status == "READY"
+    ]
+    return min(mine, key=lambda v: int(v.version)) if mine else None
+
+
+def logged_before(client, candidate: Candidate, digest: str) -> str | None:
+    """The uri of a finished logged model of this engine on its cell run (its metrics linked
+    again when a kill cut that short), or None. Half-logged ones a killed register left are
+    removed (one being logged now by a live register is left alone)."""
+    from mlflow.entities import LoggedModelStatus
+
+    found = client.search_logged_models(
+        [candidate.experiment_id],
+        filter_string=f"source_run_id = '{candidate.run_id}' AND params.{T_MANIFEST} = '{digest}'",
+    )
+    ready = None
+    for model in found:
+        if model.model_type != MODEL_TYPE:
+            continue
+        if model.status == LoggedModelStatus.READY:
+            ready = ready or model
+        elif _abandoned(model):
+            log.info("removing logged model %s, left half-logged by a killed register",
+                     model.model_id)  # fmt: skip
+            client.delete_logged_model(model.model_id)
+    if ready is None:
+        return None
+    if not ready.metrics:  # killed after the model was written, before its metrics
+        _link(client, ready.model_id, candidate)
+    return ready.model_uri
 
 
 def register(
@@ -220,9 +300,19 @@ def register(
 
     from mlflow_ngraph.deploy.trust import MANIFEST, file_sha256
 
+    mlflow.set_tracking_uri(tracking_uri)  # mlflow.register_model's store, and the links'
     name = name or default_name(candidate)
     manifest = json.loads((Path(engine_dir) / MANIFEST).read_text())
-    info = log_engine_model(engine_dir, candidate, tracking_uri, trust_code)
+    digest = file_sha256(Path(engine_dir) / MANIFEST)
+    alias = re.sub(r"[^A-Za-z0-9_-]+", "-", candidate.device).lower()
+    before = registered_before(client, name, digest, candidate.run_id)
+    if before is not None:  # the same engine of the same run: its version, not another
+        moved, holder = _move_alias(client, name, alias, before.version, candidate, metric)
+        uri = logged_before(client, candidate, digest) or str(before.source)
+        return Registered(name, str(before.version), uri, alias, moved, holder, reused=True)
+    model_uri = logged_before(client, candidate, digest)
+    if model_uri is None:
+        model_uri = log_engine_model(engine_dir, candidate, tracking_uri, trust_code).model_uri
     tags = {
         "device": candidate.device,
         "device_fingerprint": manifest.get("host_cpu", ""),
@@ -233,13 +323,13 @@ def register(
         "model": candidate.model,
         "source_run": candidate.run_id,
         "engine_sha256": ",".join(f["sha256"] for f in manifest["files"]),
-        T_MANIFEST: file_sha256(Path(engine_dir) / MANIFEST),
+        T_MANIFEST: digest,
         **{f"{T_METRIC}{k}": repr(v) for k, v in candidate.metrics.items()},
     }
-    version = mlflow.register_model(info.model_uri, name, tags=tags)
-    alias = re.sub(r"[^A-Za-z0-9_-]+", "-", candidate.device).lower()
+    version = mlflow.register_model(model_uri, name, tags=tags)
+    faultpoint.point("register_version_created")
     moved, holder = _move_alias(client, name, alias, version.version, candidate, metric)
-    return Registered(name, str(version.version), info.model_uri, alias, moved, holder)
+    return Registered(name, str(version.version), model_uri, alias, moved, holder)
 
 
 def _move_alias(client, name, alias, version, candidate: Candidate, metric: str):
@@ -271,7 +361,3 @@ def _move_alias(client, name, alias, version, candidate: Candidate, metric: str)
             return False, str(current.version)
     client.set_registered_model_alias(name, alias, str(version))
     return True, str(version)
-
-
-def cleanup(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)

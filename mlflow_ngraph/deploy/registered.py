@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -175,13 +173,11 @@ def load_registered(
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    from mlflow_ngraph.scratch import work_folder
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
 
     client = MlflowClient(resolve_tracking_uri(tracking_uri))
-    tmp = Path(tempfile.mkdtemp(prefix="ngraph-registered-"))
-    try:
+    with work_folder(None, "ngraph-registered-") as tmp:
         local, _ = fetch_registered(client, model_uri, tmp)
         with trust_setting(trust_code):
             return mlflow.pyfunc.load_model(str(local))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

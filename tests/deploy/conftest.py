@@ -24,3 +24,13 @@ def store(shared_build, tmp_path_factory):
     root = tmp_path_factory.mktemp("deploy-store") / "store"
     uri = clone_store(built, root, skip_home=True)
     return uri, built / "home"
+
+
+@pytest.fixture
+def fresh_store(shared_build, tmp_path):
+    """The tracking URI of a copy of the tiny benchmark's store of the test's own: one whose
+    logged models and versions no other test adds to."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("tvm")
+    built = shared_build("deploy-store", _build)
+    return clone_store(built, tmp_path / "store", skip_home=True)
