@@ -7,13 +7,28 @@ exports, eager reference outputs, TVM tuning databases and the compilers' scratc
 be deleted: the next run that needs an entry builds it again. The journals (what a re-run
 resumes from, and results not yet sent to the tracking store) and the timings (what the
 time estimate learned) are never pruned here.
+
+A prune beside a running benchmark or tune never takes what the run holds. Each run that
+uses a home's caches holds a lock file under ``<home>/in-use/`` for its whole length
+(:func:`in_use`; the kernel drops it when the run dies, even by ``kill -9``). While one is
+held, a prune skips the entries used since the earliest such run began (a run touches an
+entry each time it takes it from the cache) and the ``.tmp-*`` folders entries are being
+written in, and says so; with none held, those ``.tmp-*`` folders are what a killed run
+left, and go.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import math
+import os
 import re
 import shutil
 import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +47,12 @@ PARTS = {
 #: folders kept whatever is pruned: they hold results and what the estimate learned
 KEPT = ("journals", "timings.json")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+#: the folder of the runs' lock files (:func:`in_use`)
+IN_USE = "in-use"
+#: an entry is being written (``.tmp-*``): in use while a run holds the home, else left
+WRITING = ".tmp-"
+#: seconds of slack on a run's start (file times may lag the clock a little)
+SLACK_S = 2.0
 
 
 @dataclass
@@ -71,6 +92,68 @@ def _bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
+@dataclass
+class User:
+    """A run holding a home's caches."""
+
+    pid: int
+    since: float
+    what: str
+
+    def __str__(self) -> str:
+        clock = time.strftime("%H:%M:%S", time.localtime(self.since))
+        return f"{self.what} (pid {self.pid}, since {clock})"
+
+
+@contextlib.contextmanager
+def in_use(home: Path, what: str) -> Iterator[None]:
+    """Hold ``home``'s caches while the block runs (a prune beside it skips what it uses).
+    A home whose lock cannot be written is used without one (nothing to protect there)."""
+    folder = Path(home) / IN_USE
+    path = folder / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "w")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.write(json.dumps({"pid": os.getpid(), "since": time.time(), "what": what}))
+        handle.flush()
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        handle.close()
+
+
+def users(home: Path) -> list[User]:
+    """The live runs holding ``home``'s caches (the lock files of dead ones are removed)."""
+    out = []
+    folder = Path(home) / IN_USE
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        try:
+            with open(path) as handle:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    info = json.loads(handle.read() or "{}")
+                    since = float(info.get("since") or path.stat().st_mtime)
+                    out.append(User(int(info.get("pid", 0)), since, str(info.get("what", "a run"))))
+                    continue
+            path.unlink(missing_ok=True)  # its run died: nothing holds it
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def touch(path: Path) -> None:
+    """Mark a cache entry used now (a prune beside the run that uses it keeps it)."""
+    with contextlib.suppress(OSError):
+        os.utime(path)
+
+
 def entries(home: Path) -> list[Entry]:
     """Every entry of the home's caches (the journals and timings are none)."""
     out = []
@@ -86,11 +169,30 @@ def entries(home: Path) -> list[Entry]:
     return out
 
 
-def prune(home: Path, max_bytes: int | None = None, older_than_s: float | None = None):
+@dataclass
+class Pruned:
+    """What a prune removed, and what it left because a running run holds it."""
+
+    removed: list[Entry]
+    held: list[Entry]
+    users: list[User]
+    leftovers: int = 0  # ``.tmp-*`` folders killed runs left, removed
+
+
+def prune(home: Path, max_bytes: int | None = None, older_than_s: float | None = None) -> Pruned:
     """Remove entries: those unused for ``older_than_s`` seconds, then the least recently
-    used until the caches hold at most ``max_bytes``; with neither, all of them. Returns
-    the removed entries."""
-    found = sorted(entries(home), key=lambda e: e.used)
+    used until the caches hold at most ``max_bytes``; with neither, all of them. What a
+    running benchmark or tune holds (:func:`in_use`) is never removed."""
+    running = users(home)
+    busy_since = min((u.since for u in running), default=math.inf) - SLACK_S
+    every = entries(home)
+    held = [
+        e for e in every if running and (e.path.name.startswith(WRITING) or e.used >= busy_since)
+    ]
+    leftovers = [e for e in every if e.path.name.startswith(WRITING) and e not in held]
+    found = sorted((e for e in every if e not in held and e not in leftovers), key=lambda e: e.used)
+    for entry in leftovers:
+        _remove(entry.path)
     doomed: list[Entry] = []
     if max_bytes is None and older_than_s is None:
         doomed = found
@@ -106,11 +208,22 @@ def prune(home: Path, max_bytes: int | None = None, older_than_s: float | None =
                 doomed.append(entry)
                 total -= entry.bytes
     for entry in doomed:
-        if entry.path.is_dir():
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            entry.path.unlink(missing_ok=True)
-    return doomed
+        _remove(entry.path)
+    return Pruned(doomed, held, running, len(leftovers))
+
+
+def _remove(path: Path) -> None:
+    """Renamed first (a run that looks it up from now on misses it and builds it again),
+    then deleted."""
+    gone = path.with_name(f".pruned-{uuid.uuid4().hex[:8]}-{path.name}")
+    try:
+        os.replace(path, gone)
+    except OSError:
+        gone = path
+    if gone.is_dir():
+        shutil.rmtree(gone, ignore_errors=True)
+    else:
+        gone.unlink(missing_ok=True)
 
 
 def summary(home: Path) -> str:
@@ -143,7 +256,8 @@ def cache_command(home: Path | None, do_prune: bool, max_size: str | None, older
 
     --prune alone removes every cached engine, export, reference output and scratch; the
     journals (resume, unsent results) and the timings of the estimate are kept. A run
-    rebuilds what it needs. Do not prune while a benchmark runs on the same home.
+    rebuilds what it needs. What a benchmark or tune running on the same home uses is
+    kept, and said.
     """
     from mlflow_ngraph.cli import default_home
 
@@ -156,7 +270,15 @@ def cache_command(home: Path | None, do_prune: bool, max_size: str | None, older
         click.echo(summary(home))
         return
     limit = parse_size(max_size) if max_size else None
-    removed = prune(home, limit, None if older_than is None else older_than * 86400)
-    freed = sum(e.bytes for e in removed)
-    click.echo(f"removed {len(removed)} cache entries, {size_text(freed)} freed")
+    done = prune(home, limit, None if older_than is None else older_than * 86400)
+    freed = sum(e.bytes for e in done.removed)
+    click.echo(f"removed {len(done.removed)} cache entries, {size_text(freed)} freed")
+    if done.leftovers:
+        click.echo(f"removed {done.leftovers} unfinished entries killed runs left")
+    if done.held:
+        runs = "; ".join(str(u) for u in done.users) or "a run"
+        click.echo(
+            f"kept {len(done.held)} entries ({size_text(sum(e.bytes for e in done.held))}) "
+            f"in use by {runs}: prune again once it ends to remove them"
+        )
     click.echo(summary(home))

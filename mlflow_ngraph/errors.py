@@ -47,6 +47,8 @@ HOST_ERRNOS = {
     12: "free memory (close other programs), or measure fewer or smaller models at once",
 }
 
+#: how a cell failure reads when a file of the home vanished under it (:func:`vanished`)
+VANISHED = "a file of the home's caches vanished under the run"
 #: how a host failure reads in a cell's failure reason (an exception as one line)
 _HOST_TEXTS = (
     ("[Errno 28]", 28),
@@ -60,7 +62,27 @@ _HOST_TEXTS = (
     ("[Errno 12]", 12),
     ("Cannot allocate memory", 12),
     ("MemoryError", 12),
+    (VANISHED, 2),
 )
+
+
+#: the fix of each host failure a cell's reason can name
+HOST_FIXES = {
+    **HOST_ERRNOS,
+    2: "let nothing remove the home's files while a run uses them (another user's prune, "
+    "a cleaner of the temp folder)",
+}
+
+
+def vanished(reason: str, home) -> bool:
+    """Whether a cell failure ``reason`` is a file of ``home`` that was not found (removed
+    under the run: by a prune, a cleaner), not a fault of the model or compiler."""
+    if "No such file or directory" not in reason and "[Errno 2]" not in reason:
+        return False
+    from pathlib import Path
+
+    places = {str(home), str(Path(home).absolute()), str(Path(home).resolve())}
+    return any(place in reason for place in places)
 
 
 def host_errno(reason: str) -> int | None:
@@ -71,7 +93,7 @@ def host_errno(reason: str) -> int | None:
 
 def host_fix(reason: str) -> str:
     """The fix of a host failure named by a cell failure ``reason``."""
-    return HOST_ERRNOS.get(host_errno(reason) or 0, "fix the host")
+    return HOST_FIXES.get(host_errno(reason) or 0, "fix the host")
 
 
 def host_fault(exc: BaseException, what: str, kept: str = "") -> HostFault | None:

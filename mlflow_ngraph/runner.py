@@ -29,7 +29,7 @@ from mlflow_ngraph.compilers.base import Compiler
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
-from mlflow_ngraph.errors import NgraphError, host_errno, host_fault
+from mlflow_ngraph.errors import VANISHED, NgraphError, host_errno, host_fault, vanished
 from mlflow_ngraph.estimate import Estimate, Item, Timings, describe
 from mlflow_ngraph.measure.rounds import PRECISION, RERUN_SD
 from mlflow_ngraph.measure.stability import MAX_INTERVAL, OTHER_CPU_THRESHOLD
@@ -242,11 +242,14 @@ class Runner:
         """Measure what the journal lacks, one invocation per journal at a time: a second
         copy of the same command waits for the first (said in one line), then finds its
         work done."""
+        from mlflow_ngraph.cache import in_use
+
         target = (self.tracking_uri, self.spec.experiment, ml.device_name(self.profile.name))
         lock = JournalLock(Journal.path_for(self.home, *target))
         lock.acquire(on_wait=self._say_waiting)
         try:
-            return self._run()
+            with in_use(self.home, "a benchmark"):  # a `cache --prune` beside it keeps its own
+                return self._run()
         except OSError as exc:  # the host failed under the runner (a full or read-only home)
             fault = host_fault(exc, "write", "every result measured before is in the journal")
             if fault is None:
@@ -585,6 +588,8 @@ class Runner:
         and the invocation ends with one line that says so."""
         status = S.STATUS_FAILED
         self._item_done(cell, b, None)
+        if vanished(reason, self.home):  # a file of the caches went under it: not the compiler
+            reason = f"{VANISHED} ({reason})"
         if host_errno(reason) is not None:
             status = S.STATUS_HOST_FAILED
             log.warning("%s bs%d not measured, the host failed: %s", cell.title, b, reason)

@@ -38,6 +38,9 @@ def export_onnx(model, cache_dir: Path) -> Path:
     path = target / "model.onnx"
     if path.is_file():
         log.debug("ONNX export cache hit: %s", path)
+        from mlflow_ngraph.cache import touch
+
+        touch(target)  # its last use: a prune beside this run keeps it
         return path
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))

@@ -55,6 +55,9 @@ def _seed_database(database_dir: Path, given: str | None, cache_dir: Path | None
         log.info("TVM: reusing the tuning database %s", source)
         return "flag"
     if cache_dir is not None and _has_database(cache_dir):
+        from mlflow_ngraph.cache import touch
+
+        touch(cache_dir)  # its last use: a prune beside this run keeps it
         _copy_database(cache_dir, database_dir)
         log.info("TVM: tuning database cache hit %s", cache_dir)
         return "cache"
