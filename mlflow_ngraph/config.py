@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -369,6 +370,15 @@ def check_tracking_uri(uri: str) -> None:
 
     plugins = {e.name for e in importlib.metadata.entry_points(group="mlflow.tracking_store")}
     known = {*_MLFLOW_SCHEMES, *database_schemes(), *plugins}
+    bare = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):(?!//)", uri)  # ``sqlite:/x.db``
+    if not scheme and bare and bare.group(1).split("+")[0].lower() in known - {""}:
+        raise NgraphError(
+            f"tracking URI {uri!r} is malformed: {bare.group(1)}: is followed by // (e.g. "
+            "sqlite:///mlflow.db for a file here, sqlite:////abs/path.db, "
+            "http://127.0.0.1:5000); fix --tracking-uri / MLFLOW_TRACKING_URI"
+        )
+    if base in database_schemes():
+        _check_database_url(uri)
     if base not in known:
         raise NgraphError(
             f"tracking URI {uri!r} has an unknown scheme {scheme!r} (known: "
@@ -380,6 +390,22 @@ def check_tracking_uri(uri: str) -> None:
     path = local_sqlite(uri)
     if path is not None:
         _check_store_file(path, uri)
+
+
+def _check_database_url(uri: str) -> None:
+    """Raises: NgraphError: a database URI SQLAlchemy cannot read."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(uri)
+        if url.get_backend_name() == "sqlite" and (url.host or not url.database):
+            raise ValueError("a sqlite URI names a file after three slashes, not a host")
+    except (ArgumentError, ValueError) as exc:
+        raise NgraphError(
+            f"tracking URI {uri!r} is malformed ({exc}): e.g. sqlite:///mlflow.db, "
+            "postgresql://user@127.0.0.1:5432/db; fix --tracking-uri / MLFLOW_TRACKING_URI"
+        ) from None
 
 
 def _check_store_file(path: Path, uri: str) -> None:

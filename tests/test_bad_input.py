@@ -99,3 +99,27 @@ def test_a_home_that_cannot_be_used_leaves_no_run(run_cli, tmp_path, make_home, 
 )
 def test_a_bad_tune_setting_is_one_error_line(run_cli, tmp_path, args, fragment):
     _refused(run_cli, tmp_path, ["tune", "--model", BASE[1]], args, fragment)
+
+
+@pytest.mark.parametrize("uri", ["sqlite:/x.db", "sqlite://x"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["benchmark", *BASE],
+        ["compare"],
+        ["tune", "--model", "conv_block", "--compiler", "onnxruntime"],
+        ["register", "-e", "x", "--device", "cpu", "--model", "conv_block"],
+        ["pull", "-e", "x", "--device", "cpu", "--model", "conv_block", "-o", "out"],
+        ["serve", "models:/x@cpu"],
+        ["sync"],
+    ],
+    ids=lambda c: c[0] if isinstance(c, list) else c,
+)
+def test_a_malformed_store_uri_from_the_environment_is_one_line(run_cli, monkeypatch, command, uri):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    code, out, err = run_cli(*command)
+    assert code == 2, (out, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    # compare's errors are click's (``Error:``), the others' the CLI's own (``error:``)
+    assert lines[-1].lower().startswith(f"error: tracking uri '{uri}' is malformed"), err
+    assert "Traceback" not in err

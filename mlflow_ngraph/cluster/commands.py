@@ -14,10 +14,12 @@ def sync_command(tracking_uri: str | None, home: Path | None) -> None:
     """Send results measured while the tracking store was unreachable, exactly once."""
     from mlflow_ngraph.cli import _setup_logging, default_home
     from mlflow_ngraph.cluster.sync import sync
+    from mlflow_ngraph.config import check_tracking_uri
     from mlflow_ngraph.tracking.mlflow_log import redact_uri, resolve_tracking_uri
 
     _setup_logging(0)
     uri = resolve_tracking_uri(tracking_uri)
+    check_tracking_uri(uri)
     result = sync(home or default_home(), uri)
     click.echo(
         f"sync to {redact_uri(uri)}: {result.sent} result(s) sent, {result.present} already "

@@ -142,9 +142,11 @@ def sweep_store(tracking_uri: str | None, local: bool, address: str | None) -> s
     Raises:
         NgraphError: a local store for devices that are not all on this machine.
     """
+    from mlflow_ngraph.config import check_tracking_uri
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
+    check_tracking_uri(uri)
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         uri = "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
     if not local and uri.startswith(("sqlite:", "file:")) and not address:
