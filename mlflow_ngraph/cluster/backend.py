@@ -188,6 +188,8 @@ class RayBackend(AbstractBackend):
                 _say(driver.how_to_follow())
                 return submitted
             if not submitted.follow():
+                if driver.died():  # not the last table row of its output: what happened
+                    raise NgraphError(driver.death_line())
                 raise NgraphError(f"run {submitted.run_id} failed: {driver.last_line()}")
             return submitted
         except NgraphError as exc:  # MLflow's command prints it as one line, exit status 1

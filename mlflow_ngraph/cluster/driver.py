@@ -27,6 +27,56 @@ from mlflow_ngraph.errors import NgraphError
 POLL_S = 0.5
 #: seconds a driver tries to take its lock (a client testing it holds it for an instant)
 LOCK_TRIES_S = 5.0
+#: seconds the reaper gives what a dead driver left between SIGTERM and SIGKILL
+REAP_GRACE_S = 3.0
+#: the reaper (:func:`start_reaper`): a process of a session of its own that, while the
+#: driver lives, notes every session the driver's descendants are in (the driver's own, a
+#: local cluster head's, Ray's task workers'); at the end of its stdin (the driver's end,
+#: however it ended, ``kill -9`` included) and once the driver is gone (a zombie counts), it
+#: stops every process left in those sessions: SIGTERM, then SIGKILL. Linux hands out no pid
+#: still in use as a session's id, so a session is the driver's own for as long as any of its
+#: processes lives.
+REAPER = r"""
+import os, select, signal, sys, time
+driver, grace, me = int(sys.argv[1]), float(sys.argv[2]), os.getpid()
+def table():
+    out = {}
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as stat:
+                rest = stat.read().rpartition(")")[2].split()
+            out[int(name)] = (rest[0], int(rest[1]), int(rest[3]))  # state, ppid, session
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+def gone(procs):
+    return driver not in procs or procs[driver][0] in ("Z", "X")
+sessions = {driver}
+while True:
+    ready, _, _ = select.select([sys.stdin], [], [], 1.0)
+    procs = table()
+    family, grew = {driver}, True
+    while grew:
+        more = {p for p, (_, ppid, _) in procs.items() if ppid in family} - family - {me}
+        family |= more
+        grew = bool(more)
+    sessions |= {procs[p][2] for p in family if p in procs} - {procs.get(me, ("", 0, me))[2]}
+    if ready and not os.read(sys.stdin.fileno(), 4096):
+        break
+while not gone(table()):
+    time.sleep(0.2)
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    left = [p for p, (state, _, sid) in table().items()
+            if sid in sessions and p != me and state not in ("Z", "X")]
+    if not left:
+        break
+    for p in left:
+        try:
+            os.kill(p, sig)
+        except OSError:
+            pass
+    time.sleep(grace)
+"""
 
 
 class Driver:
@@ -109,6 +159,20 @@ class Driver:
     def wait(self) -> None:
         while self.alive():
             time.sleep(POLL_S)
+
+    def died(self) -> bool:
+        """Whether the driver ended without saying how (``kill -9``, the host's OOM killer):
+        its phase is still starting or running and nothing holds its lock."""
+        return self.phase() in ("starting", "running") and not self.alive()
+
+    def death_line(self) -> str:
+        """The one line for a driver that :meth:`died`."""
+        state = self.state()
+        return (
+            f"the driver of run {state.get('run_id')} (pid {state.get('pid')}) died before it "
+            "finished (killed?); what the devices measured is kept: run the same command "
+            f"again to resume (its output: {self.log_path})"
+        )
 
     def cancel(self) -> None:
         """SIGTERM to the driver (it stops every device), then wait for its end."""
@@ -251,11 +315,22 @@ def drive(driver: Driver) -> int:
     return end("done", done, "FINISHED", 0)
 
 
+def start_reaper() -> subprocess.Popen:
+    """The :data:`REAPER` of this process: what it starts does not outlive it."""
+    return subprocess.Popen(
+        [sys.executable, "-c", REAPER, str(os.getpid()), str(REAP_GRACE_S)],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,  # out of the group it stops
+    )  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
     driver = Driver(Path(argv[0]))
     lock = driver.hold_lock()
     if lock is None:  # another driver runs this sweep
         return 0
+    if os.getsid(0) == os.getpid():  # launched as a session of its own (Driver.launch)
+        start_reaper()  # its pipe ends with this process: it stops what this one left
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         return drive(driver)

@@ -8,7 +8,6 @@ line and a non-zero exit."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -247,27 +246,49 @@ def test_a_client_killed_with_kill_9_is_picked_up_by_the_same_command(tmp_path):
     _assert_nested_once(tmp_path, {"xeon-a": 3})
 
 
-def test_a_driver_killed_with_kill_9_is_resumed_by_the_same_command(tmp_path):
+def _living(pids: set[int]) -> set[int]:
+    """Those of ``pids`` still running (a zombie waiting for its parent is not)."""
+    out = set()
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as stat:
+                if stat.read().rpartition(")")[2].split()[0] not in ("Z", "X"):
+                    out.add(p)
+        except OSError:
+            continue
+    return out
+
+
+def test_a_driver_killed_with_kill_9_leaves_nothing_running_and_the_same_command_resumes(
+    tmp_path,
+):
     from mlflow_ngraph.cluster.driver import Driver
 
     _make_store(tmp_path)
-    config = {"local": True, "devices": DEVICES[:1], "synchronous": False}
-    started = subprocess.run(_command(config, LONGER), cwd=tmp_path,
-                             env=_env(tmp_path, held=True), capture_output=True, text=True,
-                             timeout=300)  # fmt: skip
-    assert started.returncode == 0, (started.stdout + started.stderr)[-3000:]
-    assert "goes on in the background" in started.stdout, started.stdout
+    command = _command({"local": True, "devices": DEVICES[:1]}, LONGER)
+    with open(tmp_path / "client.out", "w") as out:  # the client follows the driver
+        client = subprocess.Popen(command, cwd=tmp_path, env=_env(tmp_path, held=True),
+                                  stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     _first_result(tmp_path)
     (directory,) = (tmp_path / "home" / "projects").iterdir()
     pid = Driver(directory).state()["pid"]
-    victims = _descendants(pid)
-    for p in victims:  # the driver and everything it started, at once
-        with contextlib.suppress(ProcessLookupError):  # a child that ended meanwhile
-            os.kill(p, signal.SIGKILL)
+    started = _descendants(pid) - {pid}  # the local cluster's processes, the device's work
+    assert len(started) > 3, started
+    os.kill(pid, signal.SIGKILL)  # the driver alone, as `kill -9 <pid>` does
+    assert client.wait(timeout=120) != 0
+    said = (tmp_path / "client.out").read_text()
+    line = next((ln for ln in said.splitlines() if "died before it finished" in ln), said[-2000:])
+    assert f"pid {pid}" in line and "run the same command again to resume" in line, line
+    deadline = time.time() + 15  # the reaper: SIGTERM, then SIGKILL 3 s later
+    while _living(started) and time.time() < deadline:
+        time.sleep(0.5)
+    left = _living(started)
+    assert not left, subprocess.run(["ps", "-o", "pid,pgid,etime,args", "-p",
+                                     ",".join(map(str, left))], capture_output=True,
+                                    text=True).stdout  # fmt: skip
     _release(tmp_path)
-    sync = {k: v for k, v in config.items() if k != "synchronous"}
-    done = subprocess.run(_command(sync, LONGER), cwd=tmp_path, env=_env(tmp_path),
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     _assert_nested_once(tmp_path, {"xeon-a": 3})
 
