@@ -541,10 +541,258 @@ def named_faults(args) -> list[tuple[str, str]]:
         ("home read-only mid-run", "readonly"),
         ("two copies at once", "copies"),
     ]
+    # the newer commands: tune, register, cache --prune, pull, the ngraph-ray backend
+    from mlflow_ngraph.faultpoint import REGISTER_POINTS
+
+    faults += [("two copies of one tune, 1 s apart", "tune-copies")]
+    faults += [(f"register killed at {p}", f"register:{p}") for p in REGISTER_POINTS]
+    faults += [
+        ("register run again when done", "register:again"),
+        ("cache --prune loop beside a benchmark", "prune-loop"),
+        ("pull killed mid-download", "pull-kill"),
+        ("sqlite:/x.db (one slash)", "bad-uri"),
+        ("ngraph-ray driver killed (kill -9)", "driver-kill"),
+    ]
     return [f for f in faults if not args.only or any(o in f[0] for o in args.only.split(","))]
 
 
+# --- the newer commands' faults -----------------------------------------------------------
+def _cli(home: Home, *args: str, point: str = "", env: dict | None = None, timeout=900):
+    env = {**home.env, **(env or {}), "MLFLOW_NGRAPH_FAULT_POINT": point}
+    return subprocess.run([sys.executable, "-m", "mlflow_ngraph", *args], env=env,
+                          cwd=home.tmp, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
+def _tune_args() -> list[str]:
+    return ["tune", "--model", MODEL, "--batch-sizes", "1", "--experiment", "faults",
+            "--compiler", "onnxruntime", "--trials", "3", "--finalists", "2",
+            "--precision", "0.5", "--max-duration", "1", "--final-precision", "0.5",
+            "--final-max-duration", "2"]  # fmt: skip
+
+
+def _winner(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("winner: ")]
+
+
+def tune_copies(home: Home) -> Trial:
+    """Two copies of one tune 1 s apart, then a third run: trials journaled once, cells
+    measured once, one winner named by all three, the resume count the real one."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(home.uri).create_experiment("faults")
+    env = {**home.env, "MLFLOW_NGRAPH_FAULT_POINT": ""}
+    args = [sys.executable, "-m", "mlflow_ngraph", *_tune_args()]
+    first = subprocess.Popen(args, env=env, cwd=home.tmp, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(1.0)
+    second = _cli(home, *_tune_args())
+    out, err = first.communicate(timeout=900)
+    third = _cli(home, *_tune_args())
+    trial = Trial(tries=3)
+    lines = [json.loads(x) for p in (home.home / "tunes").glob("*.jsonl")
+             for x in p.read_text().splitlines()]  # fmt: skip
+    numbers = [r["number"] for r in lines if r["kind"] == "trial"]
+    measured = [(json.loads(x)["cell"], json.loads(x)["batch_size"])
+                for p in (home.home / "journals").glob("*.jsonl")
+                for x in p.read_text().splitlines() if '"measured"' in x]  # fmt: skip
+    trial.dup_runs = len(numbers) - len(set(numbers)) + len(measured) - len(set(measured))
+    winners = {tuple(_winner(t)) for t in (out, second.stdout, third.stdout)}
+    resumed = f"resuming: {len(set(numbers))} trial(s)" in third.stdout
+    ok = (first.returncode, second.returncode, third.returncode) == (0, 0, 0)
+    trial.unusable = int(not ok or len(winners) != 1 or not resumed)
+    waited = "another copy of this tune is running" in second.stdout
+    trial.notes.append(f"tune copies: exits {first.returncode}/{second.returncode}/"
+                       f"{third.returncode}, second said it waited {waited}, winners agree "
+                       f"{len(winners) == 1}, third resumed the {len(set(numbers))} real "
+                       f"trials {resumed}")  # fmt: skip
+    return trial
+
+
+def _registered_state(home: Home, name: str) -> tuple[int, int, bool]:
+    """(versions of ``name``, logged models not READY, alias on the only version)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(home.uri)
+    versions = client.search_model_versions(f"name = '{name}'")
+    exp = client.get_experiment_by_name("faults")
+    models = client.search_logged_models([exp.experiment_id]) if exp else []
+    pending = sum(str(m.status) != "READY" for m in models)
+    try:
+        alias = client.get_model_version_by_alias(name, "cpu").version
+    except Exception:
+        alias = None
+    return len(versions), pending, len(versions) == 1 and str(alias) == str(versions[0].version)
+
+
+def register_fault(home: Home, how: str) -> Trial:
+    """A benchmark, then ``register`` killed at a step (or run to its end), then run again:
+    one version, the alias on it, nothing PENDING, no copy left in the temp folder."""
+    temp = home.tmp / "temp"
+    temp.mkdir()
+    code, err = home.run()
+    register = ["register", "-e", "faults", "--device", "cpu", "--model", "conv_block",
+                "--compiler", "onnxruntime", "--batch-size", "1", "--name", "faults"]  # fmt: skip
+    env = {"TMPDIR": str(temp)}
+    point = "" if how == "again" else f"{how}:kill"
+    first = _cli(home, *register, point=point, env=env)
+    left = len(list(temp.glob("ngraph-register-*")))
+    again = _cli(home, *register, env=env)
+    versions, pending, aliased = _registered_state(home, "faults")
+    trial = Trial(tries=2, dup_runs=max(0, versions - 1), stuck=pending)
+    after = len(list(temp.glob("ngraph-register-*")))
+    trial.unusable = int(code != 0 or again.returncode != 0 or not aliased or after != 0)
+    trial.notes.append(f"register {how}: first exit {first.returncode} (left {left} temp "
+                       f"copies), again exit {again.returncode}; {versions} version(s), alias "
+                       f"on it {aliased}, {pending} PENDING, {after} temp copies left")  # fmt: skip
+    for name, done in (("benchmark", (code, err)), ("again", (again.returncode, again.stderr))):
+        if done[0] != 0:
+            trial.notes.append(f"register {how}: {name} said {done[1].strip().splitlines()[-1:]}")
+    return trial
+
+
+def prune_loop(home: Home, name: str) -> Trial:
+    """``cache --prune`` every 50 ms while the benchmark runs on the same home."""
+    sys.path.insert(0, str(REPO))
+    from mlflow_ngraph.cache import prune
+
+    proc = home.start()
+    pruned = kept = 0
+    while proc.poll() is None:
+        done = prune(home.home)
+        pruned += len(done.removed)
+        kept += len(done.held)
+        time.sleep(0.05)
+    _, err = proc.communicate()
+    failed = sum('"kind": "failed"' in x or '"kind":"failed"' in x
+                 for p in (home.home / "journals").glob("*.jsonl")
+                 for x in p.read_text().splitlines())  # fmt: skip
+    trial = judge(home, proc.returncode == 0, name)
+    trial.lost += failed
+    trial.notes.append(f"prune loop: benchmark exit {proc.returncode}, {failed} FAILED "
+                       f"results, {pruned} entries pruned, {kept} kept as in use")  # fmt: skip
+    return trial
+
+
+def pull_kill(home: Home) -> Trial:
+    """``pull`` killed while it downloads, then pulled again: no ``.pull-*`` folder left."""
+    code, _ = home.run()
+    target = home.tmp / "out" / "engine"
+    args = [sys.executable, "-m", "mlflow_ngraph", "pull", "-e", "faults", "--device", "cpu",
+            "--model", "conv_block", "--compiler", "onnxruntime", "-o", str(target)]  # fmt: skip
+    proc = subprocess.Popen(args, env=home.env, cwd=home.tmp, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline:
+        if list(target.parent.glob(".pull-*")):
+            break
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait()
+    left = len(list(target.parent.glob(".pull-*")))
+    again = _cli(home, *args[3:])
+    after = len(list(target.parent.glob(".pull-*")))
+    trial = Trial(tries=2)
+    trial.unusable = int(code != 0 or again.returncode != 0 or after != 0)
+    trial.notes.append(f"pull killed: {left} work folder(s) left by the kill, the next pull "
+                       f"exit {again.returncode}, {after} left after it")  # fmt: skip
+    return trial
+
+
+def bad_uri(home: Home) -> Trial:
+    """``MLFLOW_TRACKING_URI=sqlite:/x.db``: one line, for every command that opens a store."""
+    trial = Trial(tries=1)
+    for args in (["benchmark", "--model", MODEL, "--compiler", "onnxruntime"], ["compare"],
+                 ["tune", "--model", MODEL, "--compiler", "onnxruntime"]):  # fmt: skip
+        done = _cli(home, *args, env={"MLFLOW_TRACKING_URI": "sqlite:/x.db"})
+        # compare's errors are click's (``Error:``), the others' the CLI's own (``error:``)
+        said = done.stderr.replace("Error: ", "error: ")
+        if not (done.returncode == 2 and _error_is_one_line(done.returncode, said)):
+            trial.unusable += 1
+            trial.notes.append(f"{args[0]} with sqlite:/x.db: exit {done.returncode}, "
+                               f"{done.stderr.strip().splitlines()[-1:]}")  # fmt: skip
+    return trial
+
+
+def driver_kill(home: Home) -> Trial:
+    """The ``ngraph-ray`` backend's driver killed with ``kill -9`` while its client follows:
+    the client says so in one line, nothing it started runs on, the same command resumes."""
+    import json
+
+    mlflow = str(Path(sys.executable).parent / "mlflow")
+    config = json.dumps({"local": True, "devices": [DEVICES[0]]})
+    args = [mlflow, "run", str(REPO), "-e", "benchmark", "--experiment-name", "faults",
+            "--backend", "ngraph-ray", "--backend-config", config, "-P", f"models={MODEL}",
+            "-P", f"compilers={' '.join(COMPILERS)}", "-P", "batch_sizes=1,2"]  # fmt: skip
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(home.uri).create_experiment("faults")
+    gate = home.tmp / "gate"
+    gate.touch()
+    env = {**home.env, "MLFLOW_NGRAPH_FAULT_POINT": f"record_logged:hold={gate}"}
+    client = subprocess.Popen(args, env=env, cwd=home.tmp, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    state_files = []
+    deadline = time.time() + 600
+    while time.time() < deadline and client.poll() is None:
+        state_files = list((home.home / "projects").glob("*/state.json"))
+        if state_files and json.loads(state_files[0].read_text()).get("phase") == "running":
+            break
+        time.sleep(0.5)
+    time.sleep(20)  # its device's benchmark is under way (held after its first result)
+    trial = Trial(tries=2)
+    if not state_files:
+        trial.unusable = 1
+        trial.notes.append("driver kill: the driver never ran")
+        return trial
+    pid = json.loads(state_files[0].read_text())["pid"]
+    started = _descendants(pid) - {pid}
+    os.kill(pid, signal.SIGKILL)
+    out, _ = client.communicate(timeout=120)
+    said = [line for line in out.splitlines() if "died before it finished" in line]
+    t0 = time.time()
+    while time.time() - t0 < 60 and any(_running(p) for p in started):
+        time.sleep(0.5)
+    stopped_s = time.time() - t0
+    left = sum(_running(p) for p in started)
+    gate.unlink()
+    again = subprocess.run(args, env=home.env, cwd=home.tmp, capture_output=True, text=True,
+                           timeout=900)  # fmt: skip
+    counted = count(home.uri, "faults", {("xeon-a", c): BATCH_SIZES for c in COMPILERS})
+    trial.lost = counted.results_expected - counted.results_present
+    trial.dup_runs, trial.dup_values = counted.runs_duplicated, counted.values_duplicated
+    trial.stuck = left
+    trial.unusable = int(again.returncode != 0 or len(said) != 1)
+    trial.notes.append(f"driver killed: the client said it in one line {len(said) == 1}, "
+                       f"{len(started)} processes it had started, {left} still running 60 s "
+                       f"later (the last stopped {stopped_s:.0f} s after the client's end), "
+                       f"the same command's exit {again.returncode}")  # fmt: skip
+    return trial
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def one_fault(how: str, name: str) -> Trial:
+    newer = {"tune-copies": tune_copies, "pull-kill": pull_kill, "bad-uri": bad_uri,
+             "driver-kill": driver_kill}  # fmt: skip
+    if how in newer or how.startswith("register:") or how == "prune-loop":
+        home = Home()
+        try:
+            if how.startswith("register:"):
+                return register_fault(home, how.partition(":")[2])
+            if how == "prune-loop":
+                return prune_loop(home, name)
+            return newer[how](home)
+        finally:
+            home.close()
     if how in ("disk", "fill", "readonly"):
         try:
             home = Home("400k" if how == "disk" else "64m")
