@@ -634,7 +634,8 @@ def register_fault(home: Home, how: str) -> Trial:
     temp.mkdir()
     code, err = home.run()
     register = ["register", "-e", "faults", "--device", "cpu", "--model", "conv_block",
-                "--compiler", "onnxruntime", "--batch-size", "1", "--name", "faults"]  # fmt: skip
+                "--compiler", "onnxruntime", "--batch-size", "1", "--name", "faults",
+                "--allow-unstable"]  # fmt: skip
     env = {"TMPDIR": str(temp)}
     point = "" if how == "again" else f"{how}:kill"
     first = _cli(home, *register, point=point, env=env)

@@ -15,7 +15,8 @@ def _register(uri, name, tmp, point=None):
     env = {"MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false", "TMPDIR": str(tmp)}
     env[faultpoint.ENV] = point or ""
     args = ["register", "-e", EXPERIMENT, "--device", "cpu", "--model", "conv_block",
-            "--compiler", "onnxruntime", "--batch-size", "1", "--name", name]  # fmt: skip
+            "--compiler", "onnxruntime", "--batch-size", "1", "--name", name,
+            "--allow-unstable"]  # fmt: skip
     return cli(*args, "--tracking-uri", uri, env=env)
 
 
