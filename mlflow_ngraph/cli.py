@@ -53,11 +53,23 @@ def _setup_logging(verbose: int) -> None:
     root.propagate = False
     for noisy in ("mlflow", "alembic", "torch", "onnxscript", "onnx_ir", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    store_log = logging.getLogger("mlflow.store.db.utils")
+    if not any(isinstance(f, _RaisedNext) for f in store_log.filters):
+        store_log.addFilter(_RaisedNext())
     # torch.onnx and timm warn about deprecations on every export; they are not the user's.
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+class _RaisedNext(logging.Filter):
+    """Drops a record that carries a traceback. MLflow's database store logs a database
+    error with its traceback, then raises it; this CLI says what it means in one line (a
+    store error, or Ctrl-C when the interrupt landed in the store's commit)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.exc_info
 
 
 class LazyGroup(click.Group):

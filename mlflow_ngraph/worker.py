@@ -348,10 +348,11 @@ def _read_reference(path, x: np.ndarray):
                 log.info("reference outputs %s were stored for another input: ignored", path.name)
                 return None
             outputs = [data[f"output_{i}"] for i in range(int(data["count"]))]
+            is_list = bool(data["is_list"])
         from mlflow_ngraph.cache import touch
 
         touch(path)  # its last use: a prune beside this run keeps it
-        return tuple(outputs) if bool(data["is_list"]) else outputs[0]
+        return tuple(outputs) if is_list else outputs[0]
     except Exception as exc:  # a torn or foreign file: computed again and rewritten
         log.info("reference outputs %s unreadable (%s): computed again", path.name, one_line(exc))
         return None

@@ -287,3 +287,24 @@ def test_ctrl_c_inside_a_finalizer_ends_the_run_without_a_traceback(capsys):
     finally:
         signal.signal(signal.SIGINT, before)
     assert "Exception ignored" not in capsys.readouterr().err
+
+
+def test_a_database_error_mlflow_logs_with_its_traceback_is_left_to_the_one_line(caplog):
+    """MLflow's database store logs a database error with its traceback before raising it
+    (seen when Ctrl-C landed in a commit on a locked sqlite store); the CLI says what it
+    means in one line, so the traceback is not printed. Its other errors still are."""
+    import logging
+
+    from mlflow_ngraph.cli import _setup_logging
+
+    _setup_logging(0)
+    _setup_logging(0)  # once per command: the filter is not added twice
+    store_log = logging.getLogger("mlflow.store.db.utils")
+    assert len(store_log.filters) == 1
+    with caplog.at_level(logging.ERROR):
+        try:
+            raise RuntimeError("database is locked")
+        except RuntimeError:
+            store_log.exception("SQLAlchemy database error. The following exception is caught.")
+        store_log.error("a plain error")
+    assert [r.getMessage() for r in caplog.records] == ["a plain error"]

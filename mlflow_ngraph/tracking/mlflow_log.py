@@ -101,10 +101,18 @@ def connect(tracking_uri: str):
     return client
 
 
+#: how a refused login (HTTP 401) reads in MLflow's errors: the status as a word of its own
+#: (never the 401 in a port, :34401, or in a run id)
+_UNAUTHENTICATED = re.compile(
+    r"error code 401\b|(?<![\w:/.-])401 unauthorized|\bUNAUTHENTICATED\b|not authenticated",
+    re.IGNORECASE,
+)
+
+
 def login_refused(text: str, shown: str) -> NgraphError | None:
     """The one line of a refused login (401) in a store error's redacted ``text``, else
     ``None``."""
-    if "401" in text or "UNAUTHENTICATED" in text or "not authenticated" in text.lower():
+    if _UNAUTHENTICATED.search(text):
         user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "(none)"
         return NgraphError(
             f"tracking server {shown} refused the login of user {user!r}: wrong username or "

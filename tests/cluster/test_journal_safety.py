@@ -223,6 +223,22 @@ def test_credentials_are_redacted():
     )
 
 
+def test_a_refused_login_is_told_by_its_status_not_by_a_401_in_a_port_or_an_id():
+    shown = "http://127.0.0.1:34401"
+    for text in (
+        "API request to endpoint /api/2.0/mlflow/runs/get failed with error code 401 != 200",
+        "UNAUTHENTICATED: You are not authenticated. Please see the docs",
+        "401 Unauthorized",
+    ):
+        assert ml.login_refused(text, shown) is not None, text
+    for text in (
+        "API request to http://127.0.0.1:34401/api/2.0/mlflow/runs/get failed: Max retries",
+        "run 5c401e2f9a not found",
+        "error code 503 != 200 (http://h:1401/x)",
+    ):
+        assert ml.login_refused(text, shown) is None, text
+
+
 def test_http_retries_are_bounded(monkeypatch):
     """A server that answers every request with 503: each API request is tried once and
     retried MLFLOW_HTTP_REQUEST_MAX_RETRIES (2) times, no more, and the store is given up on
