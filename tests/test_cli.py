@@ -308,3 +308,27 @@ def test_a_database_error_mlflow_logs_with_its_traceback_is_left_to_the_one_line
             store_log.exception("SQLAlchemy database error. The following exception is caught.")
         store_log.error("a plain error")
     assert [r.getMessage() for r in caplog.records] == ["a plain error"]
+
+
+def test_ctrl_c_during_a_store_write_is_raised_when_the_write_ends():
+    """A store write is never cut inside its transaction (cut in a commit, it left the
+    sqlite store locked and the parent RUNNING); a second Ctrl-C is raised at once."""
+    import signal
+
+    import pytest
+
+    from mlflow_ngraph.tracking.session import interrupts_after
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_after():
+            signal.raise_signal(signal.SIGINT)
+            done.append("the write went on")
+    assert done == ["the write went on"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_after():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)  # pressed again: at once
+            done.append("never")
+    assert done == ["the write went on"]

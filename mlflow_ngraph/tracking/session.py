@@ -12,6 +12,7 @@ device, or a fresh home) is found by its cell key and its results are taken as d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,6 +36,41 @@ if TYPE_CHECKING:
     from mlflow_ngraph.devices import DeviceProfile
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def interrupts_after():
+    """Ctrl-C (SIGINT, and SIGTERM where the CLI makes it one) during the block is raised
+    when the block ends: one write to the store is never cut inside its transaction. Cut in
+    a commit, a write left the sqlite store locked, so that marking the runs KILLED failed
+    (the parent stayed RUNNING) and MLflow printed the error with its traceback. A second
+    Ctrl-C within the block is raised at once. Outside the main thread, nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {}
+
+    def later(signum, frame) -> None:
+        if pending:  # pressed again: now
+            handler = previous[signum]
+            handler(signum, frame)
+        pending.append(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            previous[signum] = signal.signal(signum, later)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if pending:
+            signal.raise_signal(pending[0])
 
 
 class StoreSession:
@@ -123,7 +159,7 @@ class StoreSession:
         if not self.ready():
             return False
         try:
-            with self.link.watch():
+            with self.link.watch(), interrupts_after():
                 write()
         except Exception as exc:
             if not self.link.lost(exc):
@@ -407,7 +443,8 @@ class StoreSession:
             if run_id is None or self.link.offline:
                 continue
             try:  # best effort: the store itself may be what failed
-                ml.finish(self.client, run_id, "KILLED")
+                with interrupts_after():
+                    ml.finish(self.client, run_id, "KILLED")
             except Exception as finish_exc:
                 log.debug("could not mark run %s KILLED: %s", run_id, finish_exc)
 

@@ -55,9 +55,10 @@ def test_a_register_killed_at_each_step_then_run_again_leaves_one_version(
     # the copy the killed register left in the temp folder went with the next register
     assert not list(temp.glob("ngraph-register-*"))
 
-    # a finished register, run again: the same version, no new one
-    third = _register(uri, name, temp)
-    assert third.returncode == 0, third.stderr[-3000:]
-    assert "holds this engine of this run already: no new version" in third.stdout
-    assert len(_versions(client, name)) == 1
-    assert not list(temp.glob("ngraph-register-*"))
+    if point == "register_version_created":  # once (each register costs seconds of a core)
+        # a finished register, run again: the same version, no new one
+        third = _register(uri, name, temp)
+        assert third.returncode == 0, third.stderr[-3000:]
+        assert "holds this engine of this run already: no new version" in third.stdout
+        assert len(_versions(client, name)) == 1
+        assert not list(temp.glob("ngraph-register-*"))

@@ -198,7 +198,7 @@ def test_a_second_copy_of_a_tune_waits_for_the_first_and_takes_what_it_left(tmp_
     home = tmp_path / "home"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     MlflowClient(uri).create_experiment(EXPERIMENT)  # not two processes creating the store
-    args = tune_args(uri, home, "--compiler", "onnxruntime", "--trials", "3")
+    args = tune_args(uri, home, "--compiler", "onnxruntime", "--trials", "2")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     first = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)  # fmt: skip
