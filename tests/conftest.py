@@ -23,8 +23,9 @@ pytest_plugins = ["tests._profile"]
 #: (``-m "not e2e"``): a test is ``e2e`` when its file is one of these, whose tests start
 #: processes, servers or clusters or compile real engines ...
 E2E_FILES = {
-    "cluster/test_project_backend.py", "cluster/test_sweep_faults.py",
-    "cluster/test_sweep_local.py", "cluster/test_sweep_stumbles.py", "cluster/test_sync.py",
+    "cluster/test_project_backend.py", "cluster/test_project_backend_kills.py",
+    "cluster/test_sweep_faults.py", "cluster/test_sweep_local.py",
+    "cluster/test_sweep_stumbles.py", "cluster/test_sync.py",
     "cluster/test_cancel_reaches_the_task.py", "cluster/test_sweep_view.py",
     "compilers/test_inductor.py", "compilers/test_onnxruntime.py", "compilers/test_openvino.py",
     "compilers/test_torchscript.py", "compilers/test_tvm.py", "compilers/test_tensorrt.py",
@@ -34,7 +35,8 @@ E2E_FILES = {
     "test_interrupt_and_view.py", "test_mlproject.py", "test_tvm_benchmark.py",
     "test_onnx_file_benchmark.py", "test_isolation.py", "test_mlflow_ui.py",
     "test_benchmark_mlflow.py", "tune/test_tune_run.py", "test_postgres_skip.py",
-    "test_calibrated.py", "test_stability.py",
+    "test_calibrated.py", "test_stability.py", "deploy/test_register_faults.py",
+    "cluster/test_reaper.py",
 }  # fmt: skip
 #: ... or it uses one of these fixtures (a benchmark in-process, a shared store)
 E2E_FIXTURES = {"run_cli", "store", "tiny_store", "shared_build"}
@@ -43,15 +45,16 @@ E2E_FIXTURES = {"run_cli", "store", "tiny_store", "shared_build"}
 #: the files that took longest in the last profiled run (``make test`` with
 #: ``--profile-suite``), longest first: they start first, so that the run ends on short tests
 #: (the longest-processing-time-first rule); a file not listed comes after them, in its order
-SLOW_FILES = [
-    "deploy/test_trust_server.py", "tune/test_tune_run.py", "cluster/test_project_backend.py",
-    "test_faults.py", "cluster/test_sweep_faults.py", "test_team_server.py",
-    "test_server_down.py", "deploy/test_pull.py", "deploy/test_trust.py",
-    "cluster/test_sweep_local.py", "test_resume.py", "deploy/test_register.py",
-    "test_isolation.py", "test_interrupt_and_view.py", "test_benchmark_mlflow.py",
-    "test_template.py", "test_store_record.py", "cluster/test_journal_safety.py",
-    "test_cli.py", "deploy/test_register_output.py", "test_imports.py", "compilers/test_tvm.py",
-    "test_summary.py", "test_cache.py",
+SLOW_FILES = [  # by their seconds in a full run (--durations=0), the longest first
+    "test_faults.py", "tune/test_tune_run.py", "cluster/test_project_backend_kills.py",
+    "cluster/test_sweep_local.py", "deploy/test_trust.py", "deploy/test_pull.py",
+    "cluster/test_sweep_faults.py", "test_resume.py", "test_server_down.py",
+    "cluster/test_project_backend.py", "deploy/test_register.py", "test_team_server.py",
+    "test_isolation.py", "test_interrupt_and_view.py", "deploy/test_trust_server.py",
+    "test_cache.py", "test_cli.py", "cluster/test_journal_safety.py",
+    "deploy/test_register_faults.py", "compilers/test_tvm.py", "test_imports.py",
+    "test_store_record.py", "test_template.py", "test_benchmark_mlflow.py",
+    "deploy/test_register_output.py", "test_summary.py",
 ]  # fmt: skip
 
 
