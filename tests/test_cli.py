@@ -332,3 +332,19 @@ def test_ctrl_c_during_a_store_write_is_raised_when_the_write_ends():
             signal.raise_signal(signal.SIGINT)  # pressed again: at once
             done.append("never")
     assert done == ["the write went on"]
+
+
+def test_ctrl_c_waits_at_most_two_seconds_for_a_store_write_that_hangs():
+    import signal
+    import time
+
+    import pytest
+
+    from mlflow_ngraph.tracking.session import LATEST_S, interrupts_after
+
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_after():
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(30)  # a write that hangs (a store that does not answer)
+    assert LATEST_S <= time.monotonic() - began < LATEST_S + 5

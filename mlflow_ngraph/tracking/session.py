@@ -38,13 +38,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+#: seconds a Ctrl-C waits at most for the store write it landed in (a commit takes ms)
+LATEST_S = 2.0
+
+
 @contextlib.contextmanager
 def interrupts_after():
     """Ctrl-C (SIGINT, and SIGTERM where the CLI makes it one) during the block is raised
     when the block ends: one write to the store is never cut inside its transaction. Cut in
     a commit, a write left the sqlite store locked, so that marking the runs KILLED failed
     (the parent stayed RUNNING) and MLflow printed the error with its traceback. A second
-    Ctrl-C within the block is raised at once. Outside the main thread, nothing changes."""
+    Ctrl-C within the block is raised at once, and so is the first when the write still runs
+    :data:`LATEST_S` later (a store that hangs never holds Ctrl-C back). Outside the main
+    thread, nothing changes."""
     import signal
     import threading
 
@@ -53,12 +59,19 @@ def interrupts_after():
         return
     pending: list[int] = []
     previous = {}
+    main = threading.main_thread().ident
 
     def later(signum, frame) -> None:
-        if pending:  # pressed again: now
+        if pending:  # pressed again, or the write still runs after LATEST_S: now
             handler = previous[signum]
             handler(signum, frame)
         pending.append(signum)
+        timer = threading.Timer(LATEST_S, signal.pthread_kill, (main, signum))
+        timer.daemon = True
+        timers.append(timer)
+        timer.start()
+
+    timers: list[threading.Timer] = []
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         handler = signal.getsignal(signum)
@@ -67,6 +80,8 @@ def interrupts_after():
     try:
         yield
     finally:
+        for timer in timers:
+            timer.cancel()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         if pending:
