@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from mlflow_ngraph import faultpoint
-from tests._support import REPO
+from tests._support import REPO, running
 from tests.cluster.test_project_backend import (  # noqa: F401 (in_store: a fixture)
     DEVICES,
     LONGER,
@@ -110,15 +110,7 @@ def test_a_client_killed_with_kill_9_is_picked_up_by_the_same_command(tmp_path):
 
 def _living(pids: set[int]) -> set[int]:
     """Those of ``pids`` still running (a zombie waiting for its parent is not)."""
-    out = set()
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/stat") as stat:
-                if stat.read().rpartition(")")[2].split()[0] not in ("Z", "X"):
-                    out.add(p)
-        except OSError:
-            continue
-    return out
+    return {p for p in pids if running(p)}
 
 
 def test_a_driver_killed_with_kill_9_leaves_nothing_running_and_the_same_command_resumes(

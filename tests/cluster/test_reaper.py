@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from tests._support import REPO
+from tests._support import REPO, running
 
 DRIVER = """
 import subprocess, sys, time
@@ -25,15 +25,7 @@ time.sleep(600)
 """
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
-def test_a_driver_killed_with_kill_9_leaves_nothing_it_started_running():
+def test_a_driver_killed_with_kill_9_leaves_nothing_it_startedrunning():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     driver = subprocess.Popen(
         [sys.executable, "-c", DRIVER],
@@ -45,14 +37,14 @@ def test_a_driver_killed_with_kill_9_leaves_nothing_it_started_running():
     children = [int(p) for p in driver.stdout.readline().split()]
     try:
         time.sleep(2.5)  # the reaper notes the sessions of the driver's family every second
-        assert all(_running(p) for p in children)
+        assert all(running(p) for p in children)
         driver.send_signal(signal.SIGKILL)
         driver.wait()
         deadline = time.time() + 20
-        while any(_running(p) for p in children) and time.time() < deadline:
+        while any(running(p) for p in children) and time.time() < deadline:
             time.sleep(0.2)
-        assert not [p for p in children if _running(p)], "a process outlived its killed driver"
+        assert not [p for p in children if running(p)], "a process outlived its killed driver"
     finally:
         for p in children:
-            if _running(p):
+            if running(p):
                 os.kill(p, signal.SIGKILL)
