@@ -31,7 +31,7 @@ from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
 from mlflow_ngraph.errors import VANISHED, NgraphError, host_errno, host_fault, vanished
 from mlflow_ngraph.estimate import Estimate, Item, Timings, describe
-from mlflow_ngraph.measure.rounds import PRECISION, RERUN_SD
+from mlflow_ngraph.measure.rounds import PRECISION
 from mlflow_ngraph.measure.stability import MAX_INTERVAL, OTHER_CPU_THRESHOLD
 from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.summary import cell_run_name, differing_flags
@@ -90,6 +90,12 @@ class Row:
     #: known, or the engine came from the cache)
     payback: float | None = None
     cache_hit: bool = False
+    #: where a re-run on this host is expected to land, 95% (None: the host has no
+    #: measured spread between sittings yet)
+    speedup_rerun_low: float | None = None
+    speedup_rerun_high: float | None = None
+    rerun_low: float | None = None
+    rerun_high: float | None = None
 
 
 @dataclass
@@ -193,7 +199,7 @@ class Runner:
         max_other_cpu: float = OTHER_CPU_THRESHOLD,
         stable_retries: int = STABLE_RETRIES,
         precision: float = PRECISION,
-        rerun_sd: float = RERUN_SD,
+        rerun_sd: float | None = None,
         view: PlainView | None = None,
         experiment_explicit: bool = False,
         reference: bool = False,
@@ -612,6 +618,12 @@ class Runner:
         stability = record.get("stability") or {}
         if stability.get("stable") is False:
             log.warning("%s bs%d UNSTABLE: %s", cell.title, b, stability.get("reason", ""))
+        elif record.get("moved"):  # an UNSTABLE one names it in its reason
+            log.warning("%s bs%d: %s", cell.title, b, record["moved"])
+        rerun = record.get("rerun")
+        if rerun and rerun != getattr(self, "_rerun_said", None):
+            self._rerun_said = rerun
+            log.info("re-run intervals: %s", rerun)
         self.store.record(cell, b, record)
         self._emit(_row(cell, b, record))
 
@@ -701,4 +713,8 @@ def _row(cell: Cell, b: int, record: dict) -> Row:
         speedup_ci_high=m.get(S.M_SPEEDUP_CI_HIGH),
         drift=m.get(S.M_HOST_DRIFT),
         cache_hit=bool(m.get(S.M_CACHE_HIT)),
+        speedup_rerun_low=m.get(S.M_SPEEDUP_RERUN_LOW),
+        speedup_rerun_high=m.get(S.M_SPEEDUP_RERUN_HIGH),
+        rerun_low=m.get(S.M_THROUGHPUT_RERUN_LOW),
+        rerun_high=m.get(S.M_THROUGHPUT_RERUN_HIGH),
     )

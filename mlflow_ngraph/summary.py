@@ -124,19 +124,27 @@ def _paired(row) -> float | None:
 
 
 def _beyond(best, second) -> bool | None:
-    """Whether ``best`` leads ``second`` beyond noise: judged on the speedups' 95% intervals
-    (paired with identity in the same rounds: the host's drift cancels), the throughputs'
-    where a speedup has none. ``None`` when neither can say."""
+    """Whether ``best`` leads ``second`` beyond noise: judged on the speedups' re-run
+    intervals where the host has measured its spread between sittings (a lead a re-run
+    keeps), else on their 95% intervals of this sitting (paired with identity in the same
+    rounds: the host's drift cancels), the throughputs' where a speedup has none. ``None``
+    when neither can say."""
     if second is None:
         return None
-    low = getattr(best, "speedup_ci_low", None)
-    if second.compiler == "identity" and low is not None:
-        return low > 1.0
-    high = getattr(second, "speedup_ci_high", None)
-    if low is not None and high is not None:
-        return low > high
-    if None not in (best.ci_low, second.ci_high):
-        return best.ci_low > second.ci_high
+    for low_name, high_name in (
+        ("speedup_rerun_low", "speedup_rerun_high"),
+        ("speedup_ci_low", "speedup_ci_high"),
+    ):
+        low = getattr(best, low_name, None)
+        if second.compiler == "identity" and low is not None:
+            return low > 1.0
+        high = getattr(second, high_name, None)
+        if low is not None and high is not None:
+            return low > high
+    for low_name, high_name in (("rerun_low", "rerun_high"), ("ci_low", "ci_high")):
+        low, high = getattr(best, low_name, None), getattr(second, high_name, None)
+        if low is not None and high is not None:
+            return low > high
     return None
 
 
@@ -188,6 +196,7 @@ SUMMARY_HEADERS = [
     "CPU %",
     "speedup",
     "speedup CI",
+    "re-run CI",
     "drift %",
     "compile s",
     "payback",
@@ -217,6 +226,19 @@ def format_summary(rows, spec, experiment: str | None = None, width: int | None 
     footer = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     table = format_table(SUMMARY_HEADERS, [_summary_row(r) for r in rows], width=width, keep=3)
     out = [title, table, footer]
+    if any(r.throughput is not None for r in rows):
+        rerun = any(_rerun(r) != "-" for r in rows)
+        out.append(
+            "95% CI and speedup CI: this run's (its rounds on this host now); re-run CI: where "
+            "a re-run on this host is expected to land, from the spread between sittings this "
+            "host has shown"
+            + (
+                ""
+                if rerun
+                else " (none yet: the same engines need measuring in a second run, or "
+                "give --rerun-sd)"
+            )
+        )
     unstable = sum(1 for r in rows if getattr(r, "stable", None) is False)
     if unstable:
         out.append(
@@ -232,7 +254,9 @@ def format_summary(rows, spec, experiment: str | None = None, width: int | None 
             "fastest valid compiler per model and batch size:",
             _winners_table(best, width),
             "(lead: over the next-fastest valid row, the ratio of their speedups over identity "
-            "from the same rounds; beyond noise when the two 95% intervals separate)",
+            "from the same rounds; beyond noise when the two 95% intervals separate: the "
+            "re-run intervals where this host has measured its spread between sittings, else "
+            "this run's own)",
         ]
     if width is not None:  # the sentences too
         out = [
@@ -263,6 +287,15 @@ def payback_text(value: float | None) -> str:
     return f"{value:.0f}"
 
 
+def _rerun(r) -> str:
+    """Where a re-run on this host is expected to land: the speedup's interval, identity's
+    (and an unpaired engine's) throughput's; ``-`` where the host has no measured spread."""
+    low, high = getattr(r, "speedup_rerun_low", None), getattr(r, "speedup_rerun_high", None)
+    if low is not None and high is not None:
+        return _interval(low, high, 2)
+    return _interval(getattr(r, "rerun_low", None), getattr(r, "rerun_high", None))
+
+
 def _summary_row(r) -> list[Any]:
     """A row's cells under :data:`SUMMARY_HEADERS`."""
     drift = getattr(r, "drift", None)
@@ -276,6 +309,7 @@ def _summary_row(r) -> list[Any]:
         _num(r.cpu_percent),
         _num(r.speedup, 2),
         _interval(getattr(r, "speedup_ci_low", None), getattr(r, "speedup_ci_high", None), 2),
+        _rerun(r),
         _num(100 * drift if drift is not None else None),
         _num(r.compile_s, 2),
         payback_text(getattr(r, "payback", None)),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ import numpy as np
 
 from mlflow_ngraph.config import MeasureSettings
 from mlflow_ngraph.errors import CompileFailed
-from mlflow_ngraph.measure.rounds import PRECISION, RERUN_SD, WINDOW_S
+from mlflow_ngraph.measure.rounds import PRECISION, WINDOW_S
 from mlflow_ngraph.measure.stability import MAX_INTERVAL, OTHER_CPU_THRESHOLD
 from mlflow_ngraph.tracking import schema as S
 
@@ -72,7 +73,9 @@ class CellTask:
     stable_retries: int = STABLE_RETRIES
     precision: float = PRECISION  # the stop rule's target relative half-width
     window_s: float = WINDOW_S
-    rerun_sd: float = RERUN_SD  # the re-run spread the intervals include
+    #: the spread between sittings (sd of the log) of the re-run intervals; None: the one
+    #: this host's history in the home shows (measure/history.py), if any
+    rerun_sd: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def policy(self):
@@ -83,7 +86,6 @@ class CellTask:
             precision=self.precision,
             enough=self.max_interval,
             screen=self.device_kind != "cuda",
-            rerun_sd=self.rerun_sd,
         )
 
 
@@ -166,7 +168,9 @@ def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit, me
     engine.infer()
     first_ms = 1000 * (time.perf_counter() - t0)
     emit("phase", (b, "measure"))
+    task.extra.setdefault("family", model.family)
     result, stability, attempts = measurer(task, engine, b)
+    remembered = _remember(task, result, stability, result.speedup_paired is not None)
     record = {
         "metrics": {
             **measurement_metrics(result),
@@ -188,6 +192,7 @@ def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit, me
             "reason": stability.reason,
             "attempts": attempts,
         },
+        **remembered,
     }
     if engine_dir is not None:
         from mlflow_ngraph.tracking.engines import engine_bytes, read_manifest
@@ -204,10 +209,12 @@ RETRY_PAUSE_S = 2.0
 
 def judge(task: CellTask, result, baseline_paired: bool):
     """The stability of a measurement, on the figure the user compares: its speedup when it
-    was paired with the baseline, else its throughput."""
+    was paired with the baseline, else its throughput; and against the same engine measured
+    earlier on this host (:mod:`mlflow_ngraph.measure.history`): a gross move marks it."""
     from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER, assess
 
     paired = baseline_paired and result.speedup_halfwidth is not None
+    move = _moved(task, result, paired)
     return assess(
         result.speedup_halfwidth if paired else result.throughput_halfwidth,
         result.host_other_cpu_percent,
@@ -217,7 +224,131 @@ def judge(task: CellTask, result, baseline_paired: bool):
         what="speedup" if paired else "throughput",
         stretched=getattr(result, "stretched", False),
         disturbed=(getattr(result, "windows_disturbed", 0), getattr(result, "windows", 0)),
+        history=move.text if move is not None and move.gross else None,
+        screen_moved=_screen_moved(result, paired),
     )
+
+
+def _screen_moved(result, paired: bool) -> float | None:
+    """The relative change the screen made to the figure the user compares (the disturbed
+    windows left out) where it exceeds the figure's own interval, else None."""
+    what = "speedup" if paired else "throughput"
+    value = getattr(result, "speedup_paired" if paired else "throughput", None)
+    unscreened = getattr(result, f"{what}_unscreened", None)
+    h = getattr(result, f"{what}_halfwidth", None)
+    if not value or not unscreened or h is None:
+        return None
+    change = value / unscreened - 1
+    return change if abs(math.log1p(change)) > math.log1p(h) else None
+
+
+def _history_entry(task: CellTask, result, paired: bool, stable: bool = True):
+    from mlflow_ngraph.measure.history import Entry
+
+    def log_h(value, low, high):
+        if not value or low is None or high is None or low <= 0:
+            return None
+        return max(math.log(high / value), math.log(value / low))
+
+    other = result.host_other_cpu_percent
+    steal = getattr(result, "host_steal_percent", None)
+    contended = (other is not None and other > task.max_other_cpu) or (
+        steal is not None and steal > STEAL_CONTENDED
+    )
+    speedup = result.speedup_paired if paired else None
+    return Entry(
+        time=time.time(),
+        family=task.extra.get("family", ""),
+        throughput=result.throughput,
+        throughput_h=log_h(result.throughput, result.throughput_ci_low, result.throughput_ci_high),
+        speedup=speedup,
+        speedup_h=log_h(speedup, result.speedup_ci_low, result.speedup_ci_high)
+        if speedup
+        else None,
+        contended=bool(contended),
+        stable=stable,
+        other_cpu=other,
+        load=result.host_load_avg,
+    )
+
+
+#: hypervisor steal (percent of all cores) beyond which a measurement's host was contended
+STEAL_CONTENDED = 10.0
+
+
+def _history_key(task: CellTask, b: int) -> str:
+    from mlflow_ngraph.measure.history import engine_key
+
+    return engine_key(
+        task.model_name,
+        task.model_params,
+        task.compiler,
+        task.flags,
+        task.measure.scenario,
+        task.device,
+        b,
+    )
+
+
+def _moved(task: CellTask, result, paired: bool):
+    """The move of this measurement against the same engine measured earlier on this host,
+    if it moved beyond what the intervals and the host's spread allow (else None)."""
+    from mlflow_ngraph.measure import history
+
+    try:
+        key = _history_key(task, result.batch_size)
+        entries = history.earlier(task.home, key)
+        if not entries:
+            return None
+        spread = history.spread(task.home, "speedup" if paired else "throughput")
+        sd = task.rerun_sd if task.rerun_sd is not None else (spread.sd if spread else None)
+        return history.check(entries, _history_entry(task, result, paired), sd, task.max_other_cpu)
+    except Exception as exc:  # noqa: BLE001 - the history is a check, never the measurement
+        log.debug("history check skipped: %s", exc)
+        return None
+
+
+def _remember(task: CellTask, result, stability, paired: bool) -> dict[str, Any]:
+    """After the kept attempt: the re-run intervals from the host's spread between
+    sittings, the move against earlier measurements (said), and this measurement added to
+    the host's history. Returns what the record carries of it."""
+    from mlflow_ngraph.measure import history
+
+    out: dict[str, Any] = {}
+    try:
+        family = task.extra.get("family")
+        spreads = {}
+        for what in ("throughput", "speedup"):
+            if task.rerun_sd is not None:
+                spreads[what] = history.Spread(task.rerun_sd, 10**6, "--rerun-sd")
+            else:
+                spreads[what] = history.spread(task.home, what, family)
+        entry = _history_entry(task, result, paired, stability.stable)
+        for what, value, h in (
+            ("throughput", entry.throughput, entry.throughput_h),
+            ("speedup", entry.speedup, entry.speedup_h),
+        ):
+            interval = history.rerun_interval(value, h, spreads[what])
+            if interval is not None:
+                setattr(result, f"{what}_rerun_low", interval[0])
+                setattr(result, f"{what}_rerun_high", interval[1])
+        chosen = spreads["speedup" if paired else "throughput"]
+        if chosen is not None:
+            result.rerun_sd, result.rerun_df = chosen.sd, float(min(chosen.df, 10**6))
+            out["rerun"] = f"sd {100 * chosen.sd:.2f}% ({chosen.df} df) from {chosen.source}"
+        else:
+            out["rerun"] = (
+                "none: this host has no spread between sittings yet (a figure enters it once "
+                "the same engine was measured in two runs; or give --rerun-sd)"
+            )
+        key = _history_key(task, result.batch_size)
+        move = _moved(task, result, paired)
+        if move is not None:
+            out["moved"] = move.text
+        history.append(task.home, key, entry)
+    except Exception as exc:  # noqa: BLE001 - the history is a check, never the measurement
+        log.debug("history skipped: %s", exc)
+    return out
 
 
 def measure_alone(task: CellTask, engine, b: int):

@@ -111,8 +111,30 @@ class Measurement:
     stretched: bool = False
     #: windows left out of the figures because the process lost CPU during them
     windows_disturbed: int = 0
-    #: the re-run spread (sd of the log) the 95% intervals include (``--rerun-sd``)
+    #: what the intervals rest on (measure/rounds.py): rounds, the lag-1 autocorrelation of
+    #: the windows' rates and of the per-round ratios, whether the halves could be compared
+    rounds: int = 0
+    throughput_autocorr: float | None = None
+    speedup_autocorr: float | None = None
+    drift_checked: float | None = None  # 1/0 for a paired speedup, None without one
+    #: the figures with the disturbed windows kept in (None where none was left out)
+    throughput_unscreened: float | None = None
+    speedup_unscreened: float | None = None
+    #: order-statistic 95% intervals of the percentiles (None: too few requests)
+    latency_p50_low_ms: float | None = None
+    latency_p50_high_ms: float | None = None
+    latency_p90_low_ms: float | None = None
+    latency_p90_high_ms: float | None = None
+    latency_p99_low_ms: float | None = None
+    latency_p99_high_ms: float | None = None
+    #: where a re-run on this host is expected to land (measure/history.py), set after
+    #: the measurement from the host's spread between sittings
+    throughput_rerun_low: float | None = None
+    throughput_rerun_high: float | None = None
+    speedup_rerun_low: float | None = None
+    speedup_rerun_high: float | None = None
     rerun_sd: float | None = None
+    rerun_df: float | None = None
     #: energy_j_per_sample and power_w (total and per RAPL domain), where RAPL is readable
     energy: dict = field(default_factory=dict)
 
@@ -156,7 +178,8 @@ class Meter:
         self.plan = _plan(engine, settings.scenario)
         self.sampler = ResourceSampler(gpu=gpu)
         self.windows: list[Window] = []
-        self.latencies_s: list[float] = []
+        #: each window's per-request latencies (empty where the runtime gives none)
+        self.window_latencies: list[list[float]] = []
         self._warm(settings.warmup)
 
     def _warm(self, warmup: int) -> None:
@@ -197,16 +220,24 @@ class Meter:
         requests = calls * plan.per_rep
         window = Window(requests, requests * self.batch_size, end - began, cpu_s)
         self.windows.append(window)
-        latencies = plan.latencies(began, steps)
-        if latencies:
-            self.latencies_s.extend(latencies)
+        self.window_latencies.append(list(plan.latencies(began, steps) or ()))
         return window
 
-    def latency_summary(self):
-        """Every window's per-request latencies in ms (None where there are none)."""
-        if not self.latencies_s:
-            return None
-        return summarize([1000.0 * t for t in self.latencies_s])
+    @property
+    def latencies_s(self) -> list[float]:
+        return [t for per_window in self.window_latencies for t in per_window]
+
+    def latency_summary(self, kept: list[int] | None = None):
+        """The per-request latencies in ms of the windows ``kept`` (every window's when
+        ``None``: the figures rest on the same windows as the throughput), None where there
+        are none."""
+        chosen = (
+            self.window_latencies
+            if kept is None
+            else [self.window_latencies[i] for i in kept if i < len(self.window_latencies)]
+        )
+        values = [1000.0 * t for per_window in chosen for t in per_window]
+        return summarize(values) if values else None
 
 
 @dataclass
@@ -300,7 +331,8 @@ def finish(meter: Meter, figures) -> Measurement:
     (:class:`mlflow_ngraph.measure.rounds.Figures`)."""
     from mlflow_ngraph.measure.energy import energy_metrics
 
-    lat = meter.latency_summary()
+    lat = meter.latency_summary(figures.kept)
+    percentile = _percentiles(meter, figures.kept)
     usage = meter.sampler.result()
     host = usage.host
     samples = sum(w.samples for w in meter.windows)
@@ -321,7 +353,7 @@ def finish(meter: Meter, figures) -> Measurement:
         latency_std_ms=lat.std if lat else None,
         latency_p50_ms=lat.median if lat else None,
         latency_p90_ms=lat.p90 if lat else None,
-        latency_p99_ms=lat.p99 if lat else None,
+        latency_p99_ms=lat.p99 if lat and lat.count >= P99_MIN_SAMPLES else None,
         cpu_percent=usage.cpu_percent,
         peak_rss_mb=usage.peak_rss_mb,
         gpu=usage.gpu,
@@ -343,6 +375,54 @@ def finish(meter: Meter, figures) -> Measurement:
         speedup_halfwidth=figures.speedup_halfwidth,
         stretched=figures.stretched,
         windows_disturbed=figures.disturbed,
-        rerun_sd=figures.rerun_sd,
+        rounds=figures.rounds,
+        throughput_autocorr=figures.throughput_autocorr,
+        speedup_autocorr=figures.speedup_autocorr,
+        drift_checked=float(figures.drift_checked) if figures.speedup is not None else None,
+        throughput_unscreened=figures.throughput_unscreened,
+        speedup_unscreened=figures.speedup_unscreened,
+        **percentile,
         energy=energy_metrics(usage.energy_j, samples, usage.wall_s),
     )
+
+
+#: the fewest requests with a distribution-free 95% interval for the 99th percentile (the
+#: largest of 299 values lies above it with probability 1 - 0.99**299 = 0.95): below it
+#: p99 is not reported (p50 and p90 still are)
+P99_MIN_SAMPLES = 299
+
+
+def quantile_interval(sorted_values, q: float, confidence: float = 0.95):
+    """The distribution-free ``confidence`` interval of the ``q`` quantile: two order
+    statistics of the sorted values, chosen from the binomial law of how many fall below
+    it (each side at most (1 - confidence) / 2). ``None`` where the values are too few for
+    one (the interval would reach past the smallest or largest)."""
+    from scipy import stats
+
+    n = len(sorted_values)
+    if n == 0:
+        return None
+    alpha = (1 - confidence) / 2
+    lower = int(stats.binom.ppf(alpha, n, q))  # P(B <= lower - 1) < alpha
+    upper = int(stats.binom.ppf(1 - alpha, n, q))
+    if lower < 1 or upper >= n:
+        return None
+    return float(sorted_values[lower - 1]), float(sorted_values[upper])
+
+
+def _percentiles(meter: Meter, kept: list[int] | None) -> dict[str, float | None]:
+    lat = meter.latency_summary(kept)
+    out: dict[str, float | None] = {}
+    if lat is None:
+        return out
+    chosen = (
+        meter.window_latencies
+        if kept is None
+        else [meter.window_latencies[i] for i in kept if i < len(meter.window_latencies)]
+    )
+    values = np.sort([1000.0 * t for per_window in chosen for t in per_window])
+    for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+        interval = quantile_interval(values, q)
+        if interval is not None:
+            out[f"latency_{name}_low_ms"], out[f"latency_{name}_high_ms"] = interval
+    return out

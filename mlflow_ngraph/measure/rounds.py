@@ -14,23 +14,24 @@ same loop without a partner: windows back to back (the sequential fallback).
 Figures, each over the rounds (k windows per engine):
 
 - throughput: the samples of every window over their seconds; its 95% interval is the
-  Student-t interval of the windows' log rates (batch means: each window is one value,
-  long enough that its own noise is not timer jitter), centred on the throughput;
+  ratio estimator's (the delta method: the windows' samples less the throughput times their
+  seconds, over their mean seconds), a Student-t interval on the log scale centred on the
+  same throughput it describes;
 - speedup over the baseline: the Hodges-Lehmann estimate of the per-round log ratios (the
   median of their pairwise means; paired: the host's drift cancels within a round), its
   95% interval the Wilcoxon signed-rank test's. It keeps the median's robustness (a
   preempted window's stray ratio moves it little) at 95% of the mean's efficiency, where
   the median and its sign-test interval have 64%: the same precision in two thirds of the
   rounds;
-- both intervals are then widened by the host's re-run spread (:data:`RERUN_SD`, added in
-  quadrature on the log scale: :func:`widened`). The rounds of one sitting show the noise
-  within it; a re-run measures in other processes, with other engines and in another
-  state of the host, and its figures move by more than that (two runs of the default
-  experiment: 1.1-1.5% sd beyond the rounds' own intervals, which then overlapped the
-  other run's in 90% of speedups and 87% of throughputs). An interval says what a re-run
-  will give only with that spread in it: a random-effects interval whose between-sitting
-  variance is a property of the host, measured by ``bench/bench_calibration.py repeat``
-  and set with ``--rerun-sd``;
+- dependence: rounds seconds apart are not independent draws when the host drifts slowly.
+  The lag-1 autocorrelation of the values behind each interval is logged; where it is
+  positive beyond what chance gives at that many rounds (above 1.96 / sqrt(k)), the
+  interval is widened by the AR(1) variance factor sqrt((1 + r) / (1 - r)) (and a t
+  interval takes the effective number of rounds for its degrees of freedom);
+- these are the **sitting's** intervals: what this run's rounds say of the figure on this
+  host now. Where a re-run will land is wider (other processes, engines loaded again,
+  another state of the host): :mod:`mlflow_ngraph.measure.history` builds that interval
+  from the spread between sittings this host has shown;
 - host drift: the spread (sd of log rate) of the baseline's windows across rounds: what the
   host did during the measurement, shown beside the figures it affects;
 - disturbed windows: a window whose process got less of the CPU than its engine's windows
@@ -43,7 +44,7 @@ Figures, each over the rounds (k windows per engine):
 - moved: the rounds' first and second halves give speedups whose intervals do not overlap
   (the host changed in a way the pairing did not cancel); the relative change, else None.
 
-Stop rule (per engine; widths are the sitting's own, before the re-run spread is added): the
+Stop rule (per engine; widths are the sitting's own): the
 floors (``--repetitions`` requests, ``--min-duration`` seconds, :data:`MIN_ROUNDS` rounds)
 are met and the figure the user compares is known to ``precision`` (the relative half-width
 of the speedup's interval; for the baseline and an engine measured alone, the throughput's
@@ -96,12 +97,13 @@ SCREEN_MIN_SHARE = 0.5
 #: a window shorter than this is not judged: its CPU share is scheduler jitter (a policy
 #: with windows of a few ms, as in tests), the reason windows last 100 ms
 SCREEN_MIN_WINDOW_S = 0.05
-#: default of ``--rerun-sd``: the spread (sd of the log) of a figure from one sitting of a
-#: group to the next on this kind of host, beyond what its rounds show: a re-run measures
-#: with other processes, engines and host state. Two runs of the default experiment on a
-#: quiet 2-core VM gave 1.06-1.45% for speedups and 1.25-1.51% for throughputs (the
-#: estimates and their method are in docs/measurement.md)
-RERUN_SD = 0.012
+#: drift is judged between the rounds' halves only when each half has a signed-rank interval
+DRIFT_MIN_ROUNDS = 2 * MIN_ROUNDS
+#: the largest lag-1 autocorrelation an interval is widened for (beyond it the rounds say
+#: too little about the centre to widen by a formula: the figure is wide anyway)
+MAX_AUTOCORR = 0.8
+#: values before an autocorrelation is estimated at all
+AUTOCORR_MIN = 8
 
 
 class Windowed(Protocol):
@@ -123,14 +125,6 @@ class RoundPolicy:
     #: leave out disturbed windows (:func:`screened`); off for a GPU engine, whose host
     #: thread's CPU share says nothing of the device's speed
     screen: bool = True
-    #: the spread of a figure between sittings that its rounds cannot show (sd of the log;
-    #: :data:`RERUN_SD`): the 95% intervals add it, so they say what a re-run gives
-    rerun_sd: float = RERUN_SD
-
-    @property
-    def rerun_term(self) -> float:
-        """The re-run spread as a 95% half-width on the log scale."""
-        return Z95 * self.rerun_sd
 
 
 @dataclass
@@ -155,8 +149,17 @@ class Figures:
     stretched: bool = False
     #: windows left out as disturbed (:func:`screened`)
     disturbed: int = 0
-    #: the re-run spread the intervals include (:attr:`RoundPolicy.rerun_sd`)
-    rerun_sd: float = 0.0
+    #: the lag-1 autocorrelation of the windows' rates and of the per-round log ratios
+    throughput_autocorr: float | None = None
+    speedup_autocorr: float | None = None
+    #: whether the drift between the rounds' halves could be judged (each half needs
+    #: :data:`MIN_ROUNDS` paired rounds)
+    drift_checked: bool = False
+    #: the figures with the disturbed windows kept in (where the screen left some out)
+    throughput_unscreened: float | None = None
+    speedup_unscreened: float | None = None
+    #: the indexes of the windows the figures rest on (the rest were disturbed)
+    kept: list[int] | None = None
 
 
 def log_halfwidth(logs, confidence: float = CONFIDENCE) -> float | None:
@@ -177,18 +180,68 @@ def _relative(h: float | None) -> float | None:
     return None if h is None else math.expm1(h)
 
 
+def lag1(values) -> float | None:
+    """The lag-1 autocorrelation of ``values`` in their order (``None`` with fewer than
+    :data:`AUTOCORR_MIN` or no spread)."""
+    data = np.asarray(values, dtype=np.float64)
+    data = data[np.isfinite(data)]
+    if data.size < AUTOCORR_MIN:
+        return None
+    centred = data - data.mean()
+    denominator = float(np.dot(centred, centred))
+    if denominator <= 0:
+        return None
+    return float(np.dot(centred[:-1], centred[1:]) / denominator)
+
+
+def inflation(r: float | None, n: int) -> float:
+    """How much wider an interval over ``n`` values with lag-1 autocorrelation ``r`` must be
+    than one that takes them as independent: the AR(1) factor sqrt((1 + r) / (1 - r)) where
+    ``r`` is positive beyond chance (1.96 / sqrt(n)), else 1."""
+    if r is None or n < AUTOCORR_MIN or r <= Z95 / math.sqrt(n):
+        return 1.0
+    r = min(r, MAX_AUTOCORR)
+    return math.sqrt((1 + r) / (1 - r))
+
+
 def throughput_figures(windows) -> tuple[float, tuple[float, float] | None, float | None, float]:
     """(throughput, its 95% interval, relative half-width, cv of window rates) of
-    ``windows``."""
-    samples = sum(w.samples for w in windows)
-    seconds = sum(w.seconds for w in windows)
-    throughput = samples / seconds if seconds > 0 else math.nan
-    rates = np.array([w.rate for w in windows], dtype=np.float64)
+    ``windows``: the throughput is their samples over their seconds, its interval the
+    ratio estimator's (:func:`throughput_interval`)."""
+    throughput, ci, halfwidth, cv, _ = throughput_details(windows)
+    return throughput, ci, halfwidth, cv
+
+
+def throughput_details(windows):
+    """:func:`throughput_figures` and the windows' lag-1 autocorrelation.
+
+    The interval is centred on the figure it describes: the throughput R = sum s / sum t is
+    a ratio estimator, whose standard error is sqrt(sum (s_i - R t_i)^2 / (k (k - 1))) / mean
+    t (the delta method); the interval is R exp(+-q se / R), q Student's t with k - 1 degrees
+    of freedom (fewer where the windows are autocorrelated: :func:`inflation`)."""
+    samples = np.array([w.samples for w in windows], dtype=np.float64)
+    seconds = np.array([w.seconds for w in windows], dtype=np.float64)
+    total_s = float(seconds.sum())
+    throughput = float(samples.sum()) / total_s if total_s > 0 else math.nan
+    rates = np.divide(samples, seconds, out=np.zeros_like(samples), where=seconds > 0)
     cv = float(rates.std(ddof=1) / rates.mean()) if rates.size > 1 and rates.mean() > 0 else 0.0
-    h = log_halfwidth(np.log(rates[rates > 0]))
-    if h is None or not math.isfinite(throughput):
-        return throughput, None, None, cv
-    return throughput, (throughput * math.exp(-h), throughput * math.exp(h)), _relative(h), cv
+    k = samples.size
+    if k < 3 or not math.isfinite(throughput) or throughput <= 0:
+        return throughput, None, None, cv, None
+    residuals = samples - throughput * seconds
+    r = lag1(residuals / seconds.mean())
+    factor = inflation(r, k)
+    se = math.sqrt(float(np.dot(residuals, residuals)) / (k * (k - 1))) / float(seconds.mean())
+    h = _t(max(k / factor**2, 2.0)) * factor * se / throughput
+    ci = (throughput * math.exp(-h), throughput * math.exp(h))
+    return throughput, ci, _relative(h), cv, r
+
+
+def _t(n: float, confidence: float = CONFIDENCE) -> float:
+    """Student's t quantile for the mean of ``n`` values (``n - 1`` degrees of freedom)."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + confidence / 2, n - 1))
 
 
 #: the exact signed-rank law is used up to this many values, its normal approximation beyond
@@ -251,30 +304,10 @@ def _speedup_of(logs):
     speedup = math.exp(centre)
     if interval is None:
         return speedup, None, None
-    low, high = math.exp(interval[0]), math.exp(interval[1])
+    factor = inflation(lag1(logs), len(logs))
+    low = math.exp(centre - factor * (centre - interval[0]))
+    high = math.exp(centre + factor * (interval[1] - centre))
     return speedup, (low, high), max(high / speedup - 1, 1 - low / speedup)
-
-
-def widened(centre: float, interval, term: float):
-    """(``interval`` with ``term`` added on each side in quadrature on the log scale, its
-    relative half-width on the wider side): an interval of one sitting made an interval
-    for the figure a re-run gives (:attr:`RoundPolicy.rerun_term`). ``(None, None)`` where
-    there is no interval."""
-    if interval is None or not centre > 0 or not (interval[0] > 0 and interval[1] > 0):
-        return None, None
-    below = math.hypot(math.log(centre / interval[0]), term)
-    above = math.hypot(math.log(interval[1] / centre), term)
-    low, high = centre * math.exp(-below), centre * math.exp(above)
-    return (low, high), max(math.expm1(above), -math.expm1(-below))
-
-
-def within_limit(limit: float | None, term: float) -> float | None:
-    """The widest relative half-width of one sitting's interval that, widened by ``term``,
-    stays within ``limit`` (``None``: no limit, or none can)."""
-    if limit is None:
-        return None
-    room = math.log1p(limit) ** 2 - term**2
-    return math.expm1(math.sqrt(room)) if room > 0 else None
 
 
 def paired_figures(windows, base_windows):
@@ -404,8 +437,7 @@ def run_rounds(
             continue
         own = [w for w in view[name] if w is not None]
         taken = [w for w in windows[name] if w is not None]
-        throughput, ci, halfwidth, cv = throughput_figures(own)
-        ci, halfwidth = widened(throughput, ci, policy.rerun_term)
+        throughput, ci, halfwidth, cv, autocorr = throughput_details(own)
         figures = Figures(
             throughput,
             ci,
@@ -418,16 +450,27 @@ def run_rounds(
             rounds=len(own),
             stretched=sum(w.seconds for w in taken[:-1]) >= cap,
             disturbed=len(taken) - len(own),
-            rerun_sd=policy.rerun_sd,
+            throughput_autocorr=autocorr,
+            kept=[i for i, w in enumerate(taken_of(view[name], windows[name])) if w is not None],
         )
+        if figures.disturbed:
+            figures.throughput_unscreened = throughput_details(taken)[0]
         if base is not None and name != baseline:
-            figures.speedup, sitting_ci, _ = paired_figures(view[name], base)
-            figures.speedup_ci, figures.speedup_halfwidth = widened(
-                figures.speedup, sitting_ci, policy.rerun_term
-            )
+            logs = _log_ratios(view[name], base)
+            figures.speedup, figures.speedup_ci, figures.speedup_halfwidth = _speedup_of(logs)
+            figures.speedup_autocorr = lag1(logs)
             figures.moved = moved_between_halves(view[name], base)
+            figures.drift_checked = len(logs) >= DRIFT_MIN_ROUNDS
+            if figures.disturbed or any(w is None for w in base):
+                figures.speedup_unscreened = paired_figures(windows[name], windows[baseline])[0]
         out[name] = figures
     return out
+
+
+def taken_of(seen: list, measured: list) -> list:
+    """The windows an engine took (holes where it took none), each ``None`` where the
+    figures left it out: ``seen`` is the screened list, ``measured`` the one as taken."""
+    return [s for s, m in zip(seen, measured) if m is not None]
 
 
 def _view(windows, failed, policy) -> dict[str, list]:
@@ -452,19 +495,13 @@ def _taking_turns(names, failed, reasons, baseline) -> list[str]:
 
 def _width(name, windows, baseline, own, policy) -> tuple[float | None, float, float | None]:
     """(relative half-width of this sitting's interval of the figure the user compares, the
-    stop rule's target for it, the widest it may be for the UNSTABLE limit or None). The
-    rounds narrow the sitting's share of an interval; the re-run spread added to it
-    (:func:`widened`) is the host's, so the target and the limit are of the sitting's."""
+    stop rule's target for it, the widest it may be for the UNSTABLE limit or None)."""
     base = windows.get(baseline) if baseline else None
     if base is not None and name != baseline:
         width = paired_figures(windows[name], base)[2]
-        return width, policy.precision, within_limit(policy.enough, policy.rerun_term)
+        return width, policy.precision, policy.enough
     limit = None if policy.enough is None else THROUGHPUT_WIDER * policy.enough
-    return (
-        throughput_figures(own)[2],
-        THROUGHPUT_WIDER * policy.precision,
-        within_limit(limit, policy.rerun_term),
-    )
+    return throughput_figures(own)[2], THROUGHPUT_WIDER * policy.precision, limit
 
 
 def _reachable(width: float, limit: float, seconds: float, until: float) -> bool:

@@ -71,13 +71,18 @@ def assess(
     what: str = "throughput",
     stretched: bool = False,
     disturbed: tuple[int, int] | None = None,
+    history: str | None = None,
+    screen_moved: float | None = None,
 ) -> Stability:
     """Judge one measurement. ``halfwidth`` is the relative half-width of the 95% interval
     of ``what`` (``speedup`` or ``throughput``), ``None`` when there was too little to
     make one; ``moved`` the speedup's change between the halves of the rounds where their
     intervals part (:func:`mlflow_ngraph.measure.rounds.moved_between_halves`);
-    ``disturbed`` (windows left out as disturbed, windows measured); a host quantity that
-    was not measured (None/NaN) is not held against it."""
+    ``disturbed`` (windows left out as disturbed, windows measured); ``history`` what a
+    gross move against the same engine measured earlier on this host says
+    (:func:`mlflow_ngraph.measure.history.check`); ``screen_moved`` the change leaving the
+    disturbed windows out made to the figure, where it exceeds the figure's interval. A
+    host quantity that was not measured (None/NaN) is not held against it."""
     causes = []
     if not _given(halfwidth):
         causes.append(f"too few windows for a {what} interval")
@@ -99,6 +104,13 @@ def assess(
             f"the host drifted beyond what the rounds cover: the {what} moved "
             f"{100 * moved:+.1f}% between the first and second half of the rounds"
         )
+    if _given(screen_moved):
+        causes.append(
+            f"leaving out the disturbed windows moved the {what} {100 * screen_moved:+.1f}%, "
+            "more than its interval"
+        )
+    if history:
+        causes.append(history)
     if not causes:
         return Stability(True)
     wide_only = len(causes) == 1 and _given(halfwidth) and halfwidth > max_interval

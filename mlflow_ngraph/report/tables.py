@@ -47,9 +47,15 @@ METRIC_COLUMNS = (
     schema.M_MAX_ABS_ERROR,
     schema.M_VALID,
     schema.M_REPETITIONS,
+    schema.M_WINDOWS,
     schema.M_SPEEDUP_PAIRED,
     schema.M_SPEEDUP_CI_LOW,
     schema.M_SPEEDUP_CI_HIGH,
+    schema.M_THROUGHPUT_RERUN_LOW,
+    schema.M_THROUGHPUT_RERUN_HIGH,
+    schema.M_SPEEDUP_RERUN_LOW,
+    schema.M_SPEEDUP_RERUN_HIGH,
+    schema.M_LATENCY_SAMPLES,
 )
 #: z of a two-sided 95% normal interval: turns an interval back into a std for the noise draws
 Z95 = 1.959963984540054
@@ -218,11 +224,13 @@ def add_relative_metrics(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _bounds(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's 95% throughput interval: the logged one; else, where the run logged its
-    repetition count n >= 3, the interval of the mean, throughput -+ t(0.975, n - 1) x
-    std / sqrt(n) (``throughput_std`` is the spread of one repetition, about sqrt(n) wider
-    than the mean's uncertainty); else NaN. With fewer than 3 repetitions, or no spread,
-    the interval is missing, never zero wide."""
+    """Each row's 95% throughput interval: the logged one; else the interval of the mean,
+    throughput -+ t(0.975, n - 1) x std / sqrt(n), over the n values ``throughput_std`` is
+    the spread of: the windows where the run logged them (a window's rate is the unit;
+    dividing its spread by the requests' count made the interval too narrow by about the
+    square root of the requests per window), else the repetitions of a record from before
+    windows; else NaN. With fewer than 3 of them, or no spread, the interval is missing,
+    never zero wide."""
     from scipy import stats
 
     tput = frame[schema.M_THROUGHPUT].to_numpy(dtype=float, na_value=np.nan)
@@ -230,6 +238,9 @@ def _bounds(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     low = frame[schema.M_THROUGHPUT_CI_LOW].to_numpy(dtype=float, na_value=np.nan)
     high = frame[schema.M_THROUGHPUT_CI_HIGH].to_numpy(dtype=float, na_value=np.nan)
     n = frame[schema.M_REPETITIONS].to_numpy(dtype=float, na_value=np.nan)
+    if schema.M_WINDOWS in frame:
+        windows = frame[schema.M_WINDOWS].to_numpy(dtype=float, na_value=np.nan)
+        n = np.where(np.isnan(windows), n, windows)
     enough = n >= MIN_INTERVAL_REPETITIONS  # False where n is not known
     count = np.where(enough, n, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -52,6 +52,10 @@ class CellRecorder:
             tags[S.T_REFERENCE] = record["reference"]
         if record.get("stop_reason"):
             tags[f"{S.T_STOP_REASON}.bs{b}"] = record["stop_reason"]
+        if record.get("moved"):
+            tags[f"{S.T_MOVED}.bs{b}"] = record["moved"][:5000]
+        if record.get("rerun"):
+            tags[f"{S.T_RERUN}.bs{b}"] = record["rerun"][:5000]
         stability = record.get("stability")
         if stability:
             tags[f"{S.T_STABILITY}.bs{b}"] = (

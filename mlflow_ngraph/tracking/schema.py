@@ -38,6 +38,11 @@ T_INDEX_RUNS = "ngraph.index.runs"  # on a parent: how many cell runs the index 
 T_STABILITY = "ngraph.stability"  # STABLE / UNSTABLE (any batch size unstable), and .bs<b>
 T_STABILITY_REASON = "ngraph.stability.reason"  # .bs<b>: why a batch size is UNSTABLE
 T_STOP_REASON = "ngraph.stop_reason"  # .bs<b>: precision, max_duration
+#: .bs<b>: how the figure moved against the same engine measured earlier on this host,
+#: where it moved beyond what the intervals allow (measure/history.py)
+T_MOVED = "ngraph.moved"
+#: .bs<b>: the spread between sittings behind the re-run intervals, or why there are none
+T_RERUN = "ngraph.rerun"
 T_ATTEMPTS = "ngraph.attempts"  # .bs<b>: measurements made of a batch size (--stable-retries)
 T_REFERENCE = "ngraph.reference"  # what the outputs were checked against
 T_SWEEP = "ngraph.sweep"  # the sweep id of every run a sweep started
@@ -79,8 +84,32 @@ M_WINDOWS = "windows"  # windows measured (one per round when interleaved)
 M_WINDOW_S = "window_s"  # the windows' target length
 # windows left out of the figures: the process lost CPU during them (measure/rounds.py)
 M_WINDOWS_DISTURBED = "windows_disturbed"
-# the re-run spread (sd of the log) added to both 95% intervals (measure/rounds.py)
-M_RERUN_SD = "rerun_sd"
+# where a re-run on this host is expected to land, 95% (measure/history.py): the sitting's
+# interval (``*_ci_low`` / ``*_ci_high``) widened by the spread between sittings this host
+# showed (its sd of the log and degrees of freedom); not logged where none was measured
+M_THROUGHPUT_RERUN_LOW = "throughput_rerun_low"
+M_THROUGHPUT_RERUN_HIGH = "throughput_rerun_high"
+M_SPEEDUP_RERUN_LOW = "speedup_rerun_low"
+M_SPEEDUP_RERUN_HIGH = "speedup_rerun_high"
+M_RERUN_SD = "rerun_sd"  # the spread between sittings the speedup's re-run interval used
+M_RERUN_DF = "rerun_df"  # its degrees of freedom
+# what each interval rests on (measure/rounds.py): rounds, the lag-1 autocorrelation of
+# their values (an interval is widened where it is positive beyond chance), and whether
+# the drift between the rounds' halves could be judged (1) or there were too few rounds (0)
+M_ROUNDS = "rounds"
+M_THROUGHPUT_AUTOCORR = "throughput_autocorr"
+M_SPEEDUP_AUTOCORR = "speedup_autocorr"
+M_DRIFT_CHECKED = "drift_checked"
+# the figures with the disturbed windows kept in, where the screen left some out
+M_THROUGHPUT_UNSCREENED = "throughput_unscreened"
+M_SPEEDUP_UNSCREENED = "speedup_unscreened"
+# order-statistic 95% intervals of the latency percentiles (p99 only from 299 requests)
+M_LATENCY_P50_LOW = "latency_p50_low_ms"
+M_LATENCY_P50_HIGH = "latency_p50_high_ms"
+M_LATENCY_P90_LOW = "latency_p90_low_ms"
+M_LATENCY_P90_HIGH = "latency_p90_high_ms"
+M_LATENCY_P99_LOW = "latency_p99_low_ms"
+M_LATENCY_P99_HIGH = "latency_p99_high_ms"
 M_THROUGHPUT_HALFWIDTH = "throughput_halfwidth"  # relative half-width of its 95% interval
 M_LATENCY_SAMPLES = "latency_samples"  # per-request latencies behind the percentiles
 M_INTERLEAVED = "interleaved"  # 1: measured in rounds with the model's other engines
@@ -149,8 +178,14 @@ FLAT_METRICS = frozenset(
         M_THROUGHPUT_CI_HIGH,
         M_LATENCY_P50,
         M_LATENCY_P99,
+        M_LATENCY_SAMPLES,
+        M_THROUGHPUT_RERUN_LOW,
+        M_THROUGHPUT_RERUN_HIGH,
+        M_SPEEDUP_RERUN_LOW,
+        M_SPEEDUP_RERUN_HIGH,
         M_CV,
         M_REPETITIONS,  # what an interval of the mean needs (report/tables.py's fallback)
+        M_WINDOWS,  # the values throughput_std is the spread of (the same fallback)
         M_CPU,
         M_ENERGY_PER_SAMPLE,
         M_COMPILE,

@@ -49,6 +49,8 @@ class Cell:
     repetitions: int | None = 100
     #: the std of one repetition, as a share of the throughput
     rep_cv: float = 0.01
+    #: windows behind every batch size's throughput (``None``: not logged, as before windows)
+    windows: int | None = None
     #: logged 95% intervals of the speedup (paired rounds), by batch size
     speedup_ci: dict[int, tuple[float, float]] = field(default_factory=dict)
 
@@ -68,6 +70,8 @@ def _per_batch(cell: Cell) -> dict[str, dict[int, float]]:
     }
     if cell.repetitions is not None:
         values[S.M_REPETITIONS] = {b: cell.repetitions for b in cell.throughput}
+    if cell.windows is not None:
+        values[S.M_WINDOWS] = {b: cell.windows for b in cell.throughput}
     if cell.ci:
         values[S.M_THROUGHPUT_CI_LOW] = {b: low for b, (low, _) in cell.ci.items()}
         values[S.M_THROUGHPUT_CI_HIGH] = {b: high for b, (_, high) in cell.ci.items()}

@@ -12,7 +12,7 @@ from report_data import Cell, log_benchmark, new_store, one, records_of
 from mlflow_ngraph.report import compare
 from mlflow_ngraph.report.tables import tau_interval
 
-A, B, C = "resnet18", "resnet50", "efficientnet_b3"
+A, B, C, D = "resnet18", "resnet50", "efficientnet_b3", "convnext_tiny"
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +107,9 @@ def fallback_store(tmp_path_factory):
         Cell("cpu", B, "resnet", "openvino", {1: 55}, repetitions=1, rep_cv=0.0),
         Cell("cpu", C, "efficientnet", "identity", {1: 80}, repetitions=None),
         Cell("cpu", C, "efficientnet", "openvino", {1: 90}, repetitions=None),
+        # two 100 ms windows of 200 requests each: std is a window's spread, n is 2
+        Cell("cpu", D, "convnext", "identity", {1: 80}, repetitions=400, windows=2, rep_cv=0.1),
+        Cell("cpu", D, "convnext", "openvino", {1: 90}, repetitions=400, windows=2, rep_cv=0.1),
     ]
     log_benchmark(client, exp, "cpu", cells)
     return uri
@@ -135,6 +138,10 @@ def test_too_few_repetitions_give_no_interval_anywhere(fallback_store):
     old = one(rows, model=C, compiler="openvino", batch_size=1)
     assert old["speedup_ci_low"] is None and old["speedup_ci_high"] is None
     assert old["throughput_std"] == pytest.approx(0.9)  # its spread is still shown
+    # a window's spread over the windows' count, never over the requests': two windows
+    # give no interval (it was t(399) x 0.1 / sqrt(400): +-1%, 20x too narrow)
+    windowed = one(rows, model=D, compiler="openvino", batch_size=1)
+    assert windowed["speedup_ci_low"] is None and windowed["speedup_ci_high"] is None
     result = CliRunner().invoke(compare, ["--tracking-uri", fallback_store])
     assert result.exit_code == 0, result.output
     assert "± 0 " not in result.output and "1.1-1.1" not in result.output
@@ -142,8 +149,8 @@ def test_too_few_repetitions_give_no_interval_anywhere(fallback_store):
 
 def test_kendall_interval_needs_every_items_spread(fallback_store):
     flips = one(_json(fallback_store, "--table", "flips"), compiler="openvino", level="model")
-    assert flips["n"] == 3
-    # resnet50 and efficientnet have no interval: the draws would take them as exact
+    assert flips["n"] == 4
+    # resnet50, efficientnet and convnext have no interval: the draws would take them as exact
     assert flips["tau_ci_low"] is None and flips["tau_ci_high"] is None
     nan = float("nan")
     assert tau_interval([3, 2, 1], [1.0, nan, 1.0], [1, 2, 3], [1.0] * 3) is None

@@ -1,0 +1,313 @@
+"""What this host measured before: each engine's kept figures, and the spread between sittings.
+
+Every kept measurement of an engine at a batch size is appended to the home, one file per
+engine on this host (``<home>/history/<host>/<engine>.jsonl``; the engine is the model, its
+parameters, the compiler and its flags, the scenario, the device profile, the batch size and
+the runtimes' versions; the host is the CPU model and core count). Two uses:
+
+- **the guard**: a new figure is set against the same engine measured earlier on this host.
+  A move beyond what both sittings' intervals and the host's spread between sittings allow
+  is *said* (a warning and the ``ngraph.moved.bs<b>`` tag), and a gross one (more than
+  :data:`GROSS_MOVE`) marks the measurement UNSTABLE, naming a contended host where it was
+  one: on a busy 2-core host a threaded engine of a small model can run 10-20x slower than
+  the load's share explains (its threads wait for each other at every operator);
+- **the spread between sittings** (:func:`spread`): each engine measured in several
+  sittings gives the variance of its figure from sitting to sitting beyond what each
+  sitting's rounds showed; pooled over every engine (a variance-components estimate with
+  its degrees of freedom), by model family where a family has enough of them. It is what a
+  re-run interval is built from (:func:`rerun_interval`): measured on this host, never
+  assumed.
+
+Only uncontended, STABLE figures enter the spread; every kept figure enters the guard's
+record. A line that cannot be read is skipped; the files are append-only and bounded
+(:data:`KEEP` lines per engine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+#: a figure that moved by more than this against every earlier measurement of the same
+#: engine on this host (beyond what the intervals allow) is marked UNSTABLE
+GROSS_MOVE = 0.25
+#: the spread between sittings the guard allows where this host has not measured its own
+#: (sd of the log): the largest seen on a quiet 2-core VM (docs/measurement.md), so that
+#: only what is clearly more than a re-run's spread is said
+GUARD_SD = 0.03
+#: lines kept per engine (older ones are dropped when the file is rewritten)
+KEEP = 20
+#: degrees of freedom a model family needs before it gets a spread of its own
+FAMILY_MIN_DF = 10
+#: degrees of freedom the spread needs before a re-run interval is built on it
+MIN_DF = 3
+#: an engine counts in the spread with at most this many of its latest sittings (an old
+#: state of the host says less of the next re-run)
+SPREAD_LATEST = 6
+Z95 = 1.959963984540054
+
+
+@dataclass
+class Entry:
+    """One kept measurement of an engine at a batch size."""
+
+    time: float
+    family: str
+    throughput: float
+    throughput_h: float | None  # the sitting's 95% half-width, log scale
+    speedup: float | None = None
+    speedup_h: float | None = None
+    contended: bool = False  # other processes took more than --max-other-cpu, or steal
+    stable: bool = True
+    other_cpu: float | None = None
+    load: float | None = None
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The host's spread between sittings of one kind of figure (sd of the log), with its
+    degrees of freedom and what it was estimated from."""
+
+    sd: float
+    df: int
+    source: str  # e.g. "this host's history: 14 engines, 2-3 sittings each"
+
+
+@dataclass(frozen=True)
+class Move:
+    """A figure that moved against the same engine measured earlier on this host."""
+
+    what: str  # throughput or speedup
+    ratio: float  # now over then
+    then: Entry
+    gross: bool
+    text: str
+
+
+def host_key() -> str:
+    from mlflow_ngraph.supply import host_fingerprint
+
+    return hashlib.sha256(host_fingerprint().encode()).hexdigest()[:16]
+
+
+def engine_key(
+    model: str,
+    params: dict,
+    compiler: str,
+    flags: dict,
+    scenario: str,
+    device: str,
+    batch_size: int,
+    versions: dict | None = None,
+) -> str:
+    """The name of one engine's history: what makes two measurements of the same thing."""
+    if versions is None:
+        from mlflow_ngraph.env import library_versions
+
+        versions = library_versions()
+    text = json.dumps(
+        [model, params, compiler, flags, scenario, device, batch_size, versions],
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def folder(home: str | os.PathLike) -> Path:
+    return Path(home) / "history" / host_key()
+
+
+def _read(path: Path) -> list[Entry]:
+    out = []
+    with contextlib.suppress(OSError):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                data = json.loads(line)
+                out.append(Entry(**data))
+            except (ValueError, TypeError):
+                continue  # a line cut by a kill, or of another version: skipped
+    return out
+
+
+def earlier(home, key: str) -> list[Entry]:
+    """The kept measurements of engine ``key`` on this host, oldest first."""
+    return _read(folder(home) / f"{key}.jsonl")
+
+
+def append(home, key: str, entry: Entry) -> None:
+    """Add ``entry`` to engine ``key``'s history (one write of one line: two workers
+    appending at once do not interleave); past 2 x :data:`KEEP` lines the file is rewritten
+    with the latest :data:`KEEP`. A home that cannot be written costs the history, never
+    the measurement."""
+    path = folder(home) / f"{key}.jsonl"
+    line = json.dumps(asdict(entry), separators=(",", ":")) + "\n"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = "\n" + line  # after a line a kill cut short: never glued to it
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+        entries = _read(path)
+        if len(entries) > 2 * KEEP:
+            tmp = path.with_suffix(f".tmp-{os.getpid()}")
+            tmp.write_text(
+                "".join(
+                    json.dumps(asdict(e), separators=(",", ":")) + "\n" for e in entries[-KEEP:]
+                ),
+                encoding="utf-8",
+            )
+            os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _log_sd(h: float | None) -> float:
+    return 0.0 if h is None or not math.isfinite(h) else h / Z95
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+def check(
+    entries: list[Entry], now: Entry, spread: float | None, max_other_cpu: float
+) -> Move | None:
+    """Whether ``now`` moved against every earlier measurement in ``entries`` by more than
+    both sittings' intervals and the spread between sittings (``spread``, sd of the log;
+    :data:`GUARD_SD` where the host has not measured one) allow. The earlier measurement
+    nearest to ``now`` is the one named: a figure that agrees with any earlier one has not
+    moved (one bad sitting in the history does not mark every later good one)."""
+    sd = GUARD_SD if spread is None else max(spread, 0.0)
+    found = None
+    for what in ("speedup", "throughput"):
+        value, h = getattr(now, what), getattr(now, f"{what}_h")
+        if not value or value <= 0:
+            continue
+        nearest = None
+        for then in entries:
+            old = getattr(then, what)
+            if not old or old <= 0:
+                continue
+            d = math.log(value / old)
+            allowed = Z95 * math.sqrt(
+                2 * sd**2 + _log_sd(h) ** 2 + _log_sd(getattr(then, f"{what}_h")) ** 2
+            )
+            if nearest is None or abs(d) - allowed < nearest[0]:
+                nearest = (abs(d) - allowed, d, then)
+        if nearest is None or nearest[0] <= 0:
+            continue  # within what some earlier measurement allows
+        _, d, then = nearest
+        ratio = math.exp(d)
+        move = Move(
+            what,
+            ratio,
+            then,
+            abs(ratio - 1) > GROSS_MOVE,
+            _text(what, ratio, then, now, max_other_cpu),
+        )
+        if found is None or (move.gross and not found.gross):
+            found = move
+    return found
+
+
+def _factor(ratio: float) -> str:
+    if ratio >= 2 or ratio <= 0.5:
+        return f"{ratio:.3g}x" if ratio >= 1 else f"{1 / ratio:.3g}x lower"
+    return f"{100 * (ratio - 1):+.1f}%"
+
+
+def _text(what: str, ratio: float, then: Entry, now: Entry, max_other_cpu: float) -> str:
+    old = getattr(then, what)
+    text = (
+        f"the {what} moved {_factor(ratio)} against this engine measured on this host at "
+        f"{_when(then.time)} ({old:.4g}{'x' if what == 'speedup' else '/s'})"
+    )
+    if ratio < 1 and now.contended:
+        busy = (
+            f"other processes used {now.other_cpu:.0f}% of the CPU"
+            if now.other_cpu is not None
+            else "the host was busy"
+        )
+        text += (
+            f": the host was contended ({busy}, > {max_other_cpu:g}%); a threaded engine of a "
+            "small model collapses far beyond the load's share on a busy host (its threads "
+            "wait for each other at every operator)"
+        )
+    elif ratio > 1 and then.contended:
+        text += ": that earlier measurement was made on a contended host"
+    return text
+
+
+def spread(home, what: str, family: str | None = None) -> Spread | None:
+    """The host's spread between sittings of ``what`` (``throughput`` or ``speedup``) from
+    its history: for every engine measured in two or more uncontended, STABLE sittings, the
+    squares of its log figures about their mean, less what each sitting's own interval
+    accounts for, pooled (method of moments, clamped at zero) over engines; its degrees of
+    freedom are the sittings less one per engine. ``family`` picks the engines of one model
+    family when they have :data:`FAMILY_MIN_DF` degrees of freedom, else every engine is
+    pooled. ``None`` with fewer than :data:`MIN_DF`."""
+    base = folder(home)
+    if not base.is_dir():
+        return None
+    families: dict[str, list[list[tuple[float, float]]]] = {}
+    for path in sorted(base.glob("*.jsonl")):
+        kept = [
+            e
+            for e in _read(path)
+            if e.stable and not e.contended and getattr(e, what) and getattr(e, what) > 0
+        ][-SPREAD_LATEST:]
+        if len(kept) >= 2:
+            families.setdefault(kept[-1].family or "-", []).append(
+                [(math.log(getattr(e, what)), _log_sd(getattr(e, f"{what}_h"))) for e in kept]
+            )
+
+    def pooled(engines: list[list[tuple[float, float]]]) -> tuple[float, int]:
+        ss = own = 0.0
+        df = 0
+        for sittings in engines:
+            n = len(sittings)
+            mean = sum(x for x, _ in sittings) / n
+            ss += sum((x - mean) ** 2 for x, _ in sittings)
+            own += (1 - 1 / n) * sum(s * s for _, s in sittings)
+            df += n - 1
+        return (max(ss - own, 0.0) / df if df else math.nan), df
+
+    engines = families.get(family, []) if family else []
+    var, df = pooled(engines)
+    label = f"the {family} engines"
+    if df < FAMILY_MIN_DF:
+        engines = [e for group in families.values() for e in group]
+        var, df = pooled(engines)
+        label = "every engine"
+    if df < MIN_DF:
+        return None
+    return Spread(
+        math.sqrt(var),
+        df,
+        f"this host's history ({label}: {len(engines)} measured in {df + len(engines)} sittings)",
+    )
+
+
+def rerun_interval(value: float, h: float | None, spread: Spread | None, confidence=0.95):
+    """(low, high, relative half-width) of the 95% interval where a re-run on this host is
+    expected to land: the re-run's figure differs from this one by both sittings' offsets
+    (2 sd^2 of the spread) and both sittings' own noise (this sitting's, twice), a Student-t
+    prediction interval with the spread's degrees of freedom. ``None`` without a spread or
+    a sitting interval."""
+    if spread is None or h is None or not value or value <= 0:
+        return None
+    from scipy import stats
+
+    q = float(stats.t.ppf(0.5 + confidence / 2, max(spread.df, 1)))
+    width = q * math.sqrt(2 * spread.sd**2 + 2 * _log_sd(h) ** 2)
+    return value * math.exp(-width), value * math.exp(width), math.expm1(width)

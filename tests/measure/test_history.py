@@ -1,0 +1,180 @@
+"""The host's history: the guard against a figure that moved, the spread between sittings
+measured from it, and the re-run interval built on that spread."""
+
+from __future__ import annotations
+
+import math
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from mlflow_ngraph.config import MeasureSettings
+from mlflow_ngraph.measure import history
+from mlflow_ngraph.measure.history import Entry
+from mlflow_ngraph.worker import CellTask, _remember, judge
+
+
+def entry(throughput, h=0.02, speedup=None, sh=None, **kw) -> Entry:
+    return Entry(time.time(), "conv_block", throughput, h, speedup, sh, **kw)
+
+
+def test_a_figure_180x_off_is_a_gross_move_and_one_within_the_spread_is_none():
+    earlier = [entry(9000.0)]
+    move = history.check(earlier, entry(50.0), None, 25.0)
+    assert move is not None and move.gross and move.what == "throughput"
+    assert "180x lower" in move.text and "(9000/s)" in move.text
+    assert history.check(earlier, entry(9000.0 * 1.03), None, 25.0) is None
+    small = history.check(earlier, entry(9000.0 * 1.15), 0.01, 25.0)
+    assert small is not None and not small.gross and "+15.0%" in small.text
+
+
+def test_a_figure_that_agrees_with_any_earlier_one_has_not_moved():
+    """One bad sitting in the history does not mark every later good one."""
+    earlier = [entry(50.0), entry(9000.0)]
+    assert history.check(earlier, entry(9100.0), None, 25.0) is None
+
+
+def test_a_paired_speedup_that_moved_is_said_even_where_the_host_moved_as_a_whole():
+    earlier = [entry(1000.0, speedup=2.0, sh=0.02)]
+    move = history.check(earlier, entry(1000.0, speedup=3.0, sh=0.02), None, 25.0)
+    assert move is not None and move.what == "speedup" and move.gross
+
+
+def test_a_collapse_on_a_contended_host_is_named_as_such():
+    earlier = [entry(9000.0)]
+    now = entry(600.0, contended=True, other_cpu=48.0)
+    move = history.check(earlier, now, None, 25.0)
+    assert "the host was contended (other processes used 48% of the CPU" in move.text
+    back = history.check([entry(600.0, contended=True)], entry(9000.0), None, 25.0)
+    assert "that earlier measurement was made on a contended host" in back.text
+
+
+def test_the_history_is_bounded_and_a_damaged_line_is_skipped(tmp_path):
+    for i in range(2 * history.KEEP + 1):
+        history.append(tmp_path, "k", entry(1000.0 + i))
+    kept = history.earlier(tmp_path, "k")
+    assert len(kept) == history.KEEP and kept[-1].throughput == 1000.0 + 2 * history.KEEP
+    path = history.folder(tmp_path) / "k.jsonl"
+    with open(path, "a") as f:
+        f.write('{"time": 1, "thro')  # a write cut by a kill
+    assert len(history.earlier(tmp_path, "k")) == history.KEEP
+    history.append(tmp_path, "k", entry(5.0))
+    assert history.earlier(tmp_path, "k")[-1].throughput == 5.0
+
+
+def _sittings(rng, engines, sittings, sigma, noise):
+    """Each engine's log figure: its own level, plus a sitting's offset (sd ``sigma``),
+    plus the rounds' noise (sd ``noise``, which the sitting's interval says)."""
+    out = []
+    for _ in range(engines):
+        level = rng.uniform(3, 9)
+        out.append(
+            [
+                (math.exp(level + rng.normal(0, sigma) + rng.normal(0, noise)), noise * 1.96)
+                for _ in range(sittings)
+            ]
+        )
+    return out
+
+
+def test_the_spread_between_sittings_is_measured_from_the_history(tmp_path):
+    rng = np.random.default_rng(2)
+    for i, engine in enumerate(_sittings(rng, 40, 3, 0.03, 0.01)):
+        for value, h in engine:
+            history.append(tmp_path, f"e{i}", entry(value, h))
+    spread = history.spread(tmp_path, "throughput")
+    assert spread.df == 80
+    assert 0.024 < spread.sd < 0.036
+    assert "40 measured in 120 sittings" in spread.source
+    # contended or UNSTABLE sittings say nothing of a quiet host's spread
+    history.append(tmp_path, "e0", entry(1.0, 0.01, contended=True))
+    history.append(tmp_path, "e0", entry(1.0, 0.01, stable=False))
+    assert history.spread(tmp_path, "throughput").df == 80
+    assert history.spread(tmp_path / "none", "throughput") is None
+
+
+def test_a_family_with_enough_sittings_gets_its_own_spread(tmp_path):
+    rng = np.random.default_rng(3)
+    for fam, sigma in (("mha_block", 0.06), ("conv_block", 0.01)):
+        for i, engine in enumerate(_sittings(rng, 20, 2, sigma, 0.005)):
+            for value, h in engine:
+                history.append(tmp_path, f"{fam}{i}", Entry(time.time(), fam, value, h))
+    mha = history.spread(tmp_path, "throughput", "mha_block")
+    conv = history.spread(tmp_path, "throughput", "conv_block")
+    assert mha.sd > 2 * conv.sd and mha.df == conv.df == 20
+    assert history.spread(tmp_path, "throughput", "resnet").df == 40  # pooled
+
+
+def test_the_rerun_interval_holds_95_percent_of_re_runs():
+    """With the spread measured from an earlier history (40 engines, 2 sittings), the
+    interval of one sitting holds the next sitting's figure about 95% of the time; the
+    sitting's own interval, far less."""
+    rng = np.random.default_rng(7)
+    sigma, noise = 0.025, 0.01
+    fitted = history.Spread(sigma * rng.uniform(0.85, 1.15), 40, "test")
+    held = own = 0
+    trials = 2000
+    for first, second in _sittings(rng, trials, 2, sigma, noise):
+        low, high, _ = history.rerun_interval(first[0], first[1], fitted)
+        held += low <= second[0] <= high
+        own += first[0] * math.exp(-first[1]) <= second[0] <= first[0] * math.exp(first[1])
+    assert held / trials >= 0.93
+    assert own / trials < 0.6
+    assert history.rerun_interval(1.0, 0.01, None) is None
+
+
+def _task(home, **kw) -> CellTask:
+    return CellTask(
+        name="c", model_name="conv_block", model_params={"width": 8}, compiler="onnxruntime",
+        flags={}, batch_sizes=[8], device="cpu", device_kind="cpu", home=str(home),
+        measure=MeasureSettings(warmup=0, repetitions=1, min_duration_s=0.0), tolerance=1e-3,
+        extra={"family": "conv_block"}, **kw,
+    )  # fmt: skip
+
+
+def _result(throughput, other_cpu=0.0):
+    return SimpleNamespace(
+        batch_size=8, throughput=throughput, throughput_ci_low=throughput / 1.02,
+        throughput_ci_high=throughput * 1.02, throughput_halfwidth=0.02,
+        throughput_unscreened=None, speedup_paired=None, speedup_ci_low=None,
+        speedup_ci_high=None, speedup_halfwidth=None, speedup_unscreened=None,
+        speedup_moved=None, host_other_cpu_percent=other_cpu, host_steal_percent=0.0,
+        host_load_avg=2.0, stretched=False, windows_disturbed=0, windows=30,
+    )  # fmt: skip
+
+
+def test_a_measurement_180x_off_the_same_engine_on_this_host_is_unstable_and_said(tmp_path):
+    """The guard end to end in the worker: the first measurement enters the history, a
+    second one 180x off is marked UNSTABLE naming the earlier figure, and what it moved
+    is in the record the runner logs."""
+    task = _task(tmp_path)
+    first = _result(9000.0)
+    stability = judge(task, first, False)
+    assert stability.stable
+    said = _remember(task, first, stability, False)
+    assert "moved" not in said and said["rerun"].startswith("none: this host has no spread")
+    second = _result(50.0, other_cpu=60.0)
+    stability = judge(task, second, False)
+    assert not stability.stable and stability.retry
+    assert "the throughput moved 180x lower against this engine" in stability.reason
+    assert "the host was contended" in stability.reason
+    said = _remember(task, second, stability, False)
+    assert "180x lower" in said["moved"]
+    # another engine (another batch size) has no history: nothing to compare with
+    other = _result(50.0)
+    other.batch_size = 1
+    assert judge(task, other, False).stable
+
+
+def test_the_rerun_interval_is_logged_where_the_host_has_a_spread(tmp_path):
+    task = _task(tmp_path, rerun_sd=0.02)
+    result = _result(1000.0)
+    said = _remember(task, result, judge(task, result, False), False)
+    assert said["rerun"].startswith("sd 2.00%") and "--rerun-sd" in said["rerun"]
+    width = math.log(result.throughput_rerun_high / 1000.0)
+    assert width == pytest.approx(
+        1.96 * math.sqrt(2 * 0.02**2 + 2 * (math.log(1.02) / 1.96) ** 2), rel=1e-3
+    )
+    assert result.throughput_rerun_low == pytest.approx(1000.0 * math.exp(-width))
