@@ -42,6 +42,7 @@ processes' CPU time, steal, load, frequency, throttling).
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -152,6 +153,9 @@ class Window:
     #: the process's CPU seconds over the window (every thread: the engine's pool, spinning
     #: included); ``None`` where it was not read
     cpu_s: float | None = None
+    #: the seconds the process's threads together waited to run (runnable, no core free:
+    #: the kernel's run delay, /proc/self/task/*/schedstat); ``None`` where not readable
+    wait_s: float | None = None
 
     @property
     def rate(self) -> float:
@@ -199,6 +203,7 @@ class Meter:
         plan.collected.clear()
         steps: list[float] = []
         self.sampler.begin()
+        wait0 = run_delay_s()
         cpu0 = time.process_time()
         began = last = clock()
         calls = 0
@@ -216,9 +221,11 @@ class Meter:
         self.engine.synchronize()  # requests in flight are the window's
         end = clock()
         cpu_s = time.process_time() - cpu0
+        wait1 = run_delay_s()
         self.sampler.end()
         requests = calls * plan.per_rep
-        window = Window(requests, requests * self.batch_size, end - began, cpu_s)
+        wait_s = wait1 - wait0 if wait0 is not None and wait1 is not None else None
+        window = Window(requests, requests * self.batch_size, end - began, cpu_s, wait_s)
         self.windows.append(window)
         self.window_latencies.append(list(plan.latencies(began, steps) or ()))
         return window
@@ -238,6 +245,30 @@ class Meter:
         )
         values = [1000.0 * t for per_window in chosen for t in per_window]
         return summarize(values) if values else None
+
+
+_TASKS = "/proc/self/task"
+
+
+def run_delay_s() -> float | None:
+    """The seconds this process's threads have waited to run so far (runnable, no core
+    free: the second field of each thread's /proc/self/task/<tid>/schedstat), ``None``
+    where the kernel does not give it. A thread that ended between two readings takes its
+    wait with it: the windows' engines keep their pools for their whole life."""
+    try:
+        tids = os.listdir(_TASKS)
+    except OSError:
+        return None
+    total = 0
+    read = False
+    for tid in tids:
+        try:
+            with open(f"{_TASKS}/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[1])
+            read = True
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9 if read else None
 
 
 @dataclass

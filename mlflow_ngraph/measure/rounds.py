@@ -67,7 +67,7 @@ from typing import Protocol
 
 import numpy as np
 
-from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER
+from mlflow_ngraph.measure.stability import MAX_DISTURBED, THROUGHPUT_WIDER
 
 #: a window lasts at least this long (pyperf: a value of at least 100 ms); the choice and its
 #: measured effect are in docs/measurement.md
@@ -97,6 +97,10 @@ SCREEN_MIN_SHARE = 0.5
 #: a window shorter than this is not judged: its CPU share is scheduler jitter (a policy
 #: with windows of a few ms, as in tests), the reason windows last 100 ms
 SCREEN_MIN_WINDOW_S = 0.05
+#: a window in which the process's threads together waited to run for more than this share
+#: of its wall time was disturbed (:func:`disturbed_marks`; the choice and its measured
+#: effect are in docs/measurement.md)
+WAIT_SHARE = 0.1
 #: drift is judged between the rounds' halves only when each half has a signed-rank interval
 DRIFT_MIN_ROUNDS = 2 * MIN_ROUNDS
 #: the largest lag-1 autocorrelation an interval is widened for (beyond it the rounds say
@@ -341,15 +345,52 @@ def cpu_share(window) -> float | None:
     return window.cpu_s / window.seconds
 
 
+def waited(window) -> float | None:
+    """The seconds the process's threads together waited to run (runnable, no core free:
+    the kernel's run delay) per wall second of ``window`` (None: not read, or the window too
+    short to say: :data:`SCREEN_MIN_WINDOW_S`)."""
+    wait = getattr(window, "wait_s", None) if window is not None else None
+    if wait is None or not window.seconds >= SCREEN_MIN_WINDOW_S:
+        return None
+    return wait / window.seconds
+
+
+def disturbed_marks(windows) -> list[bool]:
+    """Which of ``windows`` were disturbed. Where the kernel gives each thread's run delay
+    (Linux's schedstat), a window is disturbed when the process's threads together waited
+    to run for more than :data:`WAIT_SHARE` of it: another thread held a core the engine's
+    pool needed. On a 2-core host that is what collapses a threaded engine of a small model
+    (its threads wait for each other at every operator: a width-256 attention block's
+    eager PyTorch ran 15x slower beside one busy process), and it is seen in every such
+    window, however many there are. Where no run delay is read, the CPU-share rule of
+    :func:`screened_by_share` judges instead."""
+    if any(waited(w) is not None for w in windows):
+        return [w is not None and (waited(w) or 0.0) > WAIT_SHARE for w in windows]
+    return [w is not None and s is None for w, s in zip(windows, screened_by_share(windows))]
+
+
 def screened(windows) -> list:
-    """``windows`` with each disturbed one replaced by ``None`` (the hole a lost window
-    leaves): those whose CPU share is below :data:`DISTURBED_SHARE` of the engine's median
-    window's. A CPU-bound engine's share is steady from window to window (a pool that waits
-    spins, and spinning counts), so a share that drops says its threads were off their
-    cores, and the window's rate dropped with it (a 2-core VM: a window's rate and its share
-    correlate at 0.70-0.97 for most engines; docs/measurement.md). Nothing is judged before
-    :data:`SCREEN_MIN` windows have a reading, nor for an engine that mostly waits
-    (:data:`SCREEN_MIN_SHARE`)."""
+    """``windows`` with each disturbed one (:func:`disturbed_marks`) replaced by ``None``
+    (the hole a lost window leaves). Where more than :data:`MAX_DISTURBED` of them were
+    disturbed the host was contended through the measurement: the windows are kept as they
+    are (the figure describes that host), and the count marks the figure UNSTABLE."""
+    marks = disturbed_marks(windows)
+    measured = sum(w is not None for w in windows)
+    if sum(marks) > MAX_DISTURBED * measured:
+        return list(windows)
+    return [None if mark else w for w, mark in zip(windows, marks)]
+
+
+def screened_by_share(windows) -> list:
+    """``windows`` with each one whose CPU share is below :data:`DISTURBED_SHARE` of the
+    engine's median window's replaced by ``None``: the screen where no run delay is read. A
+    CPU-bound engine's share is steady from window to window (a pool that waits spins, and
+    spinning counts), so a share that drops says its threads were off their cores (a 2-core
+    VM: a window's rate and its share correlate at 0.70-0.97 for most engines;
+    docs/measurement.md). It cannot tell an engine whose share moves with its own speed
+    from a disturbed one, nor see a disturbance that lasts more than half the windows.
+    Nothing is judged before :data:`SCREEN_MIN` windows have a reading, nor for an engine
+    that mostly waits (:data:`SCREEN_MIN_SHARE`)."""
     shares = [s for s in map(cpu_share, windows) if s is not None]
     if len(shares) < SCREEN_MIN:
         return list(windows)
@@ -449,11 +490,11 @@ def run_rounds(
             drift=drift if name != baseline else drift_of(view[name]),
             rounds=len(own),
             stretched=sum(w.seconds for w in taken[:-1]) >= cap,
-            disturbed=len(taken) - len(own),
+            disturbed=sum(disturbed_marks(windows[name])) if policy.screen else 0,
             throughput_autocorr=autocorr,
             kept=[i for i, w in enumerate(taken_of(view[name], windows[name])) if w is not None],
         )
-        if figures.disturbed:
+        if len(own) < len(taken):
             figures.throughput_unscreened = throughput_details(taken)[0]
         if base is not None and name != baseline:
             logs = _log_ratios(view[name], base)
@@ -461,7 +502,7 @@ def run_rounds(
             figures.speedup_autocorr = lag1(logs)
             figures.moved = moved_between_halves(view[name], base)
             figures.drift_checked = len(logs) >= DRIFT_MIN_ROUNDS
-            if figures.disturbed or any(w is None for w in base):
+            if len(own) < len(taken) or any(w is None for w in base):
                 figures.speedup_unscreened = paired_figures(windows[name], windows[baseline])[0]
         out[name] = figures
     return out

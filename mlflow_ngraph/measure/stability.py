@@ -96,8 +96,8 @@ def assess(
         )
     if disturbed and disturbed[1] > 0 and disturbed[0] > MAX_DISTURBED * disturbed[1]:
         causes.append(
-            f"the process lost CPU in {disturbed[0]} of {disturbed[1]} windows "
-            f"(> {100 * MAX_DISTURBED:g}%)"
+            f"the host was contended: the process's threads waited for a core in "
+            f"{disturbed[0]} of {disturbed[1]} windows (> {100 * MAX_DISTURBED:g}%)"
         )
     if _given(moved):
         causes.append(

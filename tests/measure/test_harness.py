@@ -228,7 +228,9 @@ def test_overlapping_requests_have_no_percentiles(model):
 
 def test_windows_last_at_least_the_window_length(model):
     engine = counting_engine(model)
-    result = run(engine, policy=RoundPolicy(window_s=0.05, min_rounds=4, precision=0.5))
+    result = run(
+        engine, policy=RoundPolicy(window_s=0.05, min_rounds=4, precision=0.5, screen=False)
+    )
     assert result.windows >= 4
     assert result.duration_s >= 0.05 * result.windows
     assert result.window_s == 0.05
@@ -238,12 +240,16 @@ def test_windows_last_at_least_the_window_length(model):
 def test_repetitions_are_a_floor_of_requests(model):
     """``--repetitions 100`` counts the paper's unit: 100 inferences, not 100 calls."""
     engine = counting_engine(model, parallel_requests=1, kind=SlowEngine)
-    result = run(engine, repetitions=30, policy=RoundPolicy(0.001, 3, precision=10.0))
+    result = run(engine, repetitions=30, policy=RoundPolicy(0.001, 3, precision=10.0, screen=False))
     assert 30 <= result.repetitions < 30 + 3
 
 
 def test_stop_reason_precision(model):
-    result = run(counting_engine(model), repetitions=1, policy=RoundPolicy(0.01, 3, precision=1e9))
+    result = run(
+        counting_engine(model),
+        repetitions=1,
+        policy=RoundPolicy(0.01, 3, precision=1e9, screen=False),
+    )
     assert result.stop_reason == "precision" and result.windows == 3
 
 

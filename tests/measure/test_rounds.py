@@ -18,6 +18,7 @@ from mlflow_ngraph.measure.rounds import (
     EXACT_SIGNED_RANK_N,
     RoundPolicy,
     _signed_rank_k,
+    disturbed_marks,
     inflation,
     lag1,
     location_interval,
@@ -376,12 +377,44 @@ def test_the_screen_judges_each_engine_against_its_own_median_window():
     assert screened(unread) == unread
 
 
+def test_a_window_whose_threads_waited_to_run_is_disturbed_whatever_its_share():
+    """The kernel's run delay says a thread was runnable with no core free: that window is
+    disturbed. An engine whose share moves with its own speed (threads that park) loses no
+    window for it: the share rule dropped its slow windows and biased it upward."""
+    parks = [Window(10 + i, 10 + i, 0.1, 0.1 + 0.01 * i, 0.0) for i in range(10)]
+    assert screened(parks) == parks  # by share alone, the slowest three were dropped
+    waits = [Window(10, 10, 0.1, 0.2, 0.005 if i % 4 else 0.05) for i in range(8)]
+    marks = disturbed_marks(waits)
+    assert marks == [i % 4 == 0 for i in range(8)]
+    assert screened(waits) == [None if i % 4 == 0 else w for i, w in enumerate(waits)]
+
+
+def test_a_host_contended_through_the_measurement_is_not_screened_away_but_marked():
+    """A busy process beside a 2-thread engine on 2 cores: every window waited, the rates
+    collapsed alike. No median can tell; the run delay can: the figure is the contended
+    host's, every window is counted disturbed and the measurement is UNSTABLE, saying so."""
+
+    class Contended:
+        def window(self, seconds):
+            return Window(2, 2, 0.15, 0.15, 0.12)
+
+    policy = RoundPolicy(window_s=0.1, min_rounds=6, precision=1e-9, max_s=2.0)
+    figures = run_rounds({"e": Contended()}, settings(), None, policy)["e"]
+    assert figures.disturbed == figures.rounds > 0
+    assert figures.throughput == pytest.approx(2 / 0.15)
+    verdict = assess(
+        figures.halfwidth, 0.0, disturbed=(figures.disturbed, figures.rounds), max_interval=0.1
+    )
+    assert not verdict.stable and "the host was contended" in verdict.reason
+
+
 def test_many_disturbed_windows_mark_the_figure_and_say_so():
     calm = assess(0.02, 1.0, what="speedup", disturbed=(20, 40))
     assert calm.stable
     busy = assess(0.02, 1.0, what="speedup", disturbed=(21, 40))
     assert not busy.stable and busy.retry
-    assert "lost CPU in 21 of 40 windows (> 50%)" in busy.reason
+    said = "the process's threads waited for a core in 21 of 40 windows (> 50%)"
+    assert f"the host was contended: {said}" in busy.reason
 
 
 @pytest.mark.parametrize("kind,screen", [("cpu", True), ("cuda", False)])
