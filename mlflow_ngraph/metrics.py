@@ -7,8 +7,9 @@ the same device and model:
 - RTR_c(b) = T_c(b) / T_c(1)                 relative throughput rate
 - ASE_c(b) = T_c(b) / (b * T_c(1))           absolute scaling efficiency
 - BSR_c(b) = ASE_c(b) / ASE_identity(b)      batch scaling resilience
-- payback_c(b) = compile_c / (1/T_identity(b) - 1/T_c(b))   samples after which the compile
-  time is paid back against eager (infinite when c is not faster)
+- payback_c(b) = compile_c / (1/T_identity(b) - 1/T_c(b)) / b   inferences (requests of b
+  samples) after which the compile time is paid back against eager (infinite when c is
+  not faster)
 - depth slope: least-squares slope of speedup against depth; retention: speedup at the
   deepest stack / speedup at depth 1.
 
@@ -66,17 +67,24 @@ def retention(depth_speedups: Mapping[int, float]) -> float | None:
     return last / first if _ok(first) and last is not None else None
 
 
-def payback(compile_s: float | None, identity: float | None, ratio: float | None) -> float | None:
-    """Samples after which ``compile_s`` is paid back against identity: ``compile_s /
-    (1/T_identity - 1/T_c)`` with ``T_c = ratio * T_identity`` (``ratio``: the speedup,
-    paired where measured in rounds). ``inf`` when the compiler is not faster."""
+def payback(
+    compile_s: float | None,
+    identity: float | None,
+    ratio: float | None,
+    batch_size: int = 1,
+) -> float | None:
+    """Inferences (requests of ``batch_size`` samples: the paper's unit, what
+    ``payback_inferences`` names) after which ``compile_s`` is paid back against identity:
+    ``compile_s / (1/T_identity - 1/T_c) / batch_size`` with ``T_c = ratio * T_identity``
+    (throughputs in samples/s; ``ratio``: the speedup, paired where measured in rounds).
+    ``inf`` when the compiler is not faster."""
     if compile_s is None or compile_s != compile_s or compile_s < 0:
         return None
     if not _ok(identity) or ratio is None or ratio != ratio:
         return None
     if ratio <= 1.0:
         return math.inf
-    return compile_s * identity * ratio / (ratio - 1.0)
+    return compile_s * identity * ratio / (ratio - 1.0) / max(int(batch_size), 1)
 
 
 def relative_metrics(
@@ -102,5 +110,5 @@ def relative_metrics(
             "bsr": bsr(compiled, ident, b) if identity else None,
         }
         if compile_s is not None:
-            out[b]["payback_inferences"] = payback(compile_s.get(b), ident.get(b), value)
+            out[b]["payback_inferences"] = payback(compile_s.get(b), ident.get(b), value, b)
     return out

@@ -636,7 +636,7 @@ class Runner:
                 row.speedup = paired.get(row.batch_size, ratio) if ratio is not None else None
                 if row.compiler != "identity" and not row.cache_hit:
                     row.payback = M.payback(
-                        row.compile_s, identity.get(row.batch_size), row.speedup
+                        row.compile_s, identity.get(row.batch_size), row.speedup, row.batch_size
                     )
 
     def _throughputs(self, key: str) -> dict[int, float]:

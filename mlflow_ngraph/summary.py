@@ -276,7 +276,7 @@ def _label(rows) -> None:
 
 
 def payback_text(value: float | None) -> str:
-    """Samples until a compile is paid back: ``2.1k``, ``never`` (not faster), ``-``."""
+    """Inferences until a compile is paid back: ``2.1k``, ``never`` (not faster), ``-``."""
     if value is None or value != value:
         return "-"
     if math.isinf(value):

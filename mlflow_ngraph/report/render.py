@@ -31,7 +31,7 @@ TITLES = {
     "compile": "Table III: compile time in seconds by model and batch size",
     "flips": "Ranking flips: order by identity throughput against each compiler's order "
     "(swapped pairs are written in the identity's order; the compiler reverses each)",
-    "payback": "Compile time paid back: samples after which a compile pays for itself "
+    "payback": "Compile time paid back: inferences after which a compile pays for itself "
     "against eager (never: not faster; cache hits left out)",
     "pareto": "Pareto front of throughput [samples/s] against p99 latency [ms], per device "
     "and model, over every valid configuration and batch size (a tune's trials included)",

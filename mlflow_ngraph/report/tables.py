@@ -597,11 +597,12 @@ def payback_table(frame: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["model", "batch_size"])
     part = part.assign(
         payback=[
-            metrics.payback(c, i, s)
-            for c, i, s in zip(
+            metrics.payback(c, i, s, int(b))
+            for c, i, s, b in zip(
                 _list(part[schema.M_COMPILE]),
                 _list(part["identity_throughput"]),
                 _list(part["speedup"]),
+                _list(part["batch_size"]),
                 strict=True,
             )
         ]
@@ -615,7 +616,7 @@ def payback_table(frame: pd.DataFrame) -> pd.DataFrame:
         values="payback",
         aggfunc="max",
     )
-    pivot.columns = [f"{device} {compiler} [samples]" for device, compiler in pivot.columns]
+    pivot.columns = [f"{device} {compiler} [inferences]" for device, compiler in pivot.columns]
     pivot = pivot.astype(object).map(lambda v: "never" if v == math.inf else v)
     return pivot.reset_index().rename(columns={"model_label": "model"})
 

@@ -680,7 +680,9 @@ class Tune:
                 return None
         reference = self.references.get((trial.group, trial.batch_size)) or {}
         identity = (reference.get("metrics") or {}).get(S.M_THROUGHPUT)
-        return M.payback(compiled.metrics.get(S.M_COMPILE), identity, trial.speedup)
+        return M.payback(
+            compiled.metrics.get(S.M_COMPILE), identity, trial.speedup, trial.batch_size
+        )
 
 
 def describe_figure(trial: Trial) -> str:

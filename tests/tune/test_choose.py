@@ -109,13 +109,15 @@ def test_pareto_front_on_hand_made_trials():
     assert pareto_front([]) == []
 
 
-def test_payback_counts_the_samples_that_pay_for_the_compile():
+def test_payback_counts_the_inferences_that_pay_for_the_compile():
     # identity 100/s, compiled 200/s: 10 ms -> 5 ms per sample, 5 ms saved each; 10 s of
     # compile is paid back after 2,000 samples
     assert M.payback(10.0, 100.0, 2.0) == pytest.approx(2000.0)
     assert M.payback(10.0, 100.0, 1.0) == math.inf  # never faster: never paid back
     assert M.payback(10.0, 100.0, 0.8) == math.inf
     assert M.payback(None, 100.0, 2.0) is None
+    # counted in inferences, the metric's unit: 2000 samples are 250 requests of batch 8
+    assert M.payback(10.0, 100.0, 2.0, 8) == pytest.approx(250.0)
     rel = M.relative_metrics({1: 200.0}, {1: 100.0}, None, {1: 10.0})
     assert rel[1]["payback_inferences"] == pytest.approx(2000.0)
     assert "payback_inferences" not in M.relative_metrics({1: 200.0}, {1: 100.0})[1]
