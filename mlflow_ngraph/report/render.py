@@ -88,7 +88,7 @@ def _format_column(series: pd.Series) -> list[str]:
 def _companion(column: str, frame: pd.DataFrame) -> bool:
     """Whether ``column`` is shown inside another: ``X_std``, ``X_ci_low``, ``X_ci_high``
     of a column ``X`` (for ``throughput``, ``throughput_ci_low``...)."""
-    for suffix in ("_std", "_ci_low", "_ci_high"):
+    for suffix in ("_std", "_ci_low", "_ci_high", "_rerun_low", "_rerun_high"):
         if column.endswith(suffix) and column[: -len(suffix)] in frame:
             return True
     return False
@@ -113,6 +113,13 @@ def _text_columns(frame: pd.DataFrame, hidden: Sequence[str] = ()) -> dict[str, 
         elif std in frame:
             text = [_with_std(t, s) for t, s in zip(text, spreads, strict=True)]
         shown[column] = text
+        low, high = f"{column}_rerun_low", f"{column}_rerun_high"
+        if low in frame and high in frame and frame[low].notna().any():
+            # where a re-run on this host is expected to land (beside this run's interval)
+            ends = zip(_format_column(frame[low]), _format_column(frame[high]), strict=True)
+            shown[f"{column} re-run"] = [
+                f"[{lo}-{hi}]" if MISSING not in (lo, hi) else MISSING for lo, hi in ends
+            ]
     return shown
 
 
@@ -147,7 +154,7 @@ def to_terminal(
     shown = _text_columns(frame, hidden)
     if frame.empty or not shown:
         return f"(no rows: {why_empty})" if why_empty else "(no rows)"
-    numeric = [pd.api.types.is_numeric_dtype(frame[c]) for c in shown]
+    numeric = [c in frame and pd.api.types.is_numeric_dtype(frame[c]) for c in shown]
     headers = [SHORT.get(c, c) for c in shown]
     return format_table(headers, _rows(shown), numeric, width=width, keep=keep)
 

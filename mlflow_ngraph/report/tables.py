@@ -420,6 +420,8 @@ CELL_COLUMNS = [
     "speedup",
     "speedup_ci_low",
     "speedup_ci_high",
+    schema.M_SPEEDUP_RERUN_LOW,
+    schema.M_SPEEDUP_RERUN_HIGH,
     *RELATIVE[1:],
     "cpu_reduction_pct",
     schema.M_MAX_ABS_ERROR,
@@ -439,6 +441,9 @@ CELL_COLUMNS = [
 def cells_table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per device x model x compiler x batch size, with every relative metric."""
     out = frame.assign(model=frame["model_label"], compiler=frame["compiler_label"])
+    for name in (schema.M_SPEEDUP_RERUN_LOW, schema.M_SPEEDUP_RERUN_HIGH):
+        if name not in out:  # a store whose runs had no spread between sittings yet
+            out = out.assign(**{name: np.nan})
     out = out[CELL_COLUMNS]
     return _sort(out, ["device", "model", "compiler", "batch_size"])
 
@@ -788,7 +793,12 @@ def _rankings(part: pd.DataFrame, keys: list[str], column: str) -> dict[tuple, d
         "ci_high",
         "speedup_ci_low",
         "speedup_ci_high",
+        schema.M_SPEEDUP_RERUN_LOW,
+        schema.M_SPEEDUP_RERUN_HIGH,
     ]
+    for name in (schema.M_SPEEDUP_RERUN_LOW, schema.M_SPEEDUP_RERUN_HIGH):
+        if name not in part:
+            part = part.assign(**{name: np.nan})
     low, high = _bounds(part)
     part = part.assign(ci_low=low, ci_high=high)
     grouped = part.groupby([*keys, column], dropna=False)[values]
@@ -810,11 +820,16 @@ def _flip_row(group: dict[str, list]) -> dict | None:
     pairs = _swapped(ident, comp)
     # a flip needs the identity order to hold and the speedups to reverse it: the compiled
     # model that overtakes must have the larger speedup, beyond the speedups' intervals
-    # (paired with identity in their rounds, so the host's drift between models cancels);
-    # the compiler throughputs' intervals where a speedup has none
+    # (paired with identity in their rounds, so the host's drift between models cancels):
+    # their re-run intervals where the host has measured its spread between sittings, else
+    # this run's; the compiler throughputs' intervals where a speedup has none
     verdicts = []
     for i, j in pairs:
-        second = _separate(group["speedup_ci_low"], group["speedup_ci_high"], i, j)
+        second = _separate(
+            group[schema.M_SPEEDUP_RERUN_LOW], group[schema.M_SPEEDUP_RERUN_HIGH], i, j
+        )
+        if second is None:
+            second = _separate(group["speedup_ci_low"], group["speedup_ci_high"], i, j)
         if second is None:
             second = _separate(group["ci_low"], group["ci_high"], i, j)
         ident_side = _separate(group["identity_ci_low"], group["identity_ci_high"], i, j)

@@ -180,3 +180,28 @@ def test_a_paired_speedup_interval_is_read_and_judges_the_flips(tmp_path):
     flip = next(f for f in flips if f["compiler"] == "openvino" and f["level"] == "model")
     assert flip["swapped"] == 1 and flip["beyond_noise"] == 0
     assert "within noise" in flip["swapped_pairs"]
+
+
+def test_a_flip_is_beyond_noise_only_where_the_re_run_intervals_separate(tmp_path):
+    """Where the host measured its spread between sittings, each speedup has a re-run
+    interval: compare shows it beside this run's, and judges a flip on it. Here the
+    sittings' intervals separate (2.4 [2.35-2.45] against 2.1 [2.05-2.15]) but a re-run
+    could land either way (their re-run intervals overlap): the flip is noise."""
+    uri, client, exp = new_store(tmp_path, "rerun")
+    cells = [
+        Cell("cpu", A, "resnet", "identity", {1: 100}, ci={1: (98, 102)}),
+        Cell("cpu", B, "resnet", "identity", {1: 90}, ci={1: (88, 92)}),
+        Cell("cpu", A, "resnet", "openvino", {1: 210}, ci={1: (205, 215)},
+             speedup_ci={1: (2.05, 2.15)}, speedup_rerun={1: (1.9, 2.3)}),
+        Cell("cpu", B, "resnet", "openvino", {1: 216}, ci={1: (212, 220)},
+             speedup_ci={1: (2.35, 2.45)}, speedup_rerun={1: (2.2, 2.6)}),
+    ]  # fmt: skip
+    log_benchmark(client, exp, "cpu", cells)
+    row = one(_json(uri), model=B, compiler="openvino", batch_size=1)
+    assert (row["speedup_rerun_low"], row["speedup_rerun_high"]) == (2.2, 2.6)
+    flips = _json(uri, "--table", "flips")
+    flip = next(f for f in flips if f["compiler"] == "openvino" and f["level"] == "model")
+    assert flip["swapped"] == 1 and flip["beyond_noise"] == 0, flip
+    shown = CliRunner().invoke(compare, ["--tracking-uri", uri, "--model", B])
+    assert shown.exit_code == 0, shown.output
+    assert "re-run" in shown.output and "[2.2-2.6]" in shown.output, shown.output
