@@ -161,6 +161,8 @@ KEPT_METRICS = frozenset(
         S.M_LATENCY_P50,
         S.M_THROUGHPUT_CI_LOW,
         S.M_THROUGHPUT_CI_HIGH,
+        S.M_THROUGHPUT_RERUN_LOW,
+        S.M_THROUGHPUT_RERUN_HIGH,
     )
 )
 
@@ -243,12 +245,13 @@ def describe(selection: Selection, top: int = 5) -> str:
             c.label,
             f"{c.value(metric):.4g}",
             _interval(c),
+            _interval(c, S.M_THROUGHPUT_RERUN_LOW, S.M_THROUGHPUT_RERUN_HIGH),
             c.status or "OK",
             c.stability or "-",
         ]
         for i, c in enumerate(selection.ranked[:top])
     ]
-    headers = ["#", "cell", metric, "95% CI", "status", "stable"]
+    headers = ["#", "cell", metric, "95% CI", "re-run CI", "status", "stable"]
     lines.append(format_table(headers, rows) if rows else "  none")
     unstable = sum(c.reason == UNSTABLE_REASON for c in selection.excluded)
     if unstable:
@@ -265,8 +268,10 @@ def describe(selection: Selection, top: int = 5) -> str:
     return "\n".join(lines)
 
 
-def _interval(c: Candidate) -> str:
-    low, high = c.value(S.M_THROUGHPUT_CI_LOW), c.value(S.M_THROUGHPUT_CI_HIGH)
+def _interval(c: Candidate, low_name=S.M_THROUGHPUT_CI_LOW, high_name=S.M_THROUGHPUT_CI_HIGH):
+    """The throughput's interval as shown: this run's, or (``*_rerun_*``) where a re-run on
+    the host that measured it is expected to land; ``-`` where not logged."""
+    low, high = c.value(low_name), c.value(high_name)
     return "-" if math.isnan(low) or math.isnan(high) else f"{low:.4g}-{high:.4g}"
 
 

@@ -55,7 +55,12 @@ def _figure(t: Trial) -> str:
 
 def lead_beyond_noise(winner: Trial, other: Trial, higher: bool = True) -> bool:
     """Whether ``winner``'s speedup interval clears ``other``'s (the direction of the
-    objective: for a latency to minimize the winner's speedup is still the higher)."""
+    objective: for a latency to minimize the winner's speedup is still the higher): their
+    re-run intervals where the host has measured its spread between sittings (a lead a
+    re-run keeps), else this sitting's."""
+    a, b = winner.rerun_interval, other.rerun_interval
+    if a is not None and b is not None:
+        return a[0] > b[1]
     a, b = winner.interval, other.interval
     if a is None or b is None:
         return False

@@ -61,6 +61,14 @@ class Trial:
         low, high = self.metrics.get(S.M_SPEEDUP_CI_LOW), self.metrics.get(S.M_SPEEDUP_CI_HIGH)
         return (low, high) if low is not None and high is not None else None
 
+    @property
+    def rerun_interval(self) -> tuple[float, float] | None:
+        """Where a re-run of its speedup on this host is expected to land (None: the host has
+        no measured spread between sittings yet)."""
+        low = self.metrics.get(S.M_SPEEDUP_RERUN_LOW)
+        high = self.metrics.get(S.M_SPEEDUP_RERUN_HIGH)
+        return (low, high) if low is not None and high is not None else None
+
     def config(self) -> tuple[str, str]:
         return self.compiler, json.dumps(self.flags, sort_keys=True, default=str)
 

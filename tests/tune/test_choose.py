@@ -48,6 +48,17 @@ def test_a_lead_beyond_both_intervals_is_called_and_an_overlap_is_a_tie():
     assert "tie within noise" in tie.sentence()
 
 
+def test_a_lead_is_judged_on_the_re_run_intervals_where_the_host_has_them():
+    """The sittings' intervals separate, but a re-run on this host may land either way:
+    no lead beyond noise is claimed."""
+    a = trial(1, 2.0, 1.95, 2.05, throughput=200)
+    b = trial(2, 1.85, 1.8, 1.9, throughput=185)
+    assert verdict([a, b], by_throughput, higher=True).beyond_noise
+    a.metrics.update({S.M_SPEEDUP_RERUN_LOW: 1.8, S.M_SPEEDUP_RERUN_HIGH: 2.2})
+    b.metrics.update({S.M_SPEEDUP_RERUN_LOW: 1.65, S.M_SPEEDUP_RERUN_HIGH: 2.05})
+    assert not verdict([a, b], by_throughput, higher=True).beyond_noise
+
+
 def test_the_batch_size_is_chosen_on_throughput_and_its_winner_on_the_paired_speedups():
     # seen: the throughputs (windows of different lengths) and the speedups (the same
     # rounds) disagree; the winner must not read lower than the runner-up it "ties" with
