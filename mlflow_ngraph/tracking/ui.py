@@ -428,7 +428,9 @@ def description(
         "",
         "*stable*: **UNSTABLE** marks a figure that is noise on this host (its interval too "
         "wide, other processes took the CPU, or the host drifted): measure it again on a quiet "
-        "host. *lead*: over the next-fastest valid row. All rows: `mlflow-ngraph compare`.",
+        "host. *lead*: over the next-fastest valid row; *beyond noise* on the re-run intervals "
+        "(where a re-run on this host is expected to land) once the host has measured its "
+        "spread between sittings, else on this run's. All rows: `mlflow-ngraph compare`.",
     ]
     text = "\n".join(head + table + tail)
     while len(text) > limit and len(table) > 3:
@@ -442,14 +444,24 @@ def cell_note(rows: Sequence[Any], best: Sequence[dict[str, Any]], view: str) ->
     """A cell run's description: its figures per batch size, where it is the fastest, and
     the way to the view of all cells."""
     lines = [
-        "| batch | samples/s | 95% CI | speedup | status | stable |",
-        "|---:|---:|---|---:|---|---|",
+        "| batch | samples/s | 95% CI | re-run CI | speedup | status | stable |",
+        "|---:|---:|---|---|---:|---|---|",
     ]
     for r in sorted(rows, key=lambda r: r.batch_size):
         low, high = getattr(r, "ci_low", None), getattr(r, "ci_high", None)
         ci = "-" if low is None or high is None else f"{low:.1f}-{high:.1f}"
+        low, high = getattr(r, "rerun_low", None), getattr(r, "rerun_high", None)
+        rerun = "-" if low is None or high is None else f"{low:.1f}-{high:.1f}"
         stable = {True: "yes", False: "**UNSTABLE**", None: "-"}[getattr(r, "stable", None)]
-        cells = [r.batch_size, _fmt(r.throughput, 1), ci, _fmt(r.speedup, 2, "x"), r.status, stable]
+        cells = [
+            r.batch_size,
+            _fmt(r.throughput, 1),
+            ci,
+            rerun,
+            _fmt(r.speedup, 2, "x"),
+            r.status,
+            stable,
+        ]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     won = [str(w["batch_size"]) for w in best]
     verdict = f"Fastest for its model at batch {', '.join(won)}. " if won else ""
