@@ -21,7 +21,7 @@ UNSTABLE limit (no re-measure). The true speedup is 1: the share of 95% interval
 marked UNSTABLE is the noise floor of the marks on this host; the per-round log ratio's sd
 (and its MAD-based sd: the bulk without the stray rounds) says why.
 
-    python bench/bench_calibration.py repeat --spec default   # also: --rerun-sd 0
+    python bench/bench_calibration.py repeat --spec default   # --runs 3: re-run coverage
     python bench/bench_calibration.py hog --spec bench/specs/calibration.yaml
     python bench/bench_calibration.py walltime --before f3ab2ff --spec default
     python bench/bench_calibration.py paper --before f3ab2ff
@@ -137,16 +137,18 @@ def repeat(args) -> None:
     home = work / "home"
     print(f"store, engines and every window (windows-N.jsonl) in {work}", flush=True)
     runs = []
-    for i in (1, 2):
+    rerun = [] if args.rerun_sd is None else ["--rerun-sd", str(args.rerun_sd)]
+    for i in range(1, args.runs + 1):
         before = load()
         seconds = benchmark(
             ["--spec", args.spec, "--device", args.device, "--experiment", f"calibration-{i}",
-             "--rerun-sd", str(args.rerun_sd)],
+             *rerun],
             home, uri, extra={"MLFLOW_NGRAPH_WINDOWS_LOG": str(work / f"windows-{i}.jsonl")},
         )  # fmt: skip
         runs.append(records(uri, f"calibration-{i}"))
         print(f"run {i}: {seconds:.0f} s (load {before} -> {load()})", flush=True)
-    first, second = runs
+    coverage(runs)
+    first, second = runs[-2], runs[-1]
     both = [k for k in first if k in second]
     flagged = sum((first[k].get("stability") == "UNSTABLE") for k in first)
     flagged += sum((second[k].get("stability") == "UNSTABLE") for k in second)
@@ -203,13 +205,44 @@ def repeat(args) -> None:
         keys = paired(both, low)
         if figure == "speedup":
             keys = [k for k in keys if k[1] != "identity"]
-        sd = rerun_spread(first, second, keys, figure, low, high, args.rerun_sd)
+        sd = rerun_spread(first, second, keys, figure, low, high, args.rerun_sd or 0.0)
         print(
             f"   re-run spread of a {figure} beyond its run's own interval: "
-            f"{'-' if sd is None else f'{100 * sd:.2f}%'} (sd of the log; --rerun-sd was "
-            f"{100 * args.rerun_sd:.2f}%)"
+            f"{'-' if sd is None else f'{100 * sd:.2f}%'} (sd of the log)"
         )
     _changes(first, second, both)
+
+
+def coverage(runs: list[dict]) -> None:
+    """Re-run coverage: for each run whose figures have re-run intervals (the spread the
+    home's history measured from the runs before), the share of the previous run's figures
+    inside them; and every figure that moved more than 25% between two runs without either
+    being marked."""
+    for figure in ("speedup", "throughput"):
+        low, high = f"{figure}_rerun_low", f"{figure}_rerun_high"
+        held = total = 0
+        for before, after in zip(runs, runs[1:]):
+            for k, r in after.items():
+                if r.get(low) is None or k not in before or before[k].get(figure) is None:
+                    continue
+                if figure == "speedup" and k[1] == "identity":
+                    continue
+                total += 1
+                held += r[low] <= before[k][figure] <= r[high]
+        share = (
+            f"{held} of {total} ({100 * held / total:.1f}%)" if total else "none (no spread yet)"
+        )
+        print(f"re-run coverage of the {figure}s: the previous run's figure inside: {share}")
+    unmarked = []
+    for i, a in enumerate(runs):
+        for b in runs[i + 1 :]:
+            for k in a.keys() & b.keys():
+                x, y = a[k].get("throughput"), b[k].get("throughput")
+                if not x or not y or max(x / y, y / x) <= 1.25:
+                    continue
+                if "UNSTABLE" not in (a[k].get("stability"), b[k].get("stability")):
+                    unmarked.append((k, round(max(x / y, y / x), 2)))
+    print(f"6. moved more than 25% between runs, neither marked: {len(unmarked)} {unmarked[:5]}")
 
 
 def rerun_spread(first, second, keys, figure, low, high, rerun_sd) -> float | None:
@@ -560,8 +593,10 @@ def main() -> None:
     p.add_argument("--count", type=int, default=30, help="rounds per window length")
     p.add_argument("--spec", default="default")
     p.add_argument(
-        "--rerun-sd", type=float, default=0.012, help="repeat: the benchmark's --rerun-sd"
-    )
+        "--rerun-sd", type=float, default=None,
+        help="repeat: the benchmark's --rerun-sd (default: the spread the home's history measures)",
+    )  # fmt: skip
+    p.add_argument("--runs", type=int, default=3, help="repeat: runs into one home (>= 2)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--before", default="f3ab2ff", help="the revision to compare against")
     p.add_argument("--rounds", type=int, default=1, help="alternating rounds of before/after")

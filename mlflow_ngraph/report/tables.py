@@ -415,6 +415,8 @@ CELL_COLUMNS = [
     schema.M_THROUGHPUT_STD,
     schema.M_THROUGHPUT_CI_LOW,
     schema.M_THROUGHPUT_CI_HIGH,
+    schema.M_THROUGHPUT_RERUN_LOW,
+    schema.M_THROUGHPUT_RERUN_HIGH,
     schema.M_LATENCY_P50,
     schema.M_CPU,
     "speedup",
@@ -441,7 +443,13 @@ CELL_COLUMNS = [
 def cells_table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per device x model x compiler x batch size, with every relative metric."""
     out = frame.assign(model=frame["model_label"], compiler=frame["compiler_label"])
-    for name in (schema.M_SPEEDUP_RERUN_LOW, schema.M_SPEEDUP_RERUN_HIGH):
+    rerun = (
+        schema.M_THROUGHPUT_RERUN_LOW,
+        schema.M_THROUGHPUT_RERUN_HIGH,
+        schema.M_SPEEDUP_RERUN_LOW,
+        schema.M_SPEEDUP_RERUN_HIGH,
+    )
+    for name in rerun:
         if name not in out:  # a store whose runs had no spread between sittings yet
             out = out.assign(**{name: np.nan})
     out = out[CELL_COLUMNS]
