@@ -44,8 +44,9 @@ PARTS = {
     "tvm-tuning": "TVM tuning databases",
     "work": "the compilers' scratch",
 }
-#: folders kept whatever is pruned: they hold results and what the estimate learned
-KEPT = ("journals", "timings.json")
+#: folders kept whatever is pruned: they hold results, what the estimate learned and the
+#: host's history of its figures (measure/history.py: the spread between sittings)
+KEPT = ("journals", "timings.json", "history")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 #: the folder of the runs' lock files (:func:`in_use`)
 IN_USE = "in-use"
