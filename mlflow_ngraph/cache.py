@@ -239,7 +239,7 @@ def summary(home: Path) -> str:
     total = sum(e.bytes for e in found)
     kept = sum(_bytes(home / name) for name in KEPT if (home / name).exists())
     return "\n".join([
-        f"caches in {home}: {size_text(total)} (journals and timings, never pruned: "
+        f"caches in {home}: {size_text(total)} (journals, timings and history, never pruned: "
         f"{size_text(kept)})",
         format_table(["cache", "entries", "size", "holds"], rows, width=terminal_width()),
         "prune: `mlflow-ngraph cache --prune` (everything above), with --max-size 1G",
