@@ -138,6 +138,10 @@ LAZY_COMMANDS = {
         "mlflow_ngraph.cluster.commands:sync_command",
         "Send results measured while the tracking store was unreachable, exactly once.",
     ),
+    "calibrate": (
+        "mlflow_ngraph.calibrate:calibrate",
+        "Measure this host's spread between sittings into the home (for re-run intervals).",
+    ),
     "cache": (
         "mlflow_ngraph.cache:cache_command",
         "Show the size of the engine and export caches, or prune them.",

@@ -298,6 +298,17 @@ def spread(home, what: str, family: str | None = None) -> Spread | None:
     )
 
 
+def families(home) -> list[str]:
+    """The model families this host's history holds."""
+    found = set()
+    base = folder(home)
+    for path in sorted(base.glob("*.jsonl")) if base.is_dir() else []:
+        entries = _read(path)
+        if entries:
+            found.add(entries[-1].family or "-")
+    return sorted(found)
+
+
 def rerun_interval(value: float, h: float | None, spread: Spread | None, confidence=0.95):
     """(low, high, relative half-width) of the 95% interval where a re-run on this host is
     expected to land: the re-run's figure differs from this one by both sittings' offsets

@@ -1,0 +1,125 @@
+"""``mlflow-ngraph calibrate``: this host's spread between sittings, measured into the home.
+
+A re-run interval (where a re-run of a figure on this host is expected to land) needs the
+spread of a figure from one sitting to the next beyond what one sitting's rounds show
+(:mod:`mlflow_ngraph.measure.history`). Every benchmark adds to it as it goes; a host that
+has not measured the same engines twice yet has none, and its figures carry no re-run
+interval. This command measures a small spec in several sittings (each a fresh run: other
+worker processes, engines loaded again), into a store of its own that it removes after,
+and prints the spread the home's history then gives, by model family.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import click
+
+from mlflow_ngraph.errors import NgraphError
+
+
+@click.command("calibrate")
+@click.option(
+    "--spec",
+    "spec_file",
+    default="calibration",
+    show_default=True,
+    help="What each sitting measures (YAML file, or a packaged name).",
+)
+@click.option("--device", help="Device profile (default: the spec's).")
+@click.option(
+    "--sittings",
+    type=int,
+    default=2,
+    show_default=True,
+    help="Sittings of the spec (each a fresh run; at least 2).",
+)
+@click.option("--max-duration", type=float, help="Cap on measured seconds per cell.")
+@click.option(
+    "--max-interval",
+    type=float,
+    default=0.05,
+    show_default=True,
+    help="A sitting's figure wider than +-X is UNSTABLE and left out of the spread.",
+)
+@click.option(
+    "--max-other-cpu",
+    type=float,
+    default=25.0,
+    show_default=True,
+    help="A sitting's figure measured while other processes used more than this percent of "
+    "the CPU was on a contended host and is left out of the spread.",
+)
+@click.option(
+    "--home",
+    type=click.Path(path_type=Path),
+    help="Cache directory whose history gets the sittings (default: MLFLOW_NGRAPH_HOME).",
+)
+@click.option("-q", "--quiet", is_flag=True)
+def calibrate(
+    spec_file: str,
+    device: str | None,
+    sittings: int,
+    max_duration: float | None,
+    max_interval: float,
+    max_other_cpu: float,
+    home: Path | None,
+    quiet: bool,
+) -> None:
+    """Measure this host's spread between sittings into the home (for re-run intervals)."""
+    from mlflow_ngraph.cli import _setup_logging, default_home, merge_options, resolve_spec_path
+    from mlflow_ngraph.config import build_spec, check_home, load_spec_file
+    from mlflow_ngraph.runner import Runner, plan
+    from mlflow_ngraph.view import make_view
+
+    _setup_logging(-1 if quiet else 0)
+    if sittings < 2:
+        raise NgraphError(f"sittings must be at least 2 (a spread needs two), got {sittings}")
+    home = home or default_home()
+    check_home(home)
+    data = load_spec_file(resolve_spec_path(spec_file))
+    with tempfile.TemporaryDirectory(prefix="ngraph-calibrate-") as tmp:
+        uri = f"sqlite:///{Path(tmp) / 'calibrate.db'}"
+        for i in range(1, sittings + 1):
+            sitting = merge_options(
+                data,
+                device=device,
+                max_duration=max_duration,
+                experiment=f"ngraph-calibrate-{i}",
+                tracking_uri=uri,
+                log_engines=False,
+            )
+            work = plan(build_spec(sitting), home)
+            click.echo(f"sitting {i} of {sittings}: {len(work.cells)} cells", err=True)
+            Runner(
+                work,
+                uri,
+                home,
+                max_interval=max_interval,
+                max_other_cpu=max_other_cpu,
+                view=make_view(len(work.cells), True),
+            ).run()
+    click.echo(report(home))
+
+
+def report(home: Path) -> str:
+    """The spread between sittings this host's history gives, pooled and by model family."""
+    from mlflow_ngraph.measure import history
+
+    lines = [f"spread between sittings on this host (the history in {home}):"]
+    for what in ("speedup", "throughput"):
+        pooled = history.spread(home, what)
+        if pooled is None:
+            lines.append(f"  {what}: not yet (too few engines measured in two sittings)")
+            continue
+        lines.append(f"  {what}: sd {100 * pooled.sd:.2f}% ({pooled.df} df; {pooled.source})")
+        for family in history.families(home):
+            own = history.spread(home, what, family)
+            if own is not None and own.source.startswith(f"this host's history (the {family}"):
+                lines.append(f"    {family}: sd {100 * own.sd:.2f}% ({own.df} df)")
+    lines.append(
+        "later runs on this host give each figure a re-run interval from it "
+        "(re-run CI in the summary, *_rerun_low/high in MLflow)"
+    )
+    return "\n".join(lines)

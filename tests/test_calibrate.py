@@ -1,0 +1,66 @@
+"""``calibrate``: the host's spread between sittings measured into the home, and the re-run
+intervals a later benchmark on this host then carries."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from mlflow_ngraph.measure import history
+from mlflow_ngraph.tracking import schema as S
+
+SPEC = """
+experiment: tiny-calibrate
+models:
+  - {name: conv_block, params: {width: 8, depth: 1, image_size: 16}}
+compilers: [identity, onnxruntime]
+batch_sizes: [1, 2]
+warmup: 1
+repetitions: 1
+min_duration: 0
+"""
+
+
+def test_calibrate_needs_two_sittings(run_cli):
+    code, _, err = run_cli("calibrate", "--sittings", "1")
+    assert code == 2 and "sittings must be at least 2 (a spread needs two), got 1" in err
+
+
+@pytest.mark.e2e
+def test_calibrate_measures_the_spread_and_a_later_benchmark_carries_re_run_intervals(
+    run_cli, tmp_path, home, tracking_uri
+):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SPEC)
+    # the suite runs beside other tests: nothing here is left out as noisy or contended
+    loose = ("--max-interval", "0.95", "--max-other-cpu", "100")
+    code, out, err = run_cli(
+        "calibrate", "--spec", str(spec), "--max-duration", "0.3", *loose, "-q"
+    )
+    assert code == 0, err
+    # 4 engines (2 compilers x 2 batch sizes) in 2 sittings: 4 degrees of freedom
+    spread = history.spread(home, "throughput")
+    assert spread is not None and spread.df == 4, spread
+    assert f"throughput: sd {100 * spread.sd:.2f}% (4 df;" in out
+    assert "speedup: not yet" in out  # 2 paired engines: too few
+    # a later benchmark of the same engines on this host: each figure has a re-run interval
+    code, out, err = run_cli(
+        "benchmark", "--spec", str(spec), "--tracking-uri", tracking_uri,
+        "--max-duration", "0.3", "--max-other-cpu", "100",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "re-run CI" in out and "(none yet" not in out
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name("tiny-calibrate")
+    runs = client.search_runs([exp.experiment_id], "params.compiler = 'identity'")
+    metrics, tags = runs[0].data.metrics, runs[0].data.tags
+    low, high = (
+        metrics[S.flat_key(S.M_THROUGHPUT_RERUN_LOW, 1)],
+        metrics["throughput_rerun_high.bs1"],
+    )
+    ci_low, ci_high = metrics["throughput_ci_low.bs1"], metrics["throughput_ci_high.bs1"]
+    assert low < ci_low and ci_high < high  # wider than the sitting's own interval
+    assert (
+        tags[f"{S.T_RERUN}.bs1"].startswith("sd ")
+        and "this host's history" in tags[f"{S.T_RERUN}.bs1"]
+    )
