@@ -179,6 +179,12 @@ def _settings(o: dict[str, Any]):
     model = ModelSpec(*split_name_args(o["model"], "model"))
     home = o["home"] or default_home()
     check_home(home)
+    from mlflow_ngraph.measure.harness import P99_MIN_SAMPLES
+
+    objectives = list(o["objectives"]) or ["throughput"]
+    # a p99 is reported from P99_MIN_SAMPLES requests (no distribution-free interval below):
+    # a tune that ranks or caps on it measures at least that many of each trial
+    p99 = "latency_p99_ms" in objectives or o["max_latency_ms"] is not None
     uri = resolve_tracking_uri(o["tracking_uri"])
     check_tracking_uri(uri)
     settings = TuneSettings(
@@ -186,7 +192,7 @@ def _settings(o: dict[str, Any]):
         device=o["device"],
         compilers=compilers,
         batch_sizes=parse_batch_sizes(o["batch_sizes"]),
-        objectives=list(o["objectives"]) or ["throughput"],
+        objectives=objectives,
         constraints=Constraints(
             o["max_latency_ms"], o["min_throughput"], o["max_compile_s"], o["max_gpu_mem_mb"]
         ),
@@ -201,7 +207,7 @@ def _settings(o: dict[str, Any]):
         finalists=o["finalists"],
         measure=MeasureSettings(
             warmup=3,
-            repetitions=10,
+            repetitions=P99_MIN_SAMPLES if p99 else 10,
             min_duration_s=o["min_duration"],
             max_duration_s=o["max_duration"],
         ),
