@@ -389,7 +389,10 @@ def _log_windows(proxies: dict[str, _Proxy], b: int, baseline: str | None, attem
             name: {
                 "compiler": p.cell.task.compiler,
                 "flags": p.cell.task.flags,
-                "windows": [[w.requests, w.samples, w.seconds, w.cpu_s, w.wait_s] for w in p.taken],
+                "windows": [
+                    [w.requests, w.samples, w.seconds, w.cpu_s, w.wait_s, w.other_s]
+                    for w in p.taken
+                ],
             }
             for name, p in proxies.items()
         },

@@ -156,6 +156,9 @@ class Window:
     #: the seconds the process's threads together waited to run (runnable, no core free:
     #: the kernel's run delay, /proc/self/task/*/schedstat); ``None`` where not readable
     wait_s: float | None = None
+    #: CPU seconds other processes and the hypervisor (steal) took during the window, from
+    #: /proc/stat less this process's own (tick-grained: 10 ms); ``None`` where not readable
+    other_s: float | None = None
 
     @property
     def rate(self) -> float:
@@ -225,7 +228,14 @@ class Meter:
         self.sampler.end()
         requests = calls * plan.per_rep
         wait_s = wait1 - wait0 if wait0 is not None and wait1 is not None else None
-        window = Window(requests, requests * self.batch_size, end - began, cpu_s, wait_s)
+        window = Window(
+            requests,
+            requests * self.batch_size,
+            end - began,
+            cpu_s,
+            wait_s,
+            self.sampler.last_other_s,
+        )
         self.windows.append(window)
         self.window_latencies.append(list(plan.latencies(began, steps) or ()))
         return window

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -98,9 +99,12 @@ SCREEN_MIN_SHARE = 0.5
 #: with windows of a few ms, as in tests), the reason windows last 100 ms
 SCREEN_MIN_WINDOW_S = 0.05
 #: a window in which the process's threads together waited to run for more than this share
-#: of its wall time was disturbed (:func:`disturbed_marks`; the choice and its measured
-#: effect are in docs/measurement.md)
+#: of its wall time beyond the engine's usual wait was disturbed (:func:`disturbed_marks`;
+#: the choice and its measured effect are in docs/measurement.md)
 WAIT_SHARE = 0.1
+#: a window during which other processes and the hypervisor took more than this share of
+#: the machine was disturbed (tick-grained: on 2 cores a 100 ms window reads in steps of 5%)
+OTHER_SHARE = 0.25
 #: drift is judged between the rounds' halves only when each half has a signed-rank interval
 DRIFT_MIN_ROUNDS = 2 * MIN_ROUNDS
 #: the largest lag-1 autocorrelation an interval is widened for (beyond it the rounds say
@@ -355,18 +359,39 @@ def waited(window) -> float | None:
     return wait / window.seconds
 
 
+def others(window) -> float | None:
+    """The share of the machine (all its cores) other processes and the hypervisor took
+    during ``window`` (None: not read, or the window too short to say)."""
+    other = getattr(window, "other_s", None) if window is not None else None
+    if other is None or not window.seconds >= SCREEN_MIN_WINDOW_S:
+        return None
+    return other / (window.seconds * (os.cpu_count() or 1))
+
+
 def disturbed_marks(windows) -> list[bool]:
-    """Which of ``windows`` were disturbed. Where the kernel gives each thread's run delay
-    (Linux's schedstat), a window is disturbed when the process's threads together waited
-    to run for more than :data:`WAIT_SHARE` of it: another thread held a core the engine's
-    pool needed. On a 2-core host that is what collapses a threaded engine of a small model
-    (its threads wait for each other at every operator: a width-256 attention block's
-    eager PyTorch ran 15x slower beside one busy process), and it is seen in every such
-    window, however many there are. Where no run delay is read, the CPU-share rule of
-    :func:`screened_by_share` judges instead."""
-    if any(waited(w) is not None for w in windows):
-        return [w is not None and (waited(w) or 0.0) > WAIT_SHARE for w in windows]
-    return [w is not None and s is None for w, s in zip(windows, screened_by_share(windows))]
+    """Which of ``windows`` were disturbed: other processes (or the hypervisor) took more
+    than :data:`OTHER_SHARE` of the machine during it (/proc/stat, less this process's own
+    CPU), or the process's threads waited to run (the kernel's run delay) for more than
+    :data:`WAIT_SHARE` of the window beyond what the engine's threads usually wait for each
+    other (its median window's: an engine that keeps more threads than cores, as OpenVINO's
+    streams do, waits 20-30% of every window on an idle host, an eager PyTorch pool 1-4%).
+
+    The first is an absolute bound: a host contended through the whole measurement (a
+    2-thread eager attention block ran 15x slower beside one busy process, every window
+    alike) has every window over it, however many there are. Where neither is read, the
+    CPU-share rule of :func:`screened_by_share` judges instead."""
+    shares = [others(w) for w in windows]
+    waits = [waited(w) for w in windows]
+    if all(v is None for v in shares) and all(v is None for v in waits):
+        return [w is not None and s is None for w, s in zip(windows, screened_by_share(windows))]
+    known = [v for v in waits if v is not None]
+    usual = float(np.median(known)) if len(known) >= SCREEN_MIN else None
+    marks = []
+    for w, share, wait in zip(windows, shares, waits):
+        busy = share is not None and share > OTHER_SHARE
+        held = wait is not None and usual is not None and wait - usual > WAIT_SHARE
+        marks.append(w is not None and (busy or held))
+    return marks
 
 
 def screened(windows) -> list:

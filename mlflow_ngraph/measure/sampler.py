@@ -134,6 +134,9 @@ class ResourceSampler:
         self._peak_rss = 0
         self._wall = self._cpu = self._busy = self._steal = self._own = 0.0
         self._host_ok = True
+        #: CPU seconds other processes and the hypervisor took during the last window (None:
+        #: /proc/stat not readable)
+        self.last_other_s: float | None = None
         self._freqs: list[float] = []
         self._throttle: float | None = 0.0
         self._joules: dict[str, float] | None = None
@@ -184,10 +187,17 @@ class ResourceSampler:
         self._cpu += cpu
         if self._stat0 is None or stat1 is None:
             self._host_ok = False
+            self.last_other_s = None
         else:
-            self._busy += stat1[0] - self._stat0[0]
-            self._steal += stat1[1] - self._stat0[1]
-            self._own += own1 - self._own0
+            busy, steal, own = (
+                stat1[0] - self._stat0[0],
+                stat1[1] - self._stat0[1],
+                own1 - self._own0,
+            )
+            self._busy += busy
+            self._steal += steal
+            self._own += own
+            self.last_other_s = max(0.0, busy - own) + steal
         if throttle1 is None or self._throttle0 is None or self._throttle is None:
             self._throttle = None
         else:
