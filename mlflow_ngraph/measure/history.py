@@ -186,8 +186,12 @@ def check(
     both sittings' intervals and the spread between sittings (``spread``, sd of the log;
     :data:`GUARD_SD` where the host has not measured one) allow. The earlier measurement
     nearest to ``now`` is the one named: a figure that agrees with any earlier one has not
-    moved (one bad sitting in the history does not mark every later good one)."""
+    moved (one bad sitting in the history does not mark every later good one). Only a move
+    against an earlier STABLE, uncontended measurement is gross: where the history holds
+    only noisy ones, a move is said, and the earlier one is the suspect."""
     sd = GUARD_SD if spread is None else max(spread, 0.0)
+    trusted = [e for e in entries if e.stable and not e.contended]
+    entries = trusted or entries
     found = None
     for what in ("speedup", "throughput"):
         value, h = getattr(now, what), getattr(now, f"{what}_h")
@@ -208,13 +212,8 @@ def check(
             continue  # within what some earlier measurement allows
         _, d, then = nearest
         ratio = math.exp(d)
-        move = Move(
-            what,
-            ratio,
-            then,
-            abs(ratio - 1) > GROSS_MOVE,
-            _text(what, ratio, then, now, max_other_cpu),
-        )
+        gross = bool(trusted) and abs(ratio - 1) > GROSS_MOVE
+        move = Move(what, ratio, then, gross, _text(what, ratio, then, now, max_other_cpu))
         if found is None or (move.gross and not found.gross):
             found = move
     return found
@@ -243,8 +242,12 @@ def _text(what: str, ratio: float, then: Entry, now: Entry, max_other_cpu: float
             "small model collapses far beyond the load's share on a busy host (its threads "
             "wait for each other at every operator)"
         )
-    elif ratio > 1 and then.contended:
-        text += ": that earlier measurement was made on a contended host"
+    elif then.contended or not then.stable:
+        text += (
+            ": that earlier measurement was made on a contended host"
+            if then.contended
+            else ": that earlier measurement was UNSTABLE"
+        )
     return text
 
 

@@ -49,6 +49,12 @@ def test_a_collapse_on_a_contended_host_is_named_as_such():
     assert "the host was contended (other processes used 48% of the CPU" in move.text
     back = history.check([entry(600.0, contended=True)], entry(9000.0), None, 25.0)
     assert "that earlier measurement was made on a contended host" in back.text
+    assert not back.gross  # said, not held against this one: the earlier one is the suspect
+    noisy = history.check([entry(600.0, stable=False)], entry(9000.0), None, 25.0)
+    assert "that earlier measurement was UNSTABLE" in noisy.text and not noisy.gross
+    # a trusted earlier figure is the one judged against, however near the noisy one is
+    mixed = [entry(9000.0, contended=True), entry(600.0)]
+    assert history.check(mixed, entry(9000.0), None, 25.0).gross
 
 
 def test_the_history_is_bounded_and_a_damaged_line_is_skipped(tmp_path):
