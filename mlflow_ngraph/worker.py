@@ -231,15 +231,25 @@ def judge(task: CellTask, result, baseline_paired: bool):
 
 def _screen_moved(result, paired: bool) -> float | None:
     """The relative change the screen made to the figure the user compares (the disturbed
-    windows left out) where it exceeds the figure's own interval, else None."""
+    windows left out) where the figure rests on its judgement: the change exceeds the
+    figure's own interval and at least :data:`SCREEN_DECIDES` of the windows were left out.
+    One window left out (the first after a pause, whose threads woke on cold cores: seen at
+    half the rate of the rest on an idle host) moves a narrow figure more than its interval
+    without the figure resting on the screen; else None."""
     what = "speedup" if paired else "throughput"
     value = getattr(result, "speedup_paired" if paired else "throughput", None)
     unscreened = getattr(result, f"{what}_unscreened", None)
     h = getattr(result, f"{what}_halfwidth", None)
-    if not value or not unscreened or h is None:
+    disturbed, windows = getattr(result, "windows_disturbed", 0), getattr(result, "windows", 0)
+    if not value or not unscreened or h is None or disturbed < SCREEN_DECIDES * windows:
         return None
     change = value / unscreened - 1
     return change if abs(math.log1p(change)) > math.log1p(h) else None
+
+
+#: the share of its windows the screen must have left out before the change it made marks a
+#: figure (:func:`_screen_moved`)
+SCREEN_DECIDES = 0.25
 
 
 def _history_entry(task: CellTask, result, paired: bool, stable: bool = True):

@@ -184,3 +184,22 @@ def test_the_rerun_interval_is_logged_where_the_host_has_a_spread(tmp_path):
         1.96 * math.sqrt(2 * 0.02**2 + 2 * (math.log(1.02) / 1.96) ** 2), rel=1e-3
     )
     assert result.throughput_rerun_low == pytest.approx(1000.0 * math.exp(-width))
+
+
+def test_a_figure_that_rests_on_the_screen_is_marked_and_one_cold_window_is_not():
+    """One window left out (the first after a pause, on cold cores) moves a narrow figure by
+    more than its interval without the figure resting on the screen's judgement; a quarter
+    of the windows left out and a move beyond the interval does."""
+    from mlflow_ngraph.worker import _screen_moved
+
+    one = _result(1000.0)
+    one.throughput_unscreened, one.windows_disturbed, one.windows = 928.0, 1, 7
+    assert _screen_moved(one, False) is None
+    task = _task("/nonexistent")
+    assert judge(task, one, False).stable
+    many = _result(1000.0)
+    many.throughput_unscreened, many.windows_disturbed, many.windows = 928.0, 3, 8
+    assert _screen_moved(many, False) == pytest.approx(1000.0 / 928.0 - 1)
+    verdict = judge(task, many, False)
+    assert not verdict.stable
+    assert "leaving out the disturbed windows moved the throughput +7.8%" in verdict.reason
