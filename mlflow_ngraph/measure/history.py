@@ -26,6 +26,7 @@ record. A line that cannot be read is skipped; the files are append-only and bou
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -108,15 +109,22 @@ def engine_key(
 ) -> str:
     """The name of one engine's history: what makes two measurements of the same thing."""
     if versions is None:
-        from mlflow_ngraph.env import library_versions
-
-        versions = library_versions()
+        versions = _versions()
     text = json.dumps(
         [model, params, compiler, flags, scenario, device, batch_size, versions],
         sort_keys=True,
         default=str,
     )
     return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+@functools.cache
+def _versions() -> dict[str, str]:
+    """The runtimes' versions, read once per process (each read scans the installed
+    packages' metadata)."""
+    from mlflow_ngraph.env import library_versions
+
+    return library_versions()
 
 
 def folder(home: str | os.PathLike) -> Path:
