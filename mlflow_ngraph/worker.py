@@ -300,13 +300,14 @@ def _history_key(task: CellTask, b: int) -> str:
     )
 
 
-def _moved(task: CellTask, result, paired: bool):
-    """The move of this measurement against the same engine measured earlier on this host,
-    if it moved beyond what the intervals and the host's spread allow (else None)."""
+def _moved(task: CellTask, result, paired: bool, key: str | None = None):
+    """The move of this measurement against the same engine measured earlier on this host
+    (history ``key``, the engine's when not given), if it moved beyond what the intervals
+    and the host's spread allow (else None)."""
     from mlflow_ngraph.measure import history
 
     try:
-        key = _history_key(task, result.batch_size)
+        key = key or _history_key(task, result.batch_size)
         entries = history.earlier(task.home, key)
         if not entries:
             return None
@@ -352,7 +353,7 @@ def _remember(task: CellTask, result, stability, paired: bool) -> dict[str, Any]
                 "the same engine was measured in two runs; or give --rerun-sd)"
             )
         key = _history_key(task, result.batch_size)
-        move = _moved(task, result, paired)
+        move = _moved(task, result, paired, key)
         if move is not None:
             out["moved"] = move.text
         history.append(task.home, key, entry)

@@ -240,20 +240,19 @@ class Meter:
         self.window_latencies.append(list(plan.latencies(began, steps) or ()))
         return window
 
-    @property
-    def latencies_s(self) -> list[float]:
-        return [t for per_window in self.window_latencies for t in per_window]
-
-    def latency_summary(self, kept: list[int] | None = None):
+    def latencies_ms(self, kept: list[int] | None = None) -> list[float]:
         """The per-request latencies in ms of the windows ``kept`` (every window's when
-        ``None``: the figures rest on the same windows as the throughput), None where there
-        are none."""
+        ``None``): the percentiles rest on the same windows as the throughput."""
         chosen = (
             self.window_latencies
             if kept is None
             else [self.window_latencies[i] for i in kept if i < len(self.window_latencies)]
         )
-        values = [1000.0 * t for per_window in chosen for t in per_window]
+        return [1000.0 * t for per_window in chosen for t in per_window]
+
+    def latency_summary(self, kept: list[int] | None = None):
+        """The summary of :meth:`latencies_ms` (None where there are none)."""
+        values = self.latencies_ms(kept)
         return summarize(values) if values else None
 
 
@@ -372,8 +371,9 @@ def finish(meter: Meter, figures) -> Measurement:
     (:class:`mlflow_ngraph.measure.rounds.Figures`)."""
     from mlflow_ngraph.measure.energy import energy_metrics
 
-    lat = meter.latency_summary(figures.kept)
-    percentile = _percentiles(meter, figures.kept)
+    latencies = meter.latencies_ms(figures.kept)
+    lat = summarize(latencies) if latencies else None
+    percentile = _percentiles(latencies)
     usage = meter.sampler.result()
     host = usage.host
     samples = sum(w.samples for w in meter.windows)
@@ -451,17 +451,12 @@ def quantile_interval(sorted_values, q: float, confidence: float = 0.95):
     return float(sorted_values[lower - 1]), float(sorted_values[upper])
 
 
-def _percentiles(meter: Meter, kept: list[int] | None) -> dict[str, float | None]:
-    lat = meter.latency_summary(kept)
+def _percentiles(latencies_ms: list[float]) -> dict[str, float | None]:
+    """The order-statistic 95% interval of p50, p90 and p99, each where there are enough."""
     out: dict[str, float | None] = {}
-    if lat is None:
+    if not latencies_ms:
         return out
-    chosen = (
-        meter.window_latencies
-        if kept is None
-        else [meter.window_latencies[i] for i in kept if i < len(meter.window_latencies)]
-    )
-    values = np.sort([1000.0 * t for per_window in chosen for t in per_window])
+    values = np.sort(latencies_ms)
     for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
         interval = quantile_interval(values, q)
         if interval is not None:

@@ -215,7 +215,7 @@ def inflation(r: float | None, n: int) -> float:
 def throughput_figures(windows) -> tuple[float, tuple[float, float] | None, float | None, float]:
     """(throughput, its 95% interval, relative half-width, cv of window rates) of
     ``windows``: the throughput is their samples over their seconds, its interval the
-    ratio estimator's (:func:`throughput_interval`)."""
+    ratio estimator's (:func:`throughput_details`)."""
     throughput, ci, halfwidth, cv, _ = throughput_details(windows)
     return throughput, ci, halfwidth, cv
 

@@ -238,9 +238,8 @@ def _bounds(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     low = frame[schema.M_THROUGHPUT_CI_LOW].to_numpy(dtype=float, na_value=np.nan)
     high = frame[schema.M_THROUGHPUT_CI_HIGH].to_numpy(dtype=float, na_value=np.nan)
     n = frame[schema.M_REPETITIONS].to_numpy(dtype=float, na_value=np.nan)
-    if schema.M_WINDOWS in frame:
-        windows = frame[schema.M_WINDOWS].to_numpy(dtype=float, na_value=np.nan)
-        n = np.where(np.isnan(windows), n, windows)
+    windows = frame[schema.M_WINDOWS].to_numpy(dtype=float, na_value=np.nan)
+    n = np.where(np.isnan(windows), n, windows)
     enough = n >= MIN_INTERVAL_REPETITIONS  # False where n is not known
     count = np.where(enough, n, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -443,15 +442,6 @@ CELL_COLUMNS = [
 def cells_table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per device x model x compiler x batch size, with every relative metric."""
     out = frame.assign(model=frame["model_label"], compiler=frame["compiler_label"])
-    rerun = (
-        schema.M_THROUGHPUT_RERUN_LOW,
-        schema.M_THROUGHPUT_RERUN_HIGH,
-        schema.M_SPEEDUP_RERUN_LOW,
-        schema.M_SPEEDUP_RERUN_HIGH,
-    )
-    for name in rerun:
-        if name not in out:  # a store whose runs had no spread between sittings yet
-            out = out.assign(**{name: np.nan})
     out = out[CELL_COLUMNS]
     return _sort(out, ["device", "model", "compiler", "batch_size"])
 
@@ -804,9 +794,6 @@ def _rankings(part: pd.DataFrame, keys: list[str], column: str) -> dict[tuple, d
         schema.M_SPEEDUP_RERUN_LOW,
         schema.M_SPEEDUP_RERUN_HIGH,
     ]
-    for name in (schema.M_SPEEDUP_RERUN_LOW, schema.M_SPEEDUP_RERUN_HIGH):
-        if name not in part:
-            part = part.assign(**{name: np.nan})
     low, high = _bounds(part)
     part = part.assign(ci_low=low, ci_high=high)
     grouped = part.groupby([*keys, column], dropna=False)[values]
