@@ -149,32 +149,43 @@ def earlier(home, key: str) -> list[Entry]:
 
 
 def append(home, key: str, entry: Entry) -> None:
-    """Add ``entry`` to engine ``key``'s history (one write of one line: two workers
-    appending at once do not interleave); past 2 x :data:`KEEP` lines the file is rewritten
-    with the latest :data:`KEEP`. A home that cannot be written costs the history, never
-    the measurement."""
+    """Add ``entry`` to engine ``key``'s history; past 2 x :data:`KEEP` lines the file is
+    rewritten with the latest :data:`KEEP`. The append and the rewrite hold the file's lock
+    (two workers or two runs at once: a line appended while another rewrote the file would
+    be lost with the old file), and a writer that waited on a file replaced meanwhile opens
+    the new one. A home that cannot be written costs the history, never the measurement."""
+    import fcntl
+
     path = folder(home) / f"{key}.jsonl"
     line = json.dumps(asdict(entry), separators=(",", ":")) + "\n"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # replaced while this one waited: the lock of a file no one reads
         try:
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 line = "\n" + line  # after a line a kill cut short: never glued to it
             os.write(fd, line.encode())
+            entries = _read(path)
+            if len(entries) > 2 * KEEP:
+                tmp = path.with_suffix(f".tmp-{os.getpid()}")
+                tmp.write_text(
+                    "".join(
+                        json.dumps(asdict(e), separators=(",", ":")) + "\n" for e in entries[-KEEP:]
+                    ),
+                    encoding="utf-8",
+                )
+                os.replace(tmp, path)
         finally:
-            os.close(fd)
-        entries = _read(path)
-        if len(entries) > 2 * KEEP:
-            tmp = path.with_suffix(f".tmp-{os.getpid()}")
-            tmp.write_text(
-                "".join(
-                    json.dumps(asdict(e), separators=(",", ":")) + "\n" for e in entries[-KEEP:]
-                ),
-                encoding="utf-8",
-            )
-            os.replace(tmp, path)
+            os.close(fd)  # the lock goes with it
     except OSError:
         pass
 

@@ -203,3 +203,28 @@ def test_a_figure_that_rests_on_the_screen_is_marked_and_one_cold_window_is_not(
     verdict = judge(task, many, False)
     assert not verdict.stable
     assert "leaving out the disturbed windows moved the throughput +7.8%" in verdict.reason
+
+
+def _append_many(home: str, tag: int) -> None:
+    for i in range(3 * history.KEEP):
+        history.append(home, "shared", entry(tag * 1000.0 + i))
+
+
+def test_two_writers_at_once_lose_no_latest_line(tmp_path):
+    """Four processes append to one engine's history at once, past the rewrite many times:
+    no line is lost (one appended while another rewrote the file was lost with the old
+    file). Without losses the count is exact: each append adds a line, and the 41st line
+    takes the file back to the latest 20."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_append_many, args=(str(tmp_path), t)) for t in range(1, 5)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0
+    appended = 4 * 3 * history.KEEP
+    expected = history.KEEP + (appended - 2 * history.KEEP - 1) % (history.KEEP + 1)
+    text = (history.folder(tmp_path) / "shared.jsonl").read_text()
+    assert len(text.splitlines()) == len(history.earlier(tmp_path, "shared")) == expected
