@@ -45,9 +45,16 @@ def test_a_measurement_within_its_limits_is_stable(run_cli, tracking_uri):
     tags = _cell(tracking_uri, "stable").data.tags
     assert tags[S.T_STABILITY] == S.STABILITY_STABLE
     assert tags[f"{S.T_STABILITY}.bs2"] == S.STABILITY_STABLE
-    assert tags[f"{S.T_ATTEMPTS}.bs2"] == "1"
     assert f"{S.T_STABILITY_REASON}.bs2" not in tags
-    assert "UNSTABLE" not in err
+    # the limits given hold every figure; only the host itself (which no flag turns off and
+    # no test can order quiet: a CI runner is shared) may have called for a second attempt
+    host = ("the host was contended", "leaving out the disturbed windows")
+    retried = [line for line in err.splitlines() if "UNSTABLE" in line]
+    assert all(any(h in line for h in host) and "wider than" not in line for line in retried), (
+        retried
+    )
+    if not retried:
+        assert tags[f"{S.T_ATTEMPTS}.bs2"] == "1"
 
 
 def test_the_last_attempt_is_kept_not_the_steadiest(monkeypatch):
