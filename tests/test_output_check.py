@@ -73,3 +73,32 @@ def test_a_two_output_model_through_onnxruntime_and_openvino(run_cli, tracking_u
         assert run.data.tags[S.T_REFERENCE] == "onnxruntime-no-optimizations"
         runtime = {k for k in run.data.params if k.startswith("runtime.bs2.")}
         assert runtime, run.data.params  # what the runtime chose, per batch size
+
+
+HEADS = "mlflow_ngraph.models.blocks:heads_block:input_shape=3x16x16"
+
+
+def test_three_outputs_of_different_shapes_are_valid_through_every_cpu_compiler(
+    run_cli, tracking_uri
+):
+    """Every engine returns every output, in order: TVM returned only the first (INVALID)."""
+    compilers = ["identity", "torchscript", "onnxruntime", "openvino", "tvm:trials=0"]
+    code, out, err = run_cli(
+        "benchmark", "--model", HEADS, *(a for c in compilers for a in ("--compiler", c)),
+        "--batch-sizes", "2", "--warmup", "1", "--repetitions", "3", "--min-duration", "0",
+        "--experiment", "heads", "--tracking-uri", tracking_uri, "--isolation", "none",
+    )  # fmt: skip
+    assert code == 0, err
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name("heads")
+    cells = {
+        r.data.params["compiler"]: r
+        for r in client.search_runs([exp.experiment_id])
+        if r.data.tags.get(S.T_ROLE) == "cell"
+    }
+    assert set(cells) == {c.split(":")[0] for c in compilers}
+    for name, run in cells.items():
+        assert run.data.metrics["valid.bs2"] == 1.0, (name, run.data.tags)
+        if name != "identity":  # the reference itself is not checked against itself
+            checked = client.get_metric_history(run.info.run_id, "outputs_checked")
+            assert {m.step: m.value for m in checked}[2] == 3.0, name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -21,6 +22,18 @@ def require_module(model: Any, compiler: str) -> Any:
     if model.module is None:
         raise CompileFailed(f"{compiler} needs a PyTorch model; {model.name} is an ONNX file")
     return model.module
+
+
+def module_on(model: Any, compiler: str, device_kind: str) -> Any:
+    """The model's module on ``device_kind`` in eval mode. On the CPU, where the loaded
+    model lives, the module itself; on any other device a copy of it moved there: the shared
+    model never moves, so the ONNX export, the eager reference and the next compiler of the
+    group still find it (and trace it with a CPU input) on the CPU."""
+    module = require_module(model, compiler)
+    device = torch_device(device_kind)
+    if device.type != "cpu":
+        module = copy.deepcopy(module)
+    return module.to(device).eval()
 
 
 class TorchCallableEngine(Engine):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlflow_ngraph.compilers._torch import TorchCallableEngine, require_module, torch_device
+from mlflow_ngraph.compilers._torch import TorchCallableEngine, module_on
 from mlflow_ngraph.compilers.base import CompileContext, Compiler, Engine
 
 
@@ -21,5 +21,5 @@ class IdentityCompiler(Compiler):
     batch_agnostic = True
 
     def compile(self, model: Any, flags: dict[str, Any], ctx: CompileContext) -> Engine:
-        module = require_module(model, self.name).to(torch_device(ctx.device)).eval()
+        module = module_on(model, self.name, ctx.device)
         return TorchCallableEngine(module, ctx.device)

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mlflow_ngraph.compilers._torch import TorchCallableEngine, require_module, torch_device
+from mlflow_ngraph.compilers._torch import TorchCallableEngine, module_on, torch_device
 from mlflow_ngraph.compilers.base import (
     CompileContext,
     Compiler,
@@ -133,7 +133,7 @@ class InductorCompiler(Compiler):
         import torch
 
         device = torch_device(ctx.device)
-        module = require_module(model, self.name).to(device).eval()
+        module = module_on(model, self.name, ctx.device)
         example = torch.from_numpy(model.random_input(ctx.batch_size)).to(device)
         hits, misses = _cache_counts()
         if flags["package"]:

@@ -384,8 +384,12 @@ class TensorRtEngine(Engine):
         self._copy_in(inputs)
         self._launch()
         self.synchronize()
-        first = self._buffers[self._output_names[0]]
-        return first.detach().float().cpu().numpy()
+        # every output, in the network's output order (the ONNX graph's, which the eager
+        # reference follows): the engine contract's tuple when the model has several
+        found = tuple(
+            self._buffers[name].detach().float().cpu().numpy() for name in self._output_names
+        )
+        return found[0] if len(found) == 1 else found
 
     def synchronize(self) -> None:
         self._stream.synchronize()

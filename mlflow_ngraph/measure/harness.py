@@ -375,6 +375,7 @@ def finish(meter: Meter, figures) -> Measurement:
     lat = summarize(latencies) if latencies else None
     percentile = _percentiles(latencies)
     usage = meter.sampler.result()
+    meter.sampler.close()
     host = usage.host
     samples = sum(w.samples for w in meter.windows)
     return Measurement(

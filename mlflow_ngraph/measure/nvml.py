@@ -18,11 +18,17 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mlflow_ngraph.tracking.schema import M_GPU_MEM, M_GPU_UTIL
+from mlflow_ngraph.tracking.schema import (
+    M_GPU_DEVICE_MEM,
+    M_GPU_MEM,
+    M_GPU_UTIL,
+    M_GPU_UTIL_SAMPLES,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +142,165 @@ class NvmlSampler:
             self._readings.append(self._probe.read())
         except Exception as exc:  # a failing read loses one sample, never the measurement
             log.debug("GPU sample failed: %s", exc)
+
+
+#: how GPU energy was measured, for the record: NVML's cumulative counter (Volta and later),
+#: or its power reading times the window's length where the GPU has no counter
+ENERGY_COUNTER, ENERGY_POWER = "nvml-total-energy", "nvml-power"
+
+
+def in_windows(samples: list[tuple[int, float]], windows: list[tuple[int, int]]) -> list[float]:
+    """The values of NVML's timestamped ``(microseconds, value)`` samples that fall inside
+    one of the ``(start, end)`` windows (microseconds, the same CPU clock), each once."""
+    kept, seen = [], set()
+    for stamp, value in samples:
+        if stamp in seen:
+            continue
+        if any(start < stamp <= end for start, end in windows):
+            seen.add(stamp)
+            kept.append(float(value))
+    return kept
+
+
+class GpuWindows:
+    """GPU figures over exactly the windows the harness measures (:meth:`begin` /
+    :meth:`end` around each), opened once for the whole measurement.
+
+    - **Utilisation**: NVML keeps timestamped utilisation samples (one per sample period,
+      1/6 s to 1 s by GPU); after each window its samples inside the window are read:
+      this process's (``nvmlDeviceGetProcessUtilization``, so the other workers of a group
+      and the runner are not counted) where NVML attributes samples to it, else the
+      device's (``nvmlDeviceGetSamples``; a PID namespace hides the process). The mean of
+      the samples inside every window, and how many there were: a window shorter than
+      NVML's period may hold none.
+    - **Memory**: this process's GPU memory (``nvmlDeviceGetComputeRunningProcesses``) at
+      its peak over the windows' ends, and the device's used memory beside it.
+    - **Energy**: NVML's total-energy counter (millijoules) read at each window's start
+      and end; where the GPU lacks it, power times the window's length.
+
+    Without NVML or a GPU it is a quiet no-op (:attr:`active` False): ``{}`` and no joules.
+    """
+
+    def __init__(self, device_index: int = 0, pid: int | None = None) -> None:
+        self.pid = os.getpid() if pid is None else pid
+        self._nvml = _init_nvml()
+        self._handle = None
+        if self._nvml is not None:
+            try:
+                self._handle = _nvml_handle(self._nvml, device_index)
+            except self._nvml.NVMLError as exc:
+                log.debug("NVML has no handle for CUDA device %d: %s", device_index, exc)
+                self.close()
+        self.windows: list[tuple[int, int]] = []
+        self.util: list[float] = []
+        self.util_source: str | None = None  # "process" or "device"
+        self.joules: float | None = None
+        self.energy_method: str | None = None
+        self._mem: float | None = None
+        self._device_mem: float | None = None
+        self._start_us = 0
+        self._energy0: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._handle is not None
+
+    def begin(self) -> None:
+        if not self.active:
+            return
+        self._energy0 = self._energy_mj()
+        self._start_us = _now_us()
+
+    def end(self) -> None:
+        if not self.active:
+            return
+        end_us = _now_us()
+        energy1 = self._energy_mj()
+        seconds = (end_us - self._start_us) / 1e6
+        window = (self._start_us, end_us)
+        self.windows.append(window)
+        if energy1 is not None and self._energy0 is not None:
+            self._add_joules(max(0.0, energy1 - self._energy0) / 1000.0, ENERGY_COUNTER)
+        else:
+            watts = self._query(lambda h: self._nvml.nvmlDeviceGetPowerUsage(h) / 1000.0)
+            if watts is not None:
+                self._add_joules(watts * seconds, ENERGY_POWER)
+        self.util.extend(in_windows(self._util_samples(self._start_us), [window]))
+        self._memory()
+
+    def result(self) -> dict[str, float]:
+        """``gpu_util_percent`` (mean of the samples inside the windows) and
+        ``gpu_util_samples``, ``gpu_mem_mb`` (this process, peak), ``gpu_device_mem_mb``
+        (the device, peak): each only where it was measured."""
+        out: dict[str, float] = {}
+        if self.util:
+            out[M_GPU_UTIL] = sum(self.util) / len(self.util)
+        if self.windows:
+            out[M_GPU_UTIL_SAMPLES] = float(len(self.util))
+        if self._mem is not None:
+            out[M_GPU_MEM] = self._mem
+        if self._device_mem is not None:
+            out[M_GPU_DEVICE_MEM] = self._device_mem
+        return out
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception as exc:  # shutting NVML down never costs a measurement
+                log.debug("NVML shutdown failed: %s", exc)
+        self._nvml = self._handle = None
+
+    # -- NVML reads: each may be unsupported on a GPU (None), never an error
+
+    def _query(self, read: Callable[[Any], Any]) -> Any:
+        try:
+            return read(self._handle)
+        except self._nvml.NVMLError as exc:
+            log.debug("NVML query not supported here: %s", exc)
+            return None
+
+    def _energy_mj(self) -> float | None:
+        return self._query(lambda h: float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(h)))
+
+    def _add_joules(self, joules: float, method: str) -> None:
+        self.joules = (self.joules or 0.0) + joules
+        if self.energy_method not in (None, method):
+            method = f"{self.energy_method}+{method}"
+        self.energy_method = method
+
+    def _util_samples(self, since_us: int) -> list[tuple[int, float]]:
+        nvml = self._nvml
+        own = self._query(lambda h: nvml.nvmlDeviceGetProcessUtilization(h, since_us)) or []
+        mine = [(int(p.timeStamp), float(p.smUtil)) for p in own if p.pid == self.pid]
+        if mine and self.util_source != "device":
+            self.util_source = "process"
+            return mine
+        if self.util_source == "process":
+            return []  # NVML attributes to this process: no sample of it here is 0% busy
+        device = self._query(
+            lambda h: nvml.nvmlDeviceGetSamples(h, nvml.NVML_GPU_UTILIZATION_SAMPLES, since_us)
+        )
+        if not device:
+            return []
+        self.util_source = "device"
+        return [(int(x.timeStamp), float(x.sampleValue.uiVal)) for x in device[1]]
+
+    def _memory(self) -> None:
+        nvml = self._nvml
+        used = self._query(lambda h: nvml.nvmlDeviceGetMemoryInfo(h).used / _MB)
+        if used is not None:
+            self._device_mem = max(self._device_mem or 0.0, used)
+        procs = self._query(nvml.nvmlDeviceGetComputeRunningProcesses) or []
+        for proc in procs:
+            memory = getattr(proc, "usedGpuMemory", None)
+            if proc.pid == self.pid and isinstance(memory, int):
+                self._mem = max(self._mem or 0.0, memory / _MB)
+
+
+def _now_us() -> int:
+    """NVML's sample clock: the CPU's wall clock in microseconds."""
+    return time.time_ns() // 1000
 
 
 class _Probe:

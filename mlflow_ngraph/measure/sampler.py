@@ -140,8 +140,8 @@ class ResourceSampler:
         self._freqs: list[float] = []
         self._throttle: float | None = 0.0
         self._joules: dict[str, float] | None = None
-        self._gpu_samples: list[dict] = []
-        self._gpu_sampler = None
+        #: NVML over exactly the windows, opened at the first (measure/nvml.py GpuWindows)
+        self._gpu_windows = None
 
     def _poll(self) -> None:
         polls = 0
@@ -159,30 +159,30 @@ class ResourceSampler:
         self._stop.clear()
         self._thread = threading.Thread(target=self._poll, name="ngraph-rss", daemon=True)
         self._thread.start()
-        if self._gpu:
-            from mlflow_ngraph.measure.nvml import NvmlSampler
+        if self._gpu and self._gpu_windows is None:
+            from mlflow_ngraph.measure.nvml import GpuWindows
 
-            self._gpu_sampler = NvmlSampler()
-            self._gpu_sampler.start()
+            self._gpu_windows = GpuWindows()
         self._energy.start()
         self._stat0 = _proc_stat()
         self._own0 = _tree_cpu_seconds(self._process)
         self._throttle0 = _throttle_count()
         self._cpu0 = time.process_time()  # every thread, ns resolution
+        if self._gpu_windows is not None:
+            self._gpu_windows.begin()  # last: the window's clock starts here
         self._wall0 = time.perf_counter()
 
     def end(self) -> None:
         wall = time.perf_counter() - self._wall0
         cpu = time.process_time() - self._cpu0
+        if self._gpu_windows is not None:
+            self._gpu_windows.end()
         stat1, own1, throttle1 = _proc_stat(), _tree_cpu_seconds(self._process), _throttle_count()
         joules = self._energy.stop()  # at the window's end (a lock keeps the poll's out)
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self._peak_rss = max(self._peak_rss, self._process.memory_info().rss)
-        if self._gpu_sampler is not None:
-            self._gpu_samples.append(self._gpu_sampler.stop())
-            self._gpu_sampler = None
         self._wall += wall
         self._cpu += cpu
         if self._stat0 is None or stat1 is None:
@@ -229,16 +229,26 @@ class ResourceSampler:
             other = max(0.0, self._busy - self._own)
             host.other_cpu_percent = min(100.0, 100.0 * other / capacity)
             host.steal_percent = min(100.0, 100.0 * self._steal / capacity)
-        energy = self._joules or {}
+        energy = dict(self._joules or {})
+        methods = [METHOD] if energy else []
+        gpu = self._gpu_windows
+        if gpu is not None and gpu.joules is not None:  # the GPU's beside the CPU's, named
+            energy["gpu"] = gpu.joules
+            methods.append(gpu.energy_method)
         return ResourceUsage(
             cpu_percent=min(percent, 100.0),
             peak_rss_mb=self._peak_rss / 2**20,
             wall_s=wall,
-            gpu=self._gpu_samples[-1] if self._gpu_samples else {},
+            gpu=gpu.result() if gpu is not None else {},
             host=host,
             energy_j=energy,
-            energy_method=METHOD if energy else None,
+            energy_method="+".join(methods) or None,
         )
+
+    def close(self) -> None:
+        """Release NVML (a no-op without a GPU)."""
+        if self._gpu_windows is not None:
+            self._gpu_windows.close()
 
     def start(self) -> None:
         """One window (:meth:`begin`)."""

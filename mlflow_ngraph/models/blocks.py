@@ -71,3 +71,27 @@ class MHABlockStack(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.blocks(x)
+
+
+class HeadsBlock(nn.Module):
+    """A shared body and three heads of different shapes: (batch, classes) logits,
+    (batch, 4) boxes and a (batch, C, H, W) map. Checks that every compiler returns every
+    output, in order (``mlflow_ngraph.models.blocks:heads_block``; ``make gpu-check``)."""
+
+    def __init__(self, width: int = 8, classes: int = 5) -> None:
+        super().__init__()
+        self.body = ConvBNReLU(3, 3)
+        self.stem = nn.Conv2d(3, width, 3, padding=1)
+        self.classes = nn.Linear(width, classes)
+        self.boxes = nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor):
+        feature = torch.relu(self.stem(self.body(x)))
+        pooled = feature.mean(dim=(2, 3))
+        return self.classes(pooled), torch.sigmoid(self.boxes(pooled)), feature
+
+
+def heads_block(width: int = 8, classes: int = 5) -> nn.Module:
+    """A model with three outputs of different shapes (:class:`HeadsBlock`), input 3x16x16
+    by default (``input_shape=3x16x16``)."""
+    return HeadsBlock(width, classes)

@@ -148,14 +148,21 @@ M_THROUGHPUT_OVERALL = "throughput_overall"  # = throughput (kept for older read
 M_TUNING_S = "tuning_s"
 M_TRIALS = "trials"
 M_TUNED = "tuned"  # 1 when a tuning database covered the engine's tasks
+# GPU figures over exactly the measured windows (measure/nvml.py GpuWindows): utilisation
+# from NVML's timestamped samples inside the windows (this process's where NVML attributes
+# them, else the device's), the samples it rests on, this process's peak GPU memory and the
+# device's (every process on it)
 M_GPU_UTIL = "gpu_util_percent"
+M_GPU_UTIL_SAMPLES = "gpu_util_samples"
 M_GPU_MEM = "gpu_mem_mb"
+M_GPU_DEVICE_MEM = "gpu_device_mem_mb"
 # energy over the window, where RAPL is readable (measure/energy.py; the method and, where
 # it is not, why, are in the environment record): package + dram, and per domain as
 # ``<metric>.<domain>`` (``power_w.package``, ``power_w.dram``; see ``domain_key``)
 M_ENERGY_PER_SAMPLE = "energy_j_per_sample"  # joules / samples measured in the window
 M_POWER = "power_w"  # joules / window seconds
-ENERGY_DOMAINS = ("package", "dram")
+#: ``gpu``: NVML's total-energy counter (power x time where the GPU lacks it), beside the CPU's
+ENERGY_DOMAINS = ("package", "dram", "gpu")
 # relative metrics (need T_c(1) and the identity baseline of the same device and model)
 M_SPEEDUP = "speedup"
 M_RTR = "rtr"

@@ -111,3 +111,20 @@ def test_onnx_model_is_a_compile_failure(compiler, tmp_path):
         compiler.compile(
             onnx_only, compiler.resolve_flags({}), CompileContext(tmp_path, "cpu", 1, tmp_path)
         )
+
+
+def test_a_compile_for_another_device_leaves_the_shared_model_where_it_is(monkeypatch):
+    """The loaded model is shared by the eager reference, the ONNX export and every compiler
+    of a group: a compile for the GPU moved it there in place, so the export that followed
+    traced a CUDA model with a CPU input. ``meta`` stands in for ``cuda`` (no GPU here)."""
+    import torch
+
+    from mlflow_ngraph.compilers import _torch
+
+    model = load_model("conv_block", {"width": 8, "depth": 1, "image_size": 16})
+    monkeypatch.setattr(_torch, "torch_device", lambda kind: torch.device("meta"))
+    moved = _torch.module_on(model, "identity", "cuda")
+    assert next(moved.parameters()).device.type == "meta"
+    assert next(model.module.parameters()).device.type == "cpu"
+    monkeypatch.undo()
+    assert _torch.module_on(model, "identity", "cpu") is model.module  # no copy on the CPU

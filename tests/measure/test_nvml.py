@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import time
@@ -205,3 +206,126 @@ def test_gpu_environment_names_the_gpu():
 def test_jetson_environment_on_a_jetson():
     env = nvml.jetson_environment()
     assert env["jetson_l4t_release"].startswith("R")
+
+
+# --- GPU figures over exactly the measured windows ----------------------------------------
+
+
+def test_only_samples_inside_a_window_count_each_once():
+    samples = [(100, 10.0), (150, 20.0), (150, 20.0), (250, 90.0), (320, 40.0)]
+    # 250 lies between the windows (another engine's turn); 100 is the first window's start
+    assert nvml.in_windows(samples, [(100, 200), (300, 400)]) == [20.0, 40.0]
+    assert nvml.in_windows(samples, []) == []
+
+
+class _RecordedNvml:
+    """NVML's answers recorded as a GPU would give them: this host has no GPU (and no
+    unsupported query on demand). Clock in microseconds, energy in millijoules."""
+
+    NVML_GPU_UTILIZATION_SAMPLES = 1
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, pid, energy=True, attributes=True):
+        from types import SimpleNamespace as NS
+
+        self.NS, self.pid, self.energy, self.attributes = NS, pid, energy, attributes
+        self.energy_mj = 1_000_000.0
+        self.process_samples: list = []  # (pid, stamp, sm util)
+        self.device_samples: list = []  # (stamp, util)
+        self.shutdowns = 0
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        if not self.energy:
+            raise self.NVMLError("Not Supported")
+        self.energy_mj += 2500.0  # 2.5 J between two reads: one window
+        return self.energy_mj
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 300_000  # mW
+
+    def nvmlDeviceGetProcessUtilization(self, handle, since):
+        if not self.attributes:
+            raise self.NVMLError("Not Found")
+        return [self.NS(pid=p, timeStamp=t, smUtil=u) for p, t, u in self.process_samples
+                if t > since]  # fmt: skip
+
+    def nvmlDeviceGetSamples(self, handle, kind, since):
+        assert kind == self.NVML_GPU_UTILIZATION_SAMPLES
+        values = [self.NS(timeStamp=t, sampleValue=self.NS(uiVal=u))
+                  for t, u in self.device_samples if t > since]  # fmt: skip
+        return (0, values)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return self.NS(used=3000 * 2**20)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return [self.NS(pid=self.pid, usedGpuMemory=700 * 2**20),
+                self.NS(pid=self.pid + 1, usedGpuMemory=1500 * 2**20)]  # fmt: skip
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+
+def _windows(monkeypatch, fake, clock):
+    monkeypatch.setattr(nvml, "_init_nvml", lambda: fake)
+    monkeypatch.setattr(nvml, "_nvml_handle", lambda n, i: "gpu0")
+    monkeypatch.setattr(nvml, "_now_us", lambda: clock.pop(0))
+    return nvml.GpuWindows(pid=fake.pid)
+
+
+def test_gpu_windows_use_this_process_samples_inside_the_windows_and_the_energy_counter(
+    monkeypatch,
+):
+    fake = _RecordedNvml(pid=4242)
+    fake.process_samples = [
+        (4242, 1_050, 80.0),  # inside window 1
+        (4243, 1_060, 99.0),  # another worker of the group: never this engine's
+        (4242, 1_500, 5.0),  # between the windows: another engine's turn
+        (4242, 2_090, 60.0),  # inside window 2
+    ]
+    meter = _windows(monkeypatch, fake, [1_000, 1_100, 2_000, 2_100])
+    for _ in range(2):
+        meter.begin()
+        meter.end()
+    assert meter.util_source == "process"
+    assert meter.result() == {
+        M_GPU_UTIL: 70.0, "gpu_util_samples": 2.0, M_GPU_MEM: 700.0, "gpu_device_mem_mb": 3000.0,
+    }  # fmt: skip
+    assert meter.joules == 5.0 and meter.energy_method == nvml.ENERGY_COUNTER
+    meter.close()
+    assert fake.shutdowns == 1 and not meter.active
+
+
+def test_gpu_windows_fall_back_to_device_samples_and_power(monkeypatch):
+    # a PID namespace hides the process from NVML; a GPU without the energy counter
+    fake = _RecordedNvml(pid=7, energy=False, attributes=False)
+    fake.device_samples = [(900, 100.0), (1_040, 30.0), (1_080, 50.0)]
+    meter = _windows(monkeypatch, fake, [1_000, 2_001_000])  # a 2 s window
+    meter.begin()
+    meter.end()
+    assert meter.util_source == "device"
+    assert meter.result()[M_GPU_UTIL] == 40.0  # 900 was before the window
+    assert meter.joules == pytest.approx(600.0) and meter.energy_method == nvml.ENERGY_POWER
+
+
+def test_the_gpu_energy_is_its_own_domain_beside_the_cpu(monkeypatch, tmp_path):
+    from mlflow_ngraph.measure.energy import energy_metrics
+    from mlflow_ngraph.measure.sampler import ResourceSampler
+    from mlflow_ngraph.tracking import schema as S
+
+    fake = _RecordedNvml(pid=os.getpid())
+    monkeypatch.setattr(nvml, "_init_nvml", lambda: fake)
+    monkeypatch.setattr(nvml, "_nvml_handle", lambda n, i: "gpu0")
+    sampler = ResourceSampler(gpu=True, powercap_root=tmp_path)  # no RAPL here
+    for _ in range(3):
+        sampler.begin()
+        sampler.end()
+    usage = sampler.result()
+    sampler.close()
+    assert usage.energy_j == {"gpu": 7.5} and usage.energy_method == nvml.ENERGY_COUNTER
+    metrics = energy_metrics(usage.energy_j, samples=75, seconds=1.0)
+    assert metrics[S.domain_key(S.M_ENERGY_PER_SAMPLE, "gpu")] == pytest.approx(0.1)
+    assert S.is_schema_metric("power_w.gpu")
+    assert usage.gpu[M_GPU_MEM] == 700.0  # this process, not the device's 3000

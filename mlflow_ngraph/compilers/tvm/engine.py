@@ -100,9 +100,8 @@ class TvmEngine(Engine):
         tensor = tvm.runtime.tensor(np.ascontiguousarray(inputs), self._dev)
         out = self._vm["main"](tensor, *self._params)
         self.synchronize()
-        while not hasattr(out, "numpy"):
-            out = out[0]
-        return np.asarray(out.numpy(), dtype=np.float32)
+        found = _tensors(out)
+        return found[0] if len(found) == 1 else tuple(found)
 
     def synchronize(self) -> None:
         if self.asynchronous_device:
@@ -237,3 +236,14 @@ def _first_line(exc: BaseException) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     # TVM errors end with the one-line message after a long traceback
     return (lines[-1] if lines else repr(exc))[:500]
+
+
+def _tensors(out: Any) -> list[np.ndarray]:
+    """Every tensor of what the VM's ``main`` returned (one tensor, or a tuple of them,
+    nested as the model's outputs were), in order, as float32 arrays."""
+    if hasattr(out, "numpy"):
+        return [np.asarray(out.numpy(), dtype=np.float32)]
+    found: list[np.ndarray] = []
+    for item in out:
+        found.extend(_tensors(item))
+    return found
