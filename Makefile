@@ -3,11 +3,12 @@
 # pytest-xdist workers; tests marked serial run alone); `make test-fast`: what needs no
 # compile, server, cluster or benchmark run, for the edit-test loop (under 3 minutes);
 # `make coverage`: the whole suite under coverage.py, subprocesses included.
+# `make gpu-check`: on a host with an NVIDIA GPU, the GPU paths end to end (docs/gpu.md).
 VENV ?= .venv
 PYTHON ?= python3
 BIN = $(VENV)/bin
 
-.PHONY: setup setup-all run test test-fast coverage lint
+.PHONY: setup setup-all run test test-fast coverage lint gpu-check
 
 # what the default experiment needs: PyTorch, MLflow, ONNX Runtime and OpenVINO
 $(BIN)/.installed: pyproject.toml
@@ -48,3 +49,25 @@ coverage: setup-all
 
 lint: setup-all
 	$(BIN)/ruff check mlflow_ngraph tests bench entrypoints
+
+# `make gpu-check`: the gpu extra in .venv, the gpu-marked tests, then a tiny benchmark on
+# --device gpu through every GPU compiler with one table (python -m mlflow_ngraph.gpucheck).
+# Without an NVIDIA GPU: one line and exit 1, before anything is installed. In an existing
+# environment: make gpu-check GPU_PYTHON=python3 GPU_SETUP=
+GPU_PYTHON ?= $(BIN)/python
+GPU_SETUP ?= $(BIN)/.installed-gpu
+GPU_CHECK_ARGS ?=
+
+# onnxruntime-gpu holds the CPU provider too: the gpu extra does not add the CPU build
+# (both install the module onnxruntime, the later one over the other)
+$(BIN)/.installed-gpu: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[gpu,tvm,test]'
+	touch $@
+
+gpu-check:
+	$(if $(shell nvidia-smi -L 2>/dev/null),,$(error gpu-check: no NVIDIA GPU here (nvidia-smi finds none): run it on a host with an NVIDIA GPU and its driver (docs/gpu.md)))
+	$(if $(GPU_SETUP),@$(MAKE) --no-print-directory $(GPU_SETUP))
+	$(GPU_PYTHON) -m pytest -q -p no:cacheprovider -m gpu -rs tests
+	$(GPU_PYTHON) -m mlflow_ngraph.gpucheck $(GPU_CHECK_ARGS)
