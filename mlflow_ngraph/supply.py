@@ -7,6 +7,7 @@ export (``uses_onnx``) and whether it can reload its engines (``load``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -67,30 +68,68 @@ class EngineSupply:
             export_onnx(model, self.home)  # cached: the compile clock below excludes it
         t0 = time.perf_counter()
         if cached is not None:
-            engine = compiler.load(model, flags, ctx, cached)
+            engine = self._load(compiler, flags, model, ctx, cached, name, b)
             if engine is not None:
                 log.info("%s bs%d: engine cache hit (%s), compilation skipped", name, b, key)
                 return Supplied(engine, time.perf_counter() - t0, True, cached)
+            t0 = time.perf_counter()  # the failed load is not the compile's time
         log.info("%s bs%d: compiling", name, b)
-        engine = compiler.compile(model, flags, ctx)
+        with self._build_lock():
+            engine = compiler.compile(model, flags, ctx)
         compile_s = time.perf_counter() - t0
         return Supplied(
             engine, compile_s, False, self.save(compiler, flags, model, engine, b, compile_s)
         )
 
+    def _load(self, compiler, flags, model, ctx, cached: Path, name: str, b: int):
+        """The cached engine, or None where it does not load here (a TensorRT plan of
+        another TensorRT or driver, a file the runtime refuses): it is rebuilt, never the
+        cell's failure."""
+        try:
+            return compiler.load(model, flags, ctx, cached)
+        except Exception as exc:  # every runtime fails a foreign engine its own way
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            log.warning("%s bs%d: the cached engine does not load (%s): rebuilding", name, b, first)
+            return None
+
+    @contextlib.contextmanager
+    def _build_lock(self):
+        """On a GPU, one engine build at a time: TensorRT's tactic timing, Inductor's
+        autotuning and cuDNN's search time kernels, and a build beside another times them
+        on a shared GPU (slower plans, no error) or runs out of memory. The workers of a
+        group still measure in interleaved rounds; only their builds take turns."""
+        if self.device_kind != "cuda":
+            yield
+            return
+        import fcntl
+
+        path = self.home / "locks" / "gpu-build.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+") as handle:
+            t0 = time.perf_counter()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            waited = time.perf_counter() - t0
+            if waited > 1.0:
+                log.info("waited %.0f s for another engine build on this GPU", waited)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
     def key(self, compiler: Compiler, flags: dict[str, Any], model: LoadedModel, b: int) -> str:
-        return cache_key(
-            {
-                "model": model.content_hash,
-                "compiler": compiler.name,
-                "version": compiler.version(),
-                "flags": flags,
-                "batch": b,
-                "device": self.device,
-                "scenario": self.scenario,
-                "host_cpu": host_fingerprint(),
-            }
-        )
+        facts = {
+            "model": model.content_hash,
+            "compiler": compiler.name,
+            "version": compiler.version(),
+            "flags": flags,
+            "batch": b,
+            "device": self.device,
+            "scenario": self.scenario,
+            "host_cpu": host_fingerprint(),
+        }
+        if self.device_kind == "cuda":  # the card, CUDA, cuDNN and driver it was built for
+            facts["gpu"] = gpu_fingerprint()
+        return cache_key(facts)
 
     def save(
         self,
@@ -124,6 +163,7 @@ class EngineSupply:
                 "compile_s": compile_s,
                 "cache_key": key,
                 "host_cpu": host_fingerprint(),
+                "gpu": gpu_fingerprint() if self.device_kind == "cuda" else "",
                 "cpu_flags": _cpu_flags(),
                 "versions": _versions(),
             }
@@ -134,6 +174,12 @@ class EngineSupply:
                 shutil.copytree(tmp, target)
                 return target
             return self.cache.store(key, Path(tmp))
+
+
+def gpu_fingerprint() -> str:
+    from mlflow_ngraph.devices import gpu_fingerprint as fingerprint
+
+    return fingerprint()
 
 
 def host_fingerprint() -> str:

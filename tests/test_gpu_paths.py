@@ -156,3 +156,96 @@ def test_the_gpu_check_table_reads_a_benchmark_store(run_cli, tracking_uri):
 
     assert gpucheck._spec_label("onnxruntime:provider=tensorrt") == "onnxruntime:tensorrt"
     assert gpucheck._spec_label("tvm:trials=0") == "tvm"
+
+
+# --- what ties a GPU engine to its card: checked here with the facts given ---------------
+
+
+def _supply(tmp_path, kind="cuda"):
+    from mlflow_ngraph.supply import EngineSupply
+
+    return EngineSupply(tmp_path, "gpu" if kind == "cuda" else "cpu", kind, "throughput")
+
+
+def test_the_engine_cache_key_names_the_gpu_and_a_cpu_key_does_not(tmp_path, monkeypatch):
+    from mlflow_ngraph import supply
+
+    model = load_model("conv_block", {"width": 8, "depth": 1, "image_size": 16})
+    compiler = get_compiler("onnxruntime")
+    flags = compiler.resolve_flags({})
+    cpu_key = _supply(tmp_path, "cpu").key(compiler, flags, model, 1)
+    keys = set()
+    for card in ("NVIDIA H100|sm90|cuda13.0|cudnn91300|driver580", "NVIDIA A10|sm86|cuda13.0"):
+        monkeypatch.setattr(supply, "gpu_fingerprint", lambda card=card: card)
+        keys.add(_supply(tmp_path).key(compiler, flags, model, 1))
+        assert _supply(tmp_path, "cpu").key(compiler, flags, model, 1) == cpu_key
+    assert len(keys) == 2  # a plan tuned on one card is not another card's cache hit
+
+
+def test_a_cached_engine_that_does_not_load_is_rebuilt_not_failed(tmp_path, monkeypatch, caplog):
+    from mlflow_ngraph.errors import CompileFailed
+
+    model = load_model("conv_block", {"width": 8, "depth": 1, "image_size": 16})
+    compiler = get_compiler("onnxruntime")
+    flags = compiler.resolve_flags({})
+    engines = _supply(tmp_path, "cpu")
+    first = engines.get(compiler, flags, model, 1, "cell")
+    assert not first.cache_hit and first.engine_dir is not None
+
+    def foreign(*args):  # a TensorRT plan of another TensorRT or driver: no such plan here
+        raise CompileFailed("TensorRT could not deserialize the plan")
+
+    monkeypatch.setattr(compiler, "load", foreign)
+    with caplog.at_level("WARNING"):
+        again = engines.get(compiler, flags, model, 1, "cell")
+    assert not again.cache_hit and again.engine is not None
+    assert "does not load (TensorRT could not deserialize the plan): rebuilding" in caplog.text
+
+
+def test_engine_builds_on_one_gpu_take_turns(tmp_path):
+    import threading
+    import time
+
+    spans = []
+
+    def build(engines):
+        with engines._build_lock():
+            start = time.perf_counter()
+            time.sleep(0.2)
+            spans.append((start, time.perf_counter()))
+
+    threads = [threading.Thread(target=build, args=(_supply(tmp_path),)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    spans.sort()
+    assert len(spans) == 3 and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    cpu = _supply(tmp_path, "cpu")  # the CPU's builds are not serialised
+    with cpu._build_lock():
+        with cpu._build_lock():
+            pass
+
+
+@pytest.mark.parametrize(
+    ("compiler", "here", "outcome"),
+    [
+        ("tensorrt", "NVIDIA A10|sm86|cuda13.0|cudnn9|driver580", "refused"),
+        ("inductor", "NVIDIA A10|sm86|cuda13.0|cudnn9|driver580", "slower"),
+        ("tensorrt", "NVIDIA H100|sm90|cuda13.0|cudnn9|driver590", "driver590"),
+        ("tensorrt", "NVIDIA H100|sm90|cuda13.0|cudnn9|driver580", None),
+    ],
+)
+def test_deploy_checks_the_gpu_an_engine_was_built_on(compiler, here, outcome, monkeypatch):
+    from mlflow_ngraph import devices
+    from mlflow_ngraph.deploy import engine
+    from mlflow_ngraph.errors import NgraphError
+
+    monkeypatch.setattr(devices, "gpu_fingerprint", lambda: here)
+    built = "NVIDIA H100|sm90|cuda13.0|cudnn9|driver580"
+    if outcome == "refused":
+        with pytest.raises(NgraphError, match="runs only on the GPU it was built for"):
+            engine._gpu_differs(compiler, built)
+        return
+    warns = engine._gpu_differs(compiler, built)
+    assert (outcome is None and warns == []) or (len(warns) == 1 and outcome in warns[0])

@@ -107,7 +107,7 @@ def check_host(manifest: dict[str, Any]) -> list[str]:
             f"loads only into the version that built it (install {name}=={built}, or pull an "
             "engine built with this version)"
         )
-    warns = []
+    warns = _gpu_differs(name, manifest.get("gpu") or "")
     built_cpu, here_cpu = manifest.get("host_cpu"), _host_cpu()
     policy = CPU_SPECIFIC.get(name)
     if policy and built_cpu and built_cpu.split("|")[0] != here_cpu.split("|")[0]:
@@ -124,6 +124,33 @@ def check_host(manifest: dict[str, Any]) -> list[str]:
             )
         warns.append(f"{text}; it may run slower here than it was measured")
     return warns
+
+
+#: a TensorRT plan runs only on the compute capability it was built for; an Inductor or TVM
+#: engine's kernels were tuned for its card (they load, slower): said, not refused
+GPU_SPECIFIC = {"tensorrt": "refuse", "inductor": "warn", "tvm": "warn", "onnxruntime": "warn"}
+
+
+def _gpu_differs(name: str, built: str) -> list[str]:
+    """Whether the GPU (``name|smXY|cuda..|cudnn..|driver..``, devices.gpu_fingerprint) the
+    engine was built on is this host's: the card and capability refuse a TensorRT plan and
+    warn for the rest; another CUDA, cuDNN or driver is a warning."""
+    from mlflow_ngraph.devices import gpu_fingerprint
+
+    policy = GPU_SPECIFIC.get(name)
+    here = gpu_fingerprint() if built and policy else ""
+    if not here or built == here:
+        return []
+    card, here_card = built.split("|")[:2], here.split("|")[:2]
+    text = f"the engine was built on GPU {'|'.join(card)!r}, this host has {'|'.join(here_card)!r}"
+    if card != here_card:
+        if policy == "refuse":
+            raise NgraphError(
+                f"{text}: a {name} engine runs only on the GPU it was built for; benchmark and "
+                "pull an engine built on this kind of GPU"
+            )
+        return [f"{text}; it may run slower here than it was measured"]
+    return [f"the engine was built with {built!r}, this host has {here!r}"]
 
 
 def _host_cpu() -> str:
