@@ -350,6 +350,7 @@ def _session(model_path: Path, options: Any, provider: str, trt_cache: Path) -> 
 
     providers: list[Any] = ["CPUExecutionProvider"]
     if provider in ("cuda", "tensorrt"):
+        _load_gpu_libraries(onnxruntime, provider)
         providers.insert(0, ("CUDAExecutionProvider", {"device_id": _CUDA_DEVICE_ID}))
     if provider == "tensorrt":
         trt_cache.mkdir(parents=True, exist_ok=True)
@@ -375,6 +376,34 @@ def _session(model_path: Path, options: Any, provider: str, trt_cache: Path) -> 
             f"{', '.join(session.get_providers())})"
         )
     return session
+
+
+def _load_gpu_libraries(onnxruntime: Any, provider: str) -> None:
+    """The shared libraries a GPU provider dlopens, loaded the ways their docs say: CUDA and
+    cuDNN from the nvidia-* wheels (``onnxruntime.preload_dlls``, 1.21 and later), and for
+    the TensorRT provider TensorRT's own, which ``import tensorrt`` loads from the wheel's
+    ``tensorrt_libs`` (outside the loader's path): the provider then finds libnvinfer by
+    name. ONNX Runtime's GPU builds link TensorRT 10."""
+    preload = getattr(onnxruntime, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception as exc:  # the libraries may come from the system instead
+            log.debug("onnxruntime.preload_dlls: %s", exc)
+    if provider != "tensorrt":
+        return
+    try:
+        import tensorrt
+    except ImportError as exc:
+        raise CompileFailed(
+            f"ONNX Runtime's TensorRT provider needs TensorRT 10's libraries ({exc}): "
+            "pip install 'mlflow-ngraph[gpu]'"
+        ) from None
+    if not tensorrt.__version__.startswith("10."):
+        raise CompileFailed(
+            f"ONNX Runtime's TensorRT provider is built against TensorRT 10; this host has "
+            f"TensorRT {tensorrt.__version__}: pip install 'tensorrt>=10,<11'"
+        )
 
 
 def _batch_dim_name(model: Any) -> str | None:

@@ -75,12 +75,13 @@ class TensorRtCompiler(Compiler):
     }
 
     def search_space(self, host: HostLimits) -> list[Knob]:
-        """The builder's effort and CUDA graphs; FP16 only with ``--allow-precision``."""
-        return [
-            Knob("builder_optimization_level", (3, 4, 5)),
-            Knob("cuda_graph", (False, True)),
-            Knob("fp16", (False, True), precision=True),
-        ]
+        """The builder's effort and CUDA graphs; FP16 only with ``--allow-precision`` and
+        only where the installed TensorRT builds it (10: TensorRT 11 removed the flag, and
+        every fp16 trial would fail)."""
+        knobs = [Knob("builder_optimization_level", (3, 4, 5)), Knob("cuda_graph", (False, True))]
+        if builds_fp16(self.version()):
+            knobs.append(Knob("fp16", (False, True), precision=True))
+        return knobs
 
     def version(self) -> str:
         version = super().version()
@@ -191,6 +192,13 @@ def build_plan(onnx_path: Path, input_shape: tuple[int, ...], flags: dict[str, A
     return bytes(plan)  # IHostMemory exposes the buffer protocol
 
 
+def builds_fp16(version: str) -> bool:
+    """Whether TensorRT ``version`` has the FP16 builder flag (weakly typed networks: 10
+    and before); unknown or not installed: no."""
+    major = version.split(".")[0]
+    return major.isdigit() and int(major) <= 10
+
+
 def _configure(trt: Any, config: Any, flags: dict[str, Any]) -> None:
     if flags.get("workspace_mb") is not None:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, flags["workspace_mb"] * _MB)
@@ -235,8 +243,11 @@ def _load_timing_cache(config: Any, path: str | None) -> Any | None:
     # ignore_mismatch=False: a cache from another GPU or TensorRT version would pick tactics
     # timed elsewhere; it is refused and the build times everything itself
     if not config.set_timing_cache(cache, False):
-        log.warning("timing cache %s does not match this device; not used", path)
-        return None
+        # a fresh cache in its place: this build's timings replace the refused file, which
+        # would otherwise be refused by every build after it
+        log.warning("timing cache %s does not match this device: timing afresh, replacing it", path)
+        cache = config.create_timing_cache(b"")
+        config.set_timing_cache(cache, False)
     return cache
 
 
@@ -382,6 +393,8 @@ class TensorRtEngine(Engine):
 
     def outputs(self, inputs: np.ndarray) -> np.ndarray:
         self._copy_in(inputs)
+        if self.use_cuda_graph and self._graph is None:
+            self._capture()  # what is checked (and deployed) is the graph that is measured
         self._launch()
         self.synchronize()
         # every output, in the network's output order (the ONNX graph's, which the eager

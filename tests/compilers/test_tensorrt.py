@@ -260,3 +260,14 @@ def test_fp16_builds_on_tensorrt_10_and_is_refused_clearly_on_11(compiler, tmp_p
     else:
         with pytest.raises(CompileFailed, match="fp16=true needs TensorRT 10"):
             compiler.compile(model, flags, _ctx(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("version", "offered"), [("10.13.3.9", True), ("11.0.0.11", False), ("not installed", False)]
+)
+def test_tune_offers_fp16_only_where_the_installed_tensorrt_builds_it(
+    compiler, monkeypatch, version, offered
+):
+    monkeypatch.setattr(compiler, "version", lambda: version)
+    names = [knob.name for knob in compiler.search_space(None)]
+    assert ("fp16" in names) is offered and "cuda_graph" in names
