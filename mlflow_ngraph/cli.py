@@ -224,6 +224,12 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
     "(default: tolerance x the output's largest reference magnitude).",
 )
 @click.option("--rtol", type=float, help="Output check: relative tolerance (default 0).")
+@click.option(
+    "--math",
+    type=click.Choice(["fp32", "tf32", "fp16"]),
+    help="The arithmetic every compiler runs: fp32 (strict, the default), tf32 or fp16 "
+    "(GPU devices); the output check's default tolerance follows (docs/gpu.md).",
+)
 @click.option("--experiment", help="MLflow experiment name.")
 @click.option(
     "--tracking-uri",
@@ -339,6 +345,7 @@ def _benchmark_data(options: dict[str, Any]) -> dict[str, Any]:
         tolerance=options["tolerance"],
         atol=options["atol"],
         rtol=options["rtol"],
+        math=options["math"],
         experiment=options["experiment"],
         tracking_uri=options["tracking_uri"],
         log_engines=False if options["no_engine_artifacts"] else None,

@@ -67,6 +67,7 @@ _TOP_KEYS = {
     "tolerance",
     "atol",
     "rtol",
+    "math",
     "tracking_uri",
     "log_engines",
     "log_models",
@@ -145,12 +146,14 @@ class Spec:
     #: None is ``tolerance`` times the output's largest reference magnitude
     atol: float | None = None
     rtol: float = 0.0
+    #: the arithmetic every compiler runs: fp32 (strict), tf32 or fp16 (compilers/precision.py)
+    math: str = "fp32"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("tracking_uri")  # where results go is not part of what is measured
         data.pop("log_models")  # nor how they are logged
-        for key, default in (("atol", None), ("rtol", 0.0)):
+        for key, default in (("atol", None), ("rtol", 0.0), ("math", "fp32")):
             if data[key] == default:  # a spec that does not set them keeps its hash
                 data.pop(key)
         return data
@@ -300,7 +303,11 @@ def build_spec(data: dict[str, Any]) -> Spec:
         max_duration_s=_number(data, "max_duration", float, None),
     )
     measure.validate()
-    tolerance = _number(data, "tolerance", float, DEFAULT_TOLERANCE)
+    from mlflow_ngraph.compilers.precision import TOLERANCE, check_math
+
+    math_ = check_math(str(data.get("math") or "fp32"), profile.kind)
+    # the output check's default follows the arithmetic; a tolerance given is kept
+    tolerance = _number(data, "tolerance", float, TOLERANCE[math_])
     if not (math.isfinite(tolerance) and tolerance > 0):
         raise NgraphError(f"tolerance must be a finite number > 0, got {tolerance}")
     atol = _number(data, "atol", float, None)
@@ -324,6 +331,7 @@ def build_spec(data: dict[str, Any]) -> Spec:
         log_models=bool(data.get("log_models", False)),
         atol=atol,
         rtol=rtol,
+        math=math_,
     )
 
 

@@ -26,6 +26,7 @@ from mlflow_ngraph import faultpoint
 from mlflow_ngraph import metrics as M
 from mlflow_ngraph.cells import Cell
 from mlflow_ngraph.compilers.base import Compiler
+from mlflow_ngraph.compilers.precision import compiler_flags
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
@@ -122,7 +123,10 @@ def plan(spec: Spec, home: Path | None = None) -> Plan:
     given_as: dict[str, str] = {}  # resolved setting -> how it was first written
     for cspec in _identity_first(spec.compilers):
         compiler = get_compiler(cspec.name)
-        defaults = profile.compiler_flags.get(cspec.name, {})
+        defaults = {
+            **profile.compiler_flags.get(cspec.name, {}),
+            **compiler_flags(cspec.name, spec.math),  # how it applies the run's --math
+        }
         given = {**{k: v for k, v in defaults.items() if k in compiler.flags}, **cspec.flags}
         flags = compiler.resolve_flags(given)
         require_available(compiler, profile.kind)
@@ -173,6 +177,8 @@ def _cell_key(
     }
     if spec.atol is not None or spec.rtol:  # unset, they keep the keys of earlier runs
         parts.update(atol=spec.atol, rtol=spec.rtol)
+    if spec.math != "fp32":  # likewise
+        parts["math"] = spec.math
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -491,6 +497,7 @@ class Runner:
             stable_retries=self.stable_retries,
             precision=self.precision,
             rerun_sd=self.rerun_sd,
+            math=self.spec.math,
         )
 
     def _dispatch(self, cell: Cell, pending: list[int], log_file: Path):

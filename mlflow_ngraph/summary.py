@@ -216,8 +216,12 @@ def format_summary(rows, spec, experiment: str | None = None, width: int | None 
     a row is one line (what a log file or a pipe wants).
     """
     _label(rows)
+    math = getattr(spec, "math", "fp32")
+    tolerance = getattr(spec, "tolerance", None)
+    within = f" (output check within {tolerance:g})" if tolerance else ""
     title = (
         f"device {spec.device}, scenario {spec.measure.scenario}, "
+        f"math {_MATH_WORDS.get(math, math)}{within}, "
         f"experiment {experiment or spec.experiment!r}"
     )
     counts: dict[str, int] = {}
@@ -264,6 +268,10 @@ def format_summary(rows, spec, experiment: str | None = None, width: int | None 
             for line in out
         ]
     return "\n".join(out)
+
+
+#: how the summary names the run's arithmetic (compilers/precision.py)
+_MATH_WORDS = {"fp32": "strict FP32", "tf32": "TF32 allowed", "fp16": "FP16"}
 
 
 def _label(rows) -> None:

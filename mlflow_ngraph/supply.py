@@ -37,20 +37,24 @@ class Supplied:
 class EngineSupply:
     """Engines of one device profile and scenario, cached under ``home``."""
 
-    def __init__(self, home: Path, device: str, device_kind: str, scenario: str) -> None:
+    def __init__(
+        self, home: Path, device: str, device_kind: str, scenario: str, math: str = "fp32"
+    ) -> None:
         self.home = Path(home)
         self.device = device
         self.device_kind = device_kind
         self.scenario = scenario
+        self.math = math
         self.cache = EngineCache(self.home)
 
-    def context(self, batch_size: int) -> CompileContext:
+    def context(self, batch_size: int, math: str | None = None) -> CompileContext:
         ctx = CompileContext(
             workdir=self.home / "work",
             device=self.device_kind,
             batch_size=batch_size,
             cache_dir=self.home,
             scenario=self.scenario,
+            math=math or self.math,
         )
         ctx.workdir.mkdir(parents=True, exist_ok=True)
         return ctx
@@ -129,6 +133,8 @@ class EngineSupply:
         }
         if self.device_kind == "cuda":  # the card, CUDA, cuDNN and driver it was built for
             facts["gpu"] = gpu_fingerprint()
+        if self.math != "fp32":  # an fp32 key is the one earlier runs wrote
+            facts["math"] = self.math
         return cache_key(facts)
 
     def save(
@@ -159,6 +165,7 @@ class EngineSupply:
                 "dtype": model.dtype,
                 "device": self.device,
                 "device_kind": self.device_kind,
+                "math": self.math,
                 "format": files.format,
                 "compile_s": compile_s,
                 "cache_key": key,

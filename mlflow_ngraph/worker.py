@@ -76,6 +76,8 @@ class CellTask:
     #: the spread between sittings (sd of the log) of the re-run intervals; None: the one
     #: this host's history in the home shows (measure/history.py), if any
     rerun_sd: float | None = None
+    #: the arithmetic every compiler runs (compilers/precision.py)
+    math: str = "fp32"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def policy(self):
@@ -121,7 +123,9 @@ def measure_cell(
         for b in pending:
             emit("failed", (b, reason))
         return
-    supply = EngineSupply(task.home, task.device, task.device_kind, task.measure.scenario)
+    supply = EngineSupply(
+        task.home, task.device, task.device_kind, task.measure.scenario, task.math
+    )
     engine = None
     for b in pending:
         if engine is not None and not compiler.batch_agnostic:
@@ -455,11 +459,15 @@ def reference_outputs(model, supply, b: int):
         path = _reference_path(supply.home, model, b, seed, label, compiler.version())
         outputs = _read_reference(path, x)
         if outputs is None:
-            engine = compiler.compile(model, flags, supply.context(b))
-            try:
-                outputs = engine.outputs(x)
-            finally:
-                engine.close()
+            from mlflow_ngraph.compilers.precision import strict_fp32
+
+            # strict FP32 whatever the run's --math: the check measures what it changes
+            with strict_fp32():
+                engine = compiler.compile(model, flags, supply.context(b, math="fp32"))
+                try:
+                    outputs = engine.outputs(x)
+                finally:
+                    engine.close()
             _write_reference(path, x, outputs)
         _REFERENCES[key] = (x, outputs, label)
     return _REFERENCES[key]

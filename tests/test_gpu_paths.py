@@ -56,6 +56,28 @@ def test_a_torch_compiler_on_cuda_returns_every_output_and_leaves_the_model_on_t
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("math", ["fp32", "tf32", "fp16"])
+@pytest.mark.parametrize("name", ["identity", "torchscript"])
+def test_the_run_math_reaches_the_torch_compilers_on_cuda(name, math, tmp_path):
+    from mlflow_ngraph.compilers.precision import TOLERANCE
+
+    model = load_model(*HEADS)
+    inputs = model.random_input(4)
+    reference = _cpu_reference(model, inputs, tmp_path)
+    compiler = get_compiler(name)
+    ctx = CompileContext(tmp_path / "work", "cuda", 4, tmp_path, math=math)
+    engine = compiler.compile(model, compiler.resolve_flags({}), ctx)
+    settings = engine.runtime_settings()
+    tf32 = math != "fp32"
+    assert settings["tf32_matmul"] is tf32 and settings["tf32_cudnn"] is tf32
+    out = engine.outputs(inputs)
+    for a, b in zip(out, reference):
+        assert a.dtype == np.float32  # outputs come back as FP32 whatever ran
+        assert np.abs(a - b).max() <= TOLERANCE[math] * max(np.abs(b).max(), 1.0)
+
+
+@pytest.mark.gpu
+@needs_gpu
 @pytest.mark.parametrize("provider", ["cuda", "tensorrt"])
 def test_onnxruntime_gpu_providers_compile_and_match(provider, tmp_path):
     ort = pytest.importorskip("onnxruntime")

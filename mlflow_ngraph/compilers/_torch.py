@@ -24,32 +24,54 @@ def require_module(model: Any, compiler: str) -> Any:
     return model.module
 
 
-def module_on(model: Any, compiler: str, device_kind: str) -> Any:
-    """The model's module on ``device_kind`` in eval mode. On the CPU, where the loaded
-    model lives, the module itself; on any other device a copy of it moved there: the shared
-    model never moves, so the ONNX export, the eager reference and the next compiler of the
-    group still find it (and trace it with a CPU input) on the CPU."""
+def module_on(model: Any, compiler: str, device_kind: str, math: str = "fp32") -> Any:
+    """The model's module on ``device_kind`` in eval mode, in the run's arithmetic
+    (:mod:`~mlflow_ngraph.compilers.precision`: PyTorch's TF32 switches set, FP16 weights
+    for ``fp16``). On the CPU in FP32, where the loaded model lives, the module itself;
+    else a copy moved there: the shared model never moves, so the ONNX export, the eager
+    reference and the next compiler of the group still find it (and trace it with a CPU
+    input) on the CPU, in FP32."""
+    from mlflow_ngraph.compilers.precision import apply_torch, torch_dtype
+
     module = require_module(model, compiler)
     device = torch_device(device_kind)
-    if device.type != "cpu":
+    apply_torch(math, device_kind)
+    if device.type != "cpu" or math != "fp32":
         module = copy.deepcopy(module)
-    return module.to(device).eval()
+    return module.to(device=device, dtype=torch_dtype(math)).eval()
+
+
+def example_input(model: Any, batch_size: int, device_kind: str, math: str = "fp32") -> Any:
+    """A random input of ``batch_size`` as the module of :func:`module_on` takes it."""
+    import torch
+
+    from mlflow_ngraph.compilers.precision import torch_dtype
+
+    tensor = torch.from_numpy(model.random_input(batch_size))
+    return tensor.to(device=torch_device(device_kind), dtype=torch_dtype(math))
 
 
 class TorchCallableEngine(Engine):
     """Runs a callable (eager module, TorchScript module, compiled function) on one tensor
     under ``torch.inference_mode``; on CUDA it synchronizes before the harness reads a clock."""
 
-    def __init__(self, fn: Any, device_kind: str) -> None:
+    def __init__(self, fn: Any, device_kind: str, math: str = "fp32") -> None:
         self.fn = fn
         self.device = torch_device(device_kind)
         self.asynchronous_device = device_kind == "cuda"
+        self.math = math
         self._input = None
 
-    def prepare(self, inputs: np.ndarray) -> None:
+    def _tensor(self, inputs: np.ndarray) -> Any:
         import torch
 
-        self._input = torch.from_numpy(np.ascontiguousarray(inputs)).to(self.device)
+        from mlflow_ngraph.compilers.precision import torch_dtype
+
+        tensor = torch.from_numpy(np.ascontiguousarray(inputs))
+        return tensor.to(device=self.device, dtype=torch_dtype(self.math))
+
+    def prepare(self, inputs: np.ndarray) -> None:
+        self._input = self._tensor(inputs)
 
     def infer(self) -> None:
         import torch
@@ -76,7 +98,7 @@ class TorchCallableEngine(Engine):
     def outputs(self, inputs: np.ndarray) -> np.ndarray:
         import torch
 
-        tensor = torch.from_numpy(np.ascontiguousarray(inputs)).to(self.device)
+        tensor = self._tensor(inputs)
         with torch.inference_mode():
             out = self.fn(tensor)
         self.synchronize()
@@ -91,7 +113,11 @@ class TorchCallableEngine(Engine):
     def runtime_settings(self) -> dict[str, Any]:
         import torch
 
-        return {"torch_num_threads": torch.get_num_threads()}
+        settings: dict[str, Any] = {"torch_num_threads": torch.get_num_threads()}
+        if self.asynchronous_device:  # what PyTorch's switches say, as measured
+            settings["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+            settings["tf32_cudnn"] = torch.backends.cudnn.allow_tf32
+        return settings
 
 
 def first_output(out: Any) -> np.ndarray:

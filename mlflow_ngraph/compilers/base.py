@@ -219,6 +219,8 @@ class CompileContext:
     cache_dir: Path
     #: "throughput" or "latency": compilers whose runtime has a matching hint use it
     scenario: str = "throughput"
+    #: the arithmetic the run measures, one policy for every compiler (compilers/precision.py)
+    math: str = "fp32"
 
 
 class Compiler(ABC):

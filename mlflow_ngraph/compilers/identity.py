@@ -21,5 +21,5 @@ class IdentityCompiler(Compiler):
     batch_agnostic = True
 
     def compile(self, model: Any, flags: dict[str, Any], ctx: CompileContext) -> Engine:
-        module = module_on(model, self.name, ctx.device)
-        return TorchCallableEngine(module, ctx.device)
+        module = module_on(model, self.name, ctx.device, ctx.math)
+        return TorchCallableEngine(module, ctx.device, ctx.math)

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mlflow_ngraph.compilers._torch import TorchCallableEngine, module_on, torch_device
+from mlflow_ngraph.compilers._torch import TorchCallableEngine, example_input, module_on
 from mlflow_ngraph.compilers.base import (
     CompileContext,
     Compiler,
@@ -31,6 +31,7 @@ from mlflow_ngraph.compilers.base import (
     HostLimits,
     Knob,
 )
+from mlflow_ngraph.compilers.precision import apply_torch
 from mlflow_ngraph.errors import CompileFailed
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,9 @@ class InductorEngine(TorchCallableEngine):
         device_kind: str,
         package_path: Path | None = None,
         scratch: Path | None = None,
+        math: str = "fp32",
     ) -> None:
-        super().__init__(fn, device_kind)
+        super().__init__(fn, device_kind, math)
         self.package_path = package_path
         self.scratch = scratch
         #: Inductor FX-graph cache hits and misses during compile(): a hit means the compile
@@ -132,14 +134,13 @@ class InductorCompiler(Compiler):
     def compile(self, model: Any, flags: dict[str, Any], ctx: CompileContext) -> InductorEngine:
         import torch
 
-        device = torch_device(ctx.device)
-        module = module_on(model, self.name, ctx.device)
-        example = torch.from_numpy(model.random_input(ctx.batch_size)).to(device)
+        module = module_on(model, self.name, ctx.device, ctx.math)
+        example = example_input(model, ctx.batch_size, ctx.device, ctx.math)
         hits, misses = _cache_counts()
         if flags["package"]:
             engine = self._package_engine(module, example, flags, ctx)
         else:
-            engine = InductorEngine(self._jit(module, flags), ctx.device)
+            engine = InductorEngine(self._jit(module, flags), ctx.device, math=ctx.math)
         try:
             with torch.inference_mode():
                 engine.fn(example)  # torch.compile is lazy: this call is the compilation
@@ -160,7 +161,8 @@ class InductorCompiler(Compiler):
         path = Path(directory) / PACKAGE_FILE
         if not flags["package"] or not path.is_file():
             return None
-        return InductorEngine(_load_package(path), ctx.device, path)
+        apply_torch(ctx.math, ctx.device)
+        return InductorEngine(_load_package(path), ctx.device, path, math=ctx.math)
 
     @staticmethod
     def _jit(module: Any, flags: dict[str, Any]) -> Any:
@@ -182,7 +184,7 @@ class InductorCompiler(Compiler):
         scratch = Path(tempfile.mkdtemp(prefix=f"inductor-bs{ctx.batch_size}-", dir=ctx.workdir))
         try:
             path = self._build_package(module, example, flags, scratch)
-            return InductorEngine(_load_package(path), ctx.device, path, scratch)
+            return InductorEngine(_load_package(path), ctx.device, path, scratch, ctx.math)
         except Exception:
             shutil.rmtree(scratch, ignore_errors=True)
             raise

@@ -161,6 +161,7 @@ class OnnxRuntimeEngine(Engine):
             ),
             "ort_execution_mode": self.flags["execution_mode"],
             "ort_io_binding": self.uses_io_binding,
+            **_provider_math(self.session),
         }
 
     def close(self) -> None:
@@ -258,7 +259,7 @@ class OnnxRuntimeCompiler(Compiler):
             options.optimized_model_filepath = str(workdir / OPTIMIZED_FILE)
             files = {OPTIMIZED_FILE: workdir / OPTIMIZED_FILE}
             model_path = source
-        session = _session(model_path, options, provider, workdir / TRT_CACHE_DIR)
+        session = _session(model_path, options, provider, workdir / TRT_CACHE_DIR, ctx.math)
         batch = session.get_inputs()[0].shape[0] if session.get_inputs()[0].shape else None
         if isinstance(batch, int) and batch != ctx.batch_size:
             raise CompileFailed(f"the ONNX model has a static batch size of {batch}")
@@ -278,7 +279,7 @@ class OnnxRuntimeCompiler(Compiler):
 
             # the file already holds the optimized graph: do not optimize it a second time
             options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-        session = _session(directory / name, options, provider, directory / TRT_CACHE_DIR)
+        session = _session(directory / name, options, provider, directory / TRT_CACHE_DIR, ctx.math)
         files = {name: directory / name}
         if provider == "tensorrt":
             files[TRT_CACHE_DIR] = directory / TRT_CACHE_DIR
@@ -289,6 +290,11 @@ class OnnxRuntimeCompiler(Compiler):
         import onnxruntime
 
         provider = flags["provider"]
+        if ctx.math == "fp16" and provider != "tensorrt":
+            raise CompileFailed(
+                f"onnxruntime's {provider} provider runs the ONNX graph's own FP32: --math fp16 "
+                "needs provider=tensorrt (its FP16 kernels) or an FP16 model"
+            )
         available = onnxruntime.get_available_providers()
         if _EXECUTION_PROVIDERS[provider] not in available:
             raise CompilerUnavailable(_missing_provider_message(provider, available))
@@ -345,13 +351,18 @@ def _session_options(flags: dict[str, Any], batch_dim: str | None, batch_size: i
     return options
 
 
-def _session(model_path: Path, options: Any, provider: str, trt_cache: Path) -> Any:
+def _session(
+    model_path: Path, options: Any, provider: str, trt_cache: Path, math: str = "fp32"
+) -> Any:
     import onnxruntime
 
     providers: list[Any] = ["CPUExecutionProvider"]
     if provider in ("cuda", "tensorrt"):
         _load_gpu_libraries(onnxruntime, provider)
-        providers.insert(0, ("CUDAExecutionProvider", {"device_id": _CUDA_DEVICE_ID}))
+        # the run's --math: TF32 only where it allows it (the CUDA provider's own default
+        # is on), compilers/precision.py
+        cuda_options = {"device_id": _CUDA_DEVICE_ID, "use_tf32": "0" if math == "fp32" else "1"}
+        providers.insert(0, ("CUDAExecutionProvider", cuda_options))
     if provider == "tensorrt":
         trt_cache.mkdir(parents=True, exist_ok=True)
         trt_options = {
@@ -360,8 +371,9 @@ def _session(model_path: Path, options: Any, provider: str, trt_cache: Path) -> 
             "trt_engine_cache_path": str(trt_cache),
             "trt_timing_cache_enable": True,
             "trt_timing_cache_path": str(trt_cache),
-            # precision is never changed silently: fp16 would need its own flag
-            "trt_fp16_enable": False,
+            # the run's --math: FP16 kernels only for fp16 (TensorRT's FP32 layers may use
+            # TF32: ONNX Runtime has no switch for it, said in the runtime settings)
+            "trt_fp16_enable": math == "fp16",
         }
         providers.insert(0, ("TensorrtExecutionProvider", trt_options))
     try:
@@ -376,6 +388,19 @@ def _session(model_path: Path, options: Any, provider: str, trt_cache: Path) -> 
             f"{', '.join(session.get_providers())})"
         )
     return session
+
+
+def _provider_math(session: Any) -> dict[str, Any]:
+    """What the GPU providers were told of the arithmetic, as the session holds it."""
+    options = session.get_provider_options()
+    out: dict[str, Any] = {}
+    if "CUDAExecutionProvider" in options:
+        out["ort_cuda_use_tf32"] = options["CUDAExecutionProvider"].get("use_tf32", "default")
+    if "TensorrtExecutionProvider" in options:
+        trt = options["TensorrtExecutionProvider"]
+        out["ort_trt_fp16"] = trt.get("trt_fp16_enable", "default")
+        out["ort_trt_tf32"] = "TensorRT's default (ONNX Runtime has no switch)"
+    return out
 
 
 def _load_gpu_libraries(onnxruntime: Any, provider: str) -> None:

@@ -60,10 +60,9 @@ class TensorRtCompiler(Compiler):
         # None: TensorRT's own default (the device's total memory), so no tactic is refused
         # for lack of scratch space; set it on a shared GPU or to reproduce a small budget.
         "workspace_mb": Flag(int, None, help="workspace memory pool limit (MB)", minimum=1),
-        # True is TensorRT's default; PyTorch eager also lets cuDNN convolutions use TF32,
-        # so the comparison stays like for like. false forces full FP32 arithmetic.
-        "tf32": Flag(bool, True, help="allow TF32 for FP32 layers (Ampere and newer)"),
-        # False: the benchmark compares compilers at the model's own precision by default.
+        # False: strict FP32, as every compiler under the default --math fp32; the run's
+        # --math sets both (compilers/precision.py), a flag given overrides it
+        "tf32": Flag(bool, False, help="allow TF32 for FP32 layers (Ampere and newer)"),
         "fp16": Flag(bool, False, help="allow FP16 kernels (TensorRT 10 weak typing only)"),
         # False: one enqueue per request is what most deployments do; graphs are opt-in.
         "cuda_graph": Flag(bool, False, help="replay a captured CUDA graph per request"),

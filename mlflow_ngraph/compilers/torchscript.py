@@ -18,7 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mlflow_ngraph.compilers._torch import TorchCallableEngine, module_on, torch_device
+from mlflow_ngraph.compilers._torch import (
+    TorchCallableEngine,
+    example_input,
+    module_on,
+    torch_device,
+)
 from mlflow_ngraph.compilers.base import (
     CompileContext,
     Compiler,
@@ -48,8 +53,8 @@ class TorchScriptEngine(TorchCallableEngine):
         device_kind: ``cpu`` or ``cuda``.
     """
 
-    def __init__(self, fn: Any, serialized: bytes, device_kind: str) -> None:
-        super().__init__(fn, device_kind)
+    def __init__(self, fn: Any, serialized: bytes, device_kind: str, math: str = "fp32") -> None:
+        super().__init__(fn, device_kind, math)
         self.serialized = serialized
 
     def save(self, directory: Path) -> EngineFiles:
@@ -107,9 +112,8 @@ class TorchScriptCompiler(Compiler):
     def compile(self, model: Any, flags: dict[str, Any], ctx: CompileContext) -> TorchScriptEngine:
         import torch
 
-        device = torch_device(ctx.device)
-        module = module_on(model, self.name, ctx.device)
-        example = torch.from_numpy(model.random_input(ctx.batch_size)).to(device)
+        module = module_on(model, self.name, ctx.device, ctx.math)
+        example = example_input(model, ctx.batch_size, ctx.device, ctx.math)
         try:
             with torch.no_grad(), _quiet_deprecations():
                 # check_trace=False: the harness compares every engine's outputs to identity
@@ -140,6 +144,9 @@ class TorchScriptCompiler(Compiler):
         """Load ``serialized`` and apply ``optimize_for_inference`` when the flag asks."""
         import torch
 
+        from mlflow_ngraph.compilers.precision import apply_torch
+
+        apply_torch(ctx.math, ctx.device)  # a cache hit runs in the run's arithmetic too
         with _quiet_deprecations():
             module = torch.jit.load(io.BytesIO(serialized), map_location=torch_device(ctx.device))
             if flags["optimize_for_inference"]:
@@ -149,7 +156,7 @@ class TorchScriptCompiler(Compiler):
                     raise CompileFailed(
                         f"optimize_for_inference failed: {_first_line(exc)}"
                     ) from exc
-        return TorchScriptEngine(module, serialized, ctx.device)
+        return TorchScriptEngine(module, serialized, ctx.device, ctx.math)
 
 
 def _serialize(module: Any) -> bytes:

@@ -383,6 +383,7 @@ class StoreSession:
             "min_duration_s": m.min_duration_s,
             "max_duration_s": m.max_duration_s,
             "tolerance": self.spec.tolerance,
+            "math": self.spec.math,
             "atol": "default" if self.spec.atol is None else self.spec.atol,
             "rtol": self.spec.rtol,
             "compiler_version": cell.compiler.version(),

@@ -62,7 +62,7 @@ def test_declares_package_extra_and_device(compiler):
 def test_flag_defaults(compiler):
     assert compiler.resolve_flags({}) == {
         "workspace_mb": None,
-        "tf32": True,
+        "tf32": False,  # strict FP32 unless the run's --math says otherwise
         "fp16": False,
         "cuda_graph": False,
         "builder_optimization_level": 3,
@@ -74,7 +74,7 @@ def test_flags_parse_command_line_strings(compiler):
     flags = compiler.resolve_flags(
         {
             "workspace_mb": "1024",
-            "tf32": "false",
+            "tf32": "true",
             "fp16": "yes",
             "cuda_graph": "on",
             "builder_optimization_level": "5",
@@ -83,7 +83,7 @@ def test_flags_parse_command_line_strings(compiler):
     )
     assert flags == {
         "workspace_mb": 1024,
-        "tf32": False,
+        "tf32": True,
         "fp16": True,
         "cuda_graph": True,
         "builder_optimization_level": 5,

@@ -71,6 +71,11 @@ class TvmCompiler(Compiler):
         """
         from mlflow_ngraph.compilers._export import export_onnx
 
+        if ctx.math != "fp32":
+            raise CompileFailed(
+                f"tvm compiles the ONNX graph's own FP32; it does not apply --math {ctx.math} "
+                "(measure it in a run with --math fp32)"
+            )
         configure_threads()
         database_source(flags.get("database"))  # user errors first, before the slow steps
         target = make_target(ctx.device)
