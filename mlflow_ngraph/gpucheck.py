@@ -9,11 +9,12 @@ runs the ``gpu``-marked tests first):
    synchronise is measured too, and must read faster than the kernel runs: the check can
    tell a clock that does not wait for the device.
 2. **Every GPU compiler on a tiny benchmark.** A conv block and a model with three outputs
-   of different shapes at batch sizes 1 and 8, on ``--device gpu``, from a fresh home and a
-   fresh store, through identity, TorchScript, Inductor, ONNX Runtime's CUDA and TensorRT
-   providers, TensorRT and TVM: one row per cell and batch size (compiled, output check,
-   throughput, GPU utilisation inside the windows, GPU energy per sample). A compiler not
-   installed here is a row that says so.
+   of different shapes at batch sizes 1 and 8, on ``--device gpu`` in strict FP32, from a
+   fresh home and a fresh store, through identity, TorchScript, Inductor, ONNX Runtime's
+   CUDA and TensorRT providers, TensorRT and TVM; then the conv block at batch size 8 with
+   ``--math tf32`` and ``--math fp16`` through the compilers that apply them. One row per
+   cell and batch size (compiled, output check, throughput, GPU utilisation inside the
+   windows, GPU energy per sample). A compiler not installed here is a line that says so.
 
 Without a CUDA device it says so in one line and exits 1. Exit 0 only when the harness
 check passes and every installed compiler compiled and passed its output check.
@@ -148,6 +149,14 @@ def _event_ms(cycles: int, count: int = 20) -> float:
 # --- 2. every GPU compiler on a tiny benchmark -------------------------------------------
 
 
+#: the lower-precision passes: the compilers that apply each setting, on the conv block
+#: at batch size 8 (the first pass measured every compiler in strict FP32)
+MATH_PASSES = {
+    "tf32": ["identity", "torchscript", "inductor", "onnxruntime:provider=cuda", "tensorrt"],
+    "fp16": ["identity", "torchscript", "inductor", "onnxruntime:provider=tensorrt", "tensorrt"],
+}
+
+
 def _benchmark(work: Path, lines: list[str]) -> bool:
     from mlflow_ngraph.compilers.registry import get_compiler
 
@@ -155,26 +164,38 @@ def _benchmark(work: Path, lines: list[str]) -> bool:
     for spec, name in COMPILERS:
         ok, reason = _available(spec, name, get_compiler)
         (specs if ok else missing).append((spec, reason))
+    installed = {s for s, _ in specs}
     home, uri = work / "home", f"sqlite:///{work / 'mlflow.db'}"
-    command = [
-        sys.executable, "-m", "mlflow_ngraph", "benchmark", "--device", "gpu",
-        *(a for m in MODELS for a in ("--model", m)),
-        *(a for s, _ in specs for a in ("--compiler", s)),
-        "--batch-sizes", ",".join(map(str, BATCH_SIZES)), "--experiment", "gpu-check",
-        "--tracking-uri", uri, "--home", str(home), "--warmup", "5", "--repetitions", "20",
-        "--min-duration", "0.3", "--max-duration", "2", "--stable-retries", "0",
-    ]  # fmt: skip
-    lines.append(f"benchmark: {len(MODELS)} models x {len(specs)} compilers, fresh home {home}")
-    done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ))
-    (work / "benchmark.log").write_text(done.stdout + "\n" + done.stderr)
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        lines.append(f"  the benchmark exited {done.returncode}: {tail}")
-    rows, ok = _rows(uri, {_spec_label(s) for s, _ in specs})
+    lines.append(f"benchmark: fresh home {home}, store {uri}")
+    passes = [("fp32", MODELS, [s for s, _ in specs], BATCH_SIZES)]
+    passes += [
+        (math, MODELS[:1], [s for s in wanted if s in installed], (8,))
+        for math, wanted in MATH_PASSES.items()
+    ]
+    ok, rows = True, []
+    for math, models, compilers, batch_sizes in passes:
+        experiment = "gpu-check" if math == "fp32" else f"gpu-check-{math}"
+        command = [
+            sys.executable, "-m", "mlflow_ngraph", "benchmark", "--device", "gpu",
+            "--math", math, *(a for m in models for a in ("--model", m)),
+            *(a for s in compilers for a in ("--compiler", s)),
+            "--batch-sizes", ",".join(map(str, batch_sizes)), "--experiment", experiment,
+            "--tracking-uri", uri, "--home", str(home), "--warmup", "5", "--repetitions", "20",
+            "--min-duration", "0.3", "--max-duration", "2", "--stable-retries", "0",
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ))
+        with open(work / "benchmark.log", "a") as log:
+            log.write(f"$ {' '.join(command)}\n{done.stdout}\n{done.stderr}\n")
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            lines.append(f"  the {math} benchmark exited {done.returncode}: {tail}")
+        found, good = _rows(uri, {_spec_label(s) for s in compilers}, experiment, batch_sizes)
+        rows.extend([math, *row] if len(row) > 4 else row for row in found)
+        ok &= good and done.returncode == 0
     lines.extend(_table(rows))
     for spec, reason in missing:
         lines.append(f"  {spec:30s} not available here: {reason}")
-    return ok and done.returncode == 0
+    return ok
 
 
 def _available(spec: str, name: str, get_compiler) -> tuple[bool, str]:
@@ -193,13 +214,15 @@ def _available(spec: str, name: str, get_compiler) -> tuple[bool, str]:
     return ok, reason
 
 
-def _rows(uri: str, labels: set[str]) -> tuple[list[list[str]], bool]:
+def _rows(
+    uri: str, labels: set[str], experiment: str = "gpu-check", batch_sizes=BATCH_SIZES
+) -> tuple[list[list[str]], bool]:
     from mlflow.tracking import MlflowClient
 
     from mlflow_ngraph.tracking import schema as S
 
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("gpu-check")
+    exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return [], False
     runs = [
@@ -215,7 +238,7 @@ def _rows(uri: str, labels: set[str]) -> tuple[list[list[str]], bool]:
             key: _stepped(client, run.info.run_id, key)
             for key in (S.M_GPU_UTIL, S.M_GPU_UTIL_SAMPLES, "energy_j_per_sample.gpu")
         }
-        for b in BATCH_SIZES:
+        for b in batch_sizes:
             metrics = run.data.metrics
             valid = metrics.get(S.flat_key(S.M_VALID, b))
             throughput = metrics.get(S.flat_key(S.M_THROUGHPUT, b))
@@ -260,13 +283,17 @@ def _stepped(client, run_id: str, key: str) -> dict[int, float]:
 
 
 def _table(rows: list[list[str]]) -> list[str]:
-    head = ["model", "compiler", "bs", "compiled", "output", "samples/s", "util%", "n", "J/sample"]
+    head = ["math", "model", "compiler", "bs", "compiled", "output", "samples/s", "util%", "n",
+            "J/sample"]  # fmt: skip
 
     def line(cells: list[str]) -> str:
-        return "  " + "  ".join(f"{v:>10s}" if i > 1 else f"{v:24s}" for i, v in enumerate(cells))
+        widths = [5, 12, 22]
+        return "  " + "  ".join(
+            f"{v:{widths[i]}s}" if i < 3 else f"{v:>9s}" for i, v in enumerate(cells)
+        )
 
     # a row of four is the reason a cell failed, under its row
-    return [line(head)] + ["  " + row[3] if len(row) == 4 else line(row) for row in rows]
+    return [line(head)] + ["    " + row[3] if len(row) == 4 else line(row) for row in rows]
 
 
 def _fmt(value, spec: str) -> str:

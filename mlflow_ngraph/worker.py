@@ -293,15 +293,13 @@ STEAL_CONTENDED = 10.0
 def _history_key(task: CellTask, b: int) -> str:
     from mlflow_ngraph.measure.history import engine_key
 
+    # another arithmetic is another engine (an fp32 key is the one earlier runs wrote): an
+    # fp16 engine was once judged against the tf32 one measured a minute before
+    device = task.device if task.math == "fp32" else f"{task.device}/{task.math}"
     return engine_key(
-        task.model_name,
-        task.model_params,
-        task.compiler,
-        task.flags,
-        task.measure.scenario,
-        task.device,
-        b,
-    )
+        task.model_name, task.model_params, task.compiler, task.flags, task.measure.scenario,
+        device, b,
+    )  # fmt: skip
 
 
 def _moved(task: CellTask, result, paired: bool, key: str | None = None):

@@ -104,3 +104,20 @@ def test_a_gpu_math_on_a_cpu_device_is_one_line(run_cli):
     code, out, err = run_cli("benchmark", "--model", "conv_block", "--math", "tf32")
     assert code != 0 and "--math tf32 is a GPU setting" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_another_arithmetic_is_another_engine_in_the_history():
+    """Seen on an H200: an fp16 engine was judged against the tf32 engine measured a minute
+    before (the throughput 'moved -23%'): the history key ignored the arithmetic."""
+    from dataclasses import replace
+
+    from mlflow_ngraph import worker
+    from mlflow_ngraph.config import MeasureSettings
+
+    task = worker.CellTask(
+        name="c", model_name="conv_block", model_params={}, compiler="identity", flags={},
+        batch_sizes=[8], device="gpu", device_kind="cuda", home="/nonexistent",
+        measure=MeasureSettings(), tolerance=1e-3,
+    )  # fmt: skip
+    keys = {worker._history_key(replace(task, math=m), 8) for m in ("fp32", "tf32", "fp16")}
+    assert len(keys) == 3
