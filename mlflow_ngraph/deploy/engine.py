@@ -301,6 +301,7 @@ def _loaded(directory: Path, manifest: dict[str, Any]):
         batch_size=int(manifest["batch_size"]),
         cache_dir=work,
         scenario="latency",
+        math=str(manifest.get("math") or "fp32"),  # the arithmetic it was measured in
     )
     try:
         flags = compiler.resolve_flags(

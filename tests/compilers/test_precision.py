@@ -121,3 +121,23 @@ def test_another_arithmetic_is_another_engine_in_the_history():
     )  # fmt: skip
     keys = {worker._history_key(replace(task, math=m), 8) for m in ("fp32", "tf32", "fp16")}
     assert len(keys) == 3
+
+
+def test_a_pulled_engine_runs_in_the_arithmetic_it_was_measured_in(tmp_path):
+    """An FP16 TorchScript engine (the CPU runs FP16 convolutions, so this needs no GPU)
+    loads from its manifest as FP16: loaded as FP32 it took an FP32 input into FP16 weights."""
+    import numpy as np
+
+    from mlflow_ngraph.deploy.engine import load_engine
+    from mlflow_ngraph.supply import EngineSupply
+
+    model = load_model("conv_block", BLOCK)
+    supply = EngineSupply(tmp_path / "home", "cpu", "cpu", "latency", math="fp16")
+    compiler = get_compiler("torchscript")
+    got = supply.get(compiler, compiler.resolve_flags({}), model, 2, "ts")
+    x = model.random_input(2)
+    measured = got.engine.outputs(x)
+    got.engine.close()
+    with load_engine(got.engine_dir, trust_code=True) as deployed:
+        assert deployed.manifest["math"] == "fp16"
+        np.testing.assert_array_equal(deployed.predict(x), measured)

@@ -179,9 +179,11 @@ def test_cuda_profiles_refused_here_naming_the_device(name):
 
 
 def _identity_outputs(model, batch):
+    import copy
+
     import torch
 
-    module = model.module.to("cuda").eval()
+    module = copy.deepcopy(model.module).to("cuda").eval()  # the loaded model stays put
     with torch.inference_mode():
         out = module(torch.from_numpy(batch).to("cuda"))
     return out.float().cpu().numpy()
@@ -271,3 +273,22 @@ def test_tune_offers_fp16_only_where_the_installed_tensorrt_builds_it(
     monkeypatch.setattr(compiler, "version", lambda: version)
     names = [knob.name for knob in compiler.search_space(None)]
     assert ("fp16" in names) is offered and "cuda_graph" in names
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not RUNS_HERE, reason=NOT_HERE_REASON)
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_a_deployed_plan_predicts_what_was_measured(compiler, tmp_path, cuda_graph):
+    from mlflow_ngraph.deploy.engine import load_engine
+    from mlflow_ngraph.supply import EngineSupply
+
+    model = _tiny_model()
+    supply = EngineSupply(tmp_path / "home", "gpu", "cuda", "latency")
+    got = supply.get(compiler, compiler.resolve_flags({"cuda_graph": cuda_graph}), model, 2, "t")
+    batch = model.random_input(2)
+    try:
+        measured = got.engine.outputs(batch)
+    finally:
+        got.engine.close()
+    with load_engine(got.engine_dir, trust_code=True) as deployed:
+        np.testing.assert_allclose(deployed.predict(batch), measured, rtol=1e-5, atol=1e-5)
