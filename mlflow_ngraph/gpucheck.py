@@ -203,15 +203,16 @@ def _available(spec: str, name: str, get_compiler) -> tuple[bool, str]:
         compiler = get_compiler(name)
     except Exception as exc:  # an unknown or broken plug-in is a row, not a crash
         return False, str(exc)
-    ok, reason = compiler.availability("cuda")
     provider = spec.partition("provider=")[2]
-    if ok and provider:
-        import onnxruntime
-
+    if provider:  # the provider the row names, before the compiler's own (CUDA) check
+        try:
+            import onnxruntime
+        except ImportError as exc:
+            return False, f"onnxruntime does not import ({exc})"
         want = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
         if want[provider] not in onnxruntime.get_available_providers():
-            return False, f"this onnxruntime has no {want[provider]}"
-    return ok, reason
+            return False, f"this onnxruntime has no {want[provider]} (pip install onnxruntime-gpu)"
+    return compiler.availability("cuda")
 
 
 def _rows(
