@@ -40,17 +40,6 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 TIMINGS_FILE = "timings.json"
-#: seconds to get an engine for one batch size of a mid-sized model (ResNet-18, DeiT-S) on a
-#: 2-core host, when nothing was recorded yet; unknown compilers get the largest
-COMPILE_ALLOWANCE_S = {
-    "identity": 2.0,
-    "torchscript": 8.0,
-    "onnxruntime": 6.0,
-    "openvino": 6.0,
-    "inductor": 45.0,
-    "tvm": 90.0,
-    "tensorrt": 60.0,
-}
 #: a batch size's reference outputs, output check and worker messages, besides its engine
 OVERHEAD_S = 2.0
 #: seconds to load an engine the cache holds (an item measured before on this host)
@@ -192,7 +181,7 @@ def _predict(item: Item, policy: Policy, timings, learned, costs, retry_share) -
         measured = max(floor, min(cap, known.get("measured_s", cap)))
         attempts = 1 + min(known.get("attempts", 1) - 1, policy.retries)
     else:
-        prepare = COMPILE_ALLOWANCE_S.get(item.compiler, max(COMPILE_ALLOWANCE_S.values()))
+        prepare = _allowance(item.compiler)
         if item.compiler == "tvm":
             prepare += 3.0 * float(item.flags.get("trials") or 0)
         measured = max(floor, cap)
@@ -327,3 +316,13 @@ def describe(seconds: float, known: int, count: int) -> str:
         else f"{known} of them timed on this host before, the rest rough"
     )
     return f"estimated time: about {when} for {count} batch size(s) to measure ({basis})"
+
+
+def _allowance(compiler: str) -> float:
+    """What the compiler declares an engine build takes before this host has a record
+    (``Compiler.compile_allowance_s``); a compiler not installed here gets the default."""
+    from mlflow_ngraph.compilers.base import Compiler
+    from mlflow_ngraph.compilers.registry import declared
+
+    found = declared(compiler)
+    return (found or Compiler).compile_allowance_s

@@ -26,7 +26,6 @@ from mlflow_ngraph import faultpoint
 from mlflow_ngraph import metrics as M
 from mlflow_ngraph.cells import Cell
 from mlflow_ngraph.compilers.base import Compiler
-from mlflow_ngraph.compilers.precision import compiler_flags
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
@@ -125,7 +124,7 @@ def plan(spec: Spec, home: Path | None = None) -> Plan:
         compiler = get_compiler(cspec.name)
         defaults = {
             **profile.compiler_flags.get(cspec.name, {}),
-            **compiler_flags(cspec.name, spec.math),  # how it applies the run's --math
+            **compiler.math_flags(spec.math),  # how it applies the run's --math
         }
         given = {**{k: v for k, v in defaults.items() if k in compiler.flags}, **cspec.flags}
         flags = compiler.resolve_flags(given)

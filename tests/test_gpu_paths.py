@@ -265,9 +265,10 @@ def test_deploy_checks_the_gpu_an_engine_was_built_on(compiler, here, outcome, m
 
     monkeypatch.setattr(devices, "gpu_fingerprint", lambda: here)
     built = "NVIDIA H100|sm90|cuda13.0|cudnn9|driver580"
+    rule = get_compiler(compiler).gpu_rule  # what the compiler declares of its engines
     if outcome == "refused":
         with pytest.raises(NgraphError, match="runs only on the GPU it was built for"):
-            engine._gpu_differs(compiler, built)
+            engine._gpu_differs(compiler, rule, built)
         return
-    warns = engine._gpu_differs(compiler, built)
+    warns = engine._gpu_differs(compiler, rule, built)
     assert (outcome is None and warns == []) or (len(warns) == 1 and outcome in warns[0])

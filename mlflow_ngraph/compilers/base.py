@@ -239,6 +239,18 @@ class Compiler(ABC):
     extra: ClassVar[str] = ""
     #: device kinds it can target
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
+    #: what deploy checks of its engines (deploy/engine.py check_host): they load only into
+    #: the runtime version that wrote them; and what another CPU or GPU than the one they
+    #: were built on means: "refuse" (code generated for that machine), "warn" (tuned for
+    #: it: it loads, maybe slower), None (nothing)
+    exact_version: ClassVar[bool] = False
+    cpu_rule: ClassVar[str | None] = None
+    gpu_rule: ClassVar[str | None] = None
+    #: seconds to get an engine for one batch size of a mid-sized model (ResNet-18, DeiT-S)
+    #: on a 2-core host, before this host has a record of it (estimate.py)
+    compile_allowance_s: ClassVar[float] = 90.0
+    #: its colour in every chart of the MLflow view (tracking/ui.py); None: the others'
+    color: ClassVar[str | None] = None
     flags: ClassVar[dict[str, Flag]] = {}
     #: ``True`` when the engine is the same object for every batch size (eager)
     batch_agnostic: ClassVar[bool] = False
@@ -269,6 +281,12 @@ class Compiler(ABC):
             if not ok:
                 return False, reason
         return True, "available"
+
+    def math_flags(self, math: str) -> dict[str, Any]:
+        """The flag defaults through which it applies the run's ``--math``
+        (:mod:`~mlflow_ngraph.compilers.precision`); empty where it reads
+        :attr:`CompileContext.math` itself. A flag the user gives still wins."""
+        return {}
 
     def search_space(self, host: HostLimits) -> list[Knob]:
         """The knobs ``mlflow-ngraph tune`` searches on ``host``, in the order they are

@@ -17,6 +17,8 @@ class IdentityCompiler(Compiler):
     packages = ("torch",)
     distribution = "torch"
     devices = ("cpu", "cuda")
+    compile_allowance_s = 2.0
+    color = "#7f7f7f"  # grey: the baseline
     flags: dict = {}
     batch_agnostic = True
 

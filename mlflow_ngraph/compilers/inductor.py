@@ -104,6 +104,11 @@ class InductorCompiler(Compiler):
     preload = ("torch._dynamo", "torch._inductor.compile_fx")
     distribution = "torch"
     devices = ("cpu", "cuda")
+    exact_version = True
+    cpu_rule = "warn"  # C++ kernels compiled for the build host's instruction set
+    gpu_rule = "warn"  # Triton kernels autotuned on the build host's GPU
+    compile_allowance_s = 45.0
+    color = "#9467bd"
     flags = {
         # "default" is torch.compile's own default: the best compile time / speed balance
         "mode": Flag(str, "default", MODES, help="torch.compile mode"),

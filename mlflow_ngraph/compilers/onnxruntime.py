@@ -181,6 +181,10 @@ class OnnxRuntimeCompiler(Compiler):
     distribution = "onnxruntime"
     extra = "cpu"
     devices = ("cpu", "cuda")
+    cpu_rule = "warn"  # the optimized graph may hold kernels chosen for the build CPU
+    gpu_rule = "warn"  # the TensorRT provider's cached engines are the build GPU's
+    compile_allowance_s = 6.0
+    color = "#ff7f0e"
     flags = {
         # "all" is ONNX Runtime's own default and what a deployment would use
         "graph_optimization_level": Flag(str, "all", tuple(_LEVELS), help="graph optimizations"),

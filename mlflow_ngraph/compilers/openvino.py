@@ -201,6 +201,9 @@ class OpenVinoCompiler(Compiler):
     extra = "cpu"
     # an Intel GPU or NPU is reached through the `device` flag on a host of kind cpu
     devices = ("cpu",)
+    exact_version = True
+    compile_allowance_s = 6.0
+    color = "#1f77b4"
     flags = {
         # onnx: the same graph every ONNX-based compiler starts from
         "source": Flag(str, "onnx", ("onnx", "pytorch"), help="ONNX export or convert_model"),

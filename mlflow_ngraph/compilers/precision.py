@@ -49,14 +49,6 @@ def check_math(math: str, device_kind: str) -> str:
     return math
 
 
-def compiler_flags(compiler: str, math: str) -> dict[str, Any]:
-    """The flag defaults through which a compiler with precision flags applies ``math``
-    (user flags still override them, and are logged as what was run)."""
-    if compiler == "tensorrt":
-        return {"tf32": math != "fp32", "fp16": math == "fp16"}
-    return {}
-
-
 def apply_torch(math: str, device_kind: str) -> None:
     """PyTorch's TF32 switches for ``math`` (process-wide: a worker measures one setting).
     On the CPU there is nothing to switch."""

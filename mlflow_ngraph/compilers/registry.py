@@ -67,6 +67,16 @@ def get_compiler(name: str) -> Compiler:
     return cls()
 
 
+def declared(name: str) -> Compiler | None:
+    """The compiler registered as ``name`` for what it declares of itself (its colour, its
+    compile allowance), or None where this installation does not know it (a store can hold
+    a plug-in's cells that are not installed here): the caller's default then."""
+    try:
+        return get_compiler(name)
+    except NgraphError:
+        return None
+
+
 def require_available(compiler: Compiler, device_kind: str) -> None:
     """Raise a one-line error naming what is missing when ``compiler`` cannot run here."""
     ok, reason = compiler.availability(device_kind)

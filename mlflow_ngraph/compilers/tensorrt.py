@@ -56,6 +56,10 @@ class TensorRtCompiler(Compiler):
     distribution = "tensorrt"
     extra = "gpu"
     devices = ("cuda",)
+    exact_version = True
+    gpu_rule = "refuse"  # a plan runs only on the compute capability it was built for
+    compile_allowance_s = 60.0
+    color = "#8c564b"
     flags = {
         # None: TensorRT's own default (the device's total memory), so no tactic is refused
         # for lack of scratch space; set it on a shared GPU or to reproduce a small budget.
@@ -72,6 +76,10 @@ class TensorRtCompiler(Compiler):
         ),
         "timing_cache": Flag(str, None, help="timing cache file, read and updated per build"),
     }
+
+    def math_flags(self, math: str) -> dict[str, Any]:
+        """TF32 under tf32 and fp16, FP16 kernels under fp16 (compilers/precision.py)."""
+        return {"tf32": math != "fp32", "fp16": math == "fp16"}
 
     def search_space(self, host: HostLimits) -> list[Knob]:
         """The builder's effort and CUDA graphs; FP16 only with ``--allow-precision`` and

@@ -79,6 +79,8 @@ class TorchScriptCompiler(Compiler):
     packages = ("torch",)
     distribution = "torch"
     devices = ("cpu", "cuda")
+    compile_allowance_s = 8.0
+    color = "#d62728"
     flags = {
         # both default on: the paper's TorchScript configuration is the full inference recipe
         "freeze": Flag(bool, True, help="torch.jit.freeze the traced module"),

@@ -26,10 +26,6 @@ from mlflow_ngraph.errors import NgraphError
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-#: compilers whose engine only loads into the very runtime version that wrote it
-EXACT_VERSION = {"openvino", "tvm", "tensorrt", "inductor"}
-#: compilers whose engine holds code generated for the CPU it was built on
-CPU_SPECIFIC = {"tvm": "refuse", "onnxruntime": "warn", "inductor": "warn"}
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -101,15 +97,15 @@ def check_host(manifest: dict[str, Any]) -> list[str]:
     if not ok:
         raise NgraphError(f"cannot run a {name} engine here: {reason}")
     built, here = manifest.get("compiler_version"), compiler.version()
-    if name in EXACT_VERSION and built and here and built != here:
+    if compiler.exact_version and built and here and built != here:
         raise NgraphError(
             f"the engine was built with {name} {built}, this host has {here}: a {name} engine "
             f"loads only into the version that built it (install {name}=={built}, or pull an "
             "engine built with this version)"
         )
-    warns = _gpu_differs(name, manifest.get("gpu") or "")
+    warns = _gpu_differs(name, compiler.gpu_rule, manifest.get("gpu") or "")
     built_cpu, here_cpu = manifest.get("host_cpu"), _host_cpu()
-    policy = CPU_SPECIFIC.get(name)
+    policy = compiler.cpu_rule
     if policy and built_cpu and built_cpu.split("|")[0] != here_cpu.split("|")[0]:
         text = (
             f"the engine was built on CPU {built_cpu.split('|')[0]!r}, this host is "
@@ -126,18 +122,12 @@ def check_host(manifest: dict[str, Any]) -> list[str]:
     return warns
 
 
-#: a TensorRT plan runs only on the compute capability it was built for; an Inductor or TVM
-#: engine's kernels were tuned for its card (they load, slower): said, not refused
-GPU_SPECIFIC = {"tensorrt": "refuse", "inductor": "warn", "tvm": "warn", "onnxruntime": "warn"}
-
-
-def _gpu_differs(name: str, built: str) -> list[str]:
+def _gpu_differs(name: str, policy: str | None, built: str) -> list[str]:
     """Whether the GPU (``name|smXY|cuda..|cudnn..|driver..``, devices.gpu_fingerprint) the
-    engine was built on is this host's: the card and capability refuse a TensorRT plan and
-    warn for the rest; another CUDA, cuDNN or driver is a warning."""
+    engine was built on is this host's: another card or capability refuses or warns as the
+    compiler declares (``gpu_rule``); another CUDA, cuDNN or driver is a warning."""
     from mlflow_ngraph.devices import gpu_fingerprint
 
-    policy = GPU_SPECIFIC.get(name)
     here = gpu_fingerprint() if built and policy else ""
     if not here or built == here:
         return []

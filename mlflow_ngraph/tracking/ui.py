@@ -57,16 +57,8 @@ MORE_SECTION = "ngraph-more"
 #: name: the stepped metrics it adds on its own land there, collapsed
 MLFLOW_METRICS_SECTION = "Model metrics"
 
-#: one color per compiler, the same in every chart (matplotlib's tab10; identity grey)
-COMPILER_COLORS = {
-    "identity": "#7f7f7f",
-    "openvino": "#1f77b4",
-    "onnxruntime": "#ff7f0e",
-    "tvm": "#2ca02c",
-    "torchscript": "#d62728",
-    "inductor": "#9467bd",
-    "tensorrt": "#8c564b",
-}
+#: the colour of a compiler that declares none (each declares its own, ``Compiler.color``:
+#: matplotlib's tab10, identity grey), the same in every chart
 OTHER_COLOR = "#17becf"
 
 
@@ -491,7 +483,10 @@ def merge_sections(existing: str, key: str, section: str, limit: int) -> str:
 
 # --- writing it ----------------------------------------------------------------------------
 def run_color(compiler: str) -> str:
-    return COMPILER_COLORS.get(compiler, OTHER_COLOR)
+    from mlflow_ngraph.compilers.registry import declared
+
+    found = declared(compiler)
+    return (found.color if found is not None else None) or OTHER_COLOR
 
 
 def publish(

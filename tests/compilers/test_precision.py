@@ -41,10 +41,11 @@ def test_the_output_check_tolerance_follows_the_math_unless_given():
 
 
 def test_each_compiler_is_told_the_same_arithmetic():
-    assert precision.compiler_flags("tensorrt", "fp32") == {"tf32": False, "fp16": False}
-    assert precision.compiler_flags("tensorrt", "tf32") == {"tf32": True, "fp16": False}
-    assert precision.compiler_flags("tensorrt", "fp16") == {"tf32": True, "fp16": True}
-    assert precision.compiler_flags("onnxruntime", "tf32") == {}  # told through the context
+    trt = get_compiler("tensorrt")
+    assert trt.math_flags("fp32") == {"tf32": False, "fp16": False}
+    assert trt.math_flags("tf32") == {"tf32": True, "fp16": False}
+    assert trt.math_flags("fp16") == {"tf32": True, "fp16": True}
+    assert get_compiler("onnxruntime").math_flags("tf32") == {}  # told through the context
     assert get_compiler("tensorrt").resolve_flags({})["tf32"] is False  # strict by itself
 
 

@@ -25,6 +25,11 @@ class TvmCompiler(Compiler):
     distribution = "apache-tvm"
     extra = "tvm"
     devices = ("cpu", "cuda")
+    exact_version = True
+    cpu_rule = "refuse"  # native code for the build CPU's instruction set
+    gpu_rule = "warn"
+    compile_allowance_s = 90.0
+    color = "#2ca02c"
     flags = {
         "trials": Flag(
             int,
