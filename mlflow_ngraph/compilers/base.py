@@ -251,6 +251,10 @@ class Compiler(ABC):
     compile_allowance_s: ClassVar[float] = 90.0
     #: its colour in every chart of the MLflow view (tracking/ui.py); None: the others'
     color: ClassVar[str | None] = None
+    #: the engine formats its engines are saved in (``EngineFiles.format``): format ->
+    #: (the files its loader reads, what runs when it is loaded: "" for a data format).
+    #: deploy loads only a declared format, and code only when trusted (deploy/trust.py)
+    engine_formats: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {}
     flags: ClassVar[dict[str, Flag]] = {}
     #: ``True`` when the engine is the same object for every batch size (eager)
     batch_agnostic: ClassVar[bool] = False

@@ -108,6 +108,7 @@ class InductorCompiler(Compiler):
     cpu_rule = "warn"  # C++ kernels compiled for the build host's instruction set
     gpu_rule = "warn"  # Triton kernels autotuned on the build host's GPU
     compile_allowance_s = 45.0
+    engine_formats = {"aoti-package": (("model.pt2",), "an AOTInductor package (a shared library)")}
     color = "#9467bd"
     flags = {
         # "default" is torch.compile's own default: the best compile time / speed balance

@@ -183,6 +183,10 @@ class OnnxRuntimeCompiler(Compiler):
     devices = ("cpu", "cuda")
     cpu_rule = "warn"  # the optimized graph may hold kernels chosen for the build CPU
     gpu_rule = "warn"  # the TensorRT provider's cached engines are the build GPU's
+    engine_formats = {
+        "ort-optimized-onnx": (("model.ort.onnx",), ""),
+        "onnx+tensorrt-cache": (("model.onnx",), "serialized TensorRT engines (native code)"),
+    }
     compile_allowance_s = 6.0
     color = "#ff7f0e"
     flags = {

@@ -203,6 +203,7 @@ class OpenVinoCompiler(Compiler):
     devices = ("cpu",)
     exact_version = True
     compile_allowance_s = 6.0
+    engine_formats = {"openvino-compiled-blob": (("model.blob",), "")}
     color = "#1f77b4"
     flags = {
         # onnx: the same graph every ONNX-based compiler starts from

@@ -59,6 +59,7 @@ class TensorRtCompiler(Compiler):
     exact_version = True
     gpu_rule = "refuse"  # a plan runs only on the compute capability it was built for
     compile_allowance_s = 60.0
+    engine_formats = {"tensorrt-plan": (("model.plan",), "a TensorRT plan (native code)")}
     color = "#8c564b"
     flags = {
         # None: TensorRT's own default (the device's total memory), so no tactic is refused

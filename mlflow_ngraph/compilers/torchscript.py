@@ -80,6 +80,7 @@ class TorchScriptCompiler(Compiler):
     distribution = "torch"
     devices = ("cpu", "cuda")
     compile_allowance_s = 8.0
+    engine_formats = {"torchscript": (("model.pt",), "a TorchScript program")}
     color = "#d62728"
     flags = {
         # both default on: the paper's TorchScript configuration is the full inference recipe

@@ -192,8 +192,8 @@ def pull(output: Path, force: bool, sha256: str | None, **options) -> None:
     click.echo(f"pulled and verified into {path}")
     click.echo(f"manifest sha256 {source['manifest_sha256']} (pin it with --sha256)")
     manifest = json.loads((path / trust.MANIFEST).read_text())
-    fmt = trust.FORMATS[manifest["format"]]
-    if fmt.code:
+    fmt = trust.engine_format(manifest["format"])
+    if fmt is not None and fmt.code:
         click.echo(
             f"note: this engine is {fmt.code}: it runs code when loaded, so run-engine, "
             f"load_engine and register need --trust-code (trust {source['created_by']} and "

@@ -39,19 +39,17 @@ class Format:
     code: str = ""  # what runs when it is loaded ("" for a data format)
 
 
-FORMATS = {
-    "ort-optimized-onnx": Format("onnxruntime", ("model.ort.onnx",)),
-    "onnx+tensorrt-cache": Format(
-        "onnxruntime", ("model.onnx",), "serialized TensorRT engines (native code)"
-    ),
-    "openvino-compiled-blob": Format("openvino", ("model.blob",)),
-    "torchscript": Format("torchscript", ("model.pt",), "a TorchScript program"),
-    "aoti-package": Format("inductor", ("model.pt2",), "an AOTInductor package (a shared library)"),
-    "tvm-relax-vm": Format(
-        "tvm", ("model.so", "params.bin", "tvm_engine.json"), "a TVM library (native code)"
-    ),
-    "tensorrt-plan": Format("tensorrt", ("model.plan",), "a TensorRT plan (native code)"),
-}
+def engine_format(name: str | None) -> Format | None:
+    """The engine format ``name`` as the compiler that writes it declares it
+    (``Compiler.engine_formats``), or None: a format no installed compiler declares."""
+    from mlflow_ngraph.compilers.registry import compiler_names, declared
+
+    for compiler in compiler_names():
+        found = declared(compiler)
+        if found is not None and name in found.engine_formats:
+            loads, code = found.engine_formats[name]
+            return Format(compiler, tuple(loads), code)
+    return None
 
 
 def engine_param(batch_size: int) -> str:
@@ -122,7 +120,7 @@ def check_manifest(manifest: dict[str, Any]) -> Format:
     """
     listed = check_paths(manifest)
     name = manifest.get("format")
-    fmt = FORMATS.get(name)
+    fmt = engine_format(name)
     if fmt is None:
         raise NgraphError(f"the engine's format {name!r} is not one this tool loads: refusing it")
     if manifest.get("compiler") != fmt.compiler:
@@ -176,7 +174,7 @@ def check_against_run(manifest: dict[str, Any], params: dict[str, str], label: s
 
 def check_code(manifest: dict[str, Any], trust_code: bool | None) -> None:
     """Refuse a format that runs code when loaded unless trusted (argument or setting)."""
-    fmt = FORMATS.get(manifest.get("format"))
+    fmt = engine_format(manifest.get("format"))
     if fmt is None or not fmt.code or trusted(trust_code):
         return
     raise NgraphError(

@@ -22,6 +22,7 @@ class ToyCompiler(Compiler):
     gpu_rule = "refuse"
     compile_allowance_s = 12.5
     color = "#123456"
+    engine_formats = {"toy-blob": (("model.toy",), "a toy program")}
 
     def math_flags(self, math):
         return {"half": math == "fp16"}
@@ -54,7 +55,13 @@ def test_a_compiler_declares_its_colour_allowance_and_math(toy):
 
 
 def test_deploy_reads_the_rules_a_compiler_declares(toy, monkeypatch):
-    from mlflow_ngraph.deploy import engine
+    from mlflow_ngraph.deploy import engine, trust
+
+    fmt = trust.engine_format("toy-blob")
+    assert (fmt.compiler, fmt.loads, fmt.code) == ("toy", ("model.toy",), "a toy program")
+    assert trust.engine_format("no-such-format") is None
+    with pytest.raises(NgraphError, match="runs on this machine when it is loaded"):
+        trust.check_code({"format": "toy-blob"}, trust_code=False)
 
     monkeypatch.setattr(engine, "_host_cpu", lambda: "Other CPU|2")
     manifest = {"compiler": "toy", "compiler_version": "0.9", "device_kind": "cpu"}

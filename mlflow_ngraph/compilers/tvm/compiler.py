@@ -29,6 +29,12 @@ class TvmCompiler(Compiler):
     cpu_rule = "refuse"  # native code for the build CPU's instruction set
     gpu_rule = "warn"
     compile_allowance_s = 90.0
+    engine_formats = {
+        "tvm-relax-vm": (
+            ("model.so", "params.bin", "tvm_engine.json"),
+            "a TVM library (native code)",
+        )
+    }
     color = "#2ca02c"
     flags = {
         "trials": Flag(
