@@ -199,9 +199,11 @@ def _benchmark(work: Path, lines: list[str]) -> bool:
 
 
 def _available(spec: str, name: str, get_compiler) -> tuple[bool, str]:
+    from mlflow_ngraph.errors import NgraphError
+
     try:
         compiler = get_compiler(name)
-    except Exception as exc:  # an unknown or broken plug-in is a row, not a crash
+    except NgraphError as exc:  # unknown, or a plug-in that fails to load: a row that says so
         return False, str(exc)
     provider = spec.partition("provider=")[2]
     if provider:  # the provider the row names, before the compiler's own (CUDA) check

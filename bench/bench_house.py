@@ -1,0 +1,151 @@
+"""The package's structure in figures (issue "the house"): modules, internal imports (those
+inside functions counted too), import cycles, the longest functions, the largest classes and
+the broad exception handlers whose body neither re-raises nor logs.
+
+    python bench/bench_house.py [--top 10]
+
+Read-only: it parses the sources with ``ast`` and imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "mlflow_ngraph"
+BROAD = {"Exception", "BaseException"}
+LOGS = {"debug", "info", "warning", "error", "exception", "critical", "warn"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(tree: ast.AST, here: str, is_package: bool) -> tuple[set[str], int]:
+    """The package modules ``here`` imports, and how many of its imports sit in functions."""
+    found, inside = set(), 0
+    base = here if is_package else here.rpartition(".")[0]
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        nonlocal inside
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            names: list[str] = []
+            if isinstance(child, ast.Import):
+                names = [a.name for a in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                root = child.module or ""
+                if child.level:
+                    up = base.split(".")
+                    up = up[: len(up) - child.level + 1]
+                    root = ".".join([*up, root] if root else up)
+                names = [root] + [f"{root}.{a.name}" for a in child.names]
+            internal = [n for n in names if n.split(".")[0] == PACKAGE.name]
+            if internal:
+                inside += in_function
+                found.update(internal)
+            visit(child, nested)
+
+    visit(tree, False)
+    return found, inside
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in list(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def silent_broad(handler: ast.ExceptHandler) -> bool:
+    """A handler of Exception, BaseException or everything whose body neither raises nor
+    calls a logger."""
+    kind = handler.type
+    names = {getattr(kind, "id", None)} | {
+        getattr(e, "id", None) for e in getattr(kind, "elts", [])
+    }
+    if kind is not None and not names & BROAD:
+        return False
+    for node in ast.walk(ast.Module(body=handler.body, type_ignores=[])):
+        if isinstance(node, ast.Raise):
+            return False
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in LOGS:
+            return False
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--top", type=int, default=10)
+    args = parser.parse_args()
+    modules = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    functions, classes, silent, inside_total = [], [], [], 0
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        found, inside = imports(tree, name, path.name == "__init__.py")
+        inside_total += inside
+        graph[name] = {m for m in (_owner(f, modules) for f in found) if m and m != name}
+        for node in ast.walk(tree):
+            span = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
+            where = f"{path.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions.append((span, f"{where} {node.name}"))
+            elif isinstance(node, ast.ClassDef):
+                classes.append((span, f"{where} {node.name}"))
+            elif isinstance(node, ast.ExceptHandler) and silent_broad(node):
+                silent.append(where)
+    edges = sum(len(v) for v in graph.values())
+    knots = cycles(graph)
+    print(f"modules {len(modules)}, internal import edges {edges}")
+    print(f"  imports of the package inside functions: {inside_total}")
+    print(f"import cycles (modules in one strongly connected knot): {len(knots)}")
+    for knot in knots:
+        print(f"  {len(knot)}: {', '.join(knot)}")
+    for label, items, limit in (("functions", functions, 50), ("classes", classes, 300)):
+        over = sum(1 for span, _ in items if span > limit)
+        print(f"{label} over {limit} lines: {over}; the longest:")
+        for span, where in sorted(items, reverse=True)[: args.top]:
+            print(f"  {span:5d}  {where}")
+    print(f"broad handlers that neither re-raise nor log: {len(silent)}")
+    for where in silent[: args.top]:
+        print(f"  {where}")
+
+
+def _owner(imported: str, modules: dict[str, Path]) -> str | None:
+    """The module an imported name lives in (``pkg.mod.func`` -> ``pkg.mod``)."""
+    while imported and imported not in modules:
+        imported = imported.rpartition(".")[0]
+    return imported or None
+
+
+if __name__ == "__main__":
+    main()
