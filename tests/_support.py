@@ -238,3 +238,15 @@ def running(pid: int) -> bool:
             return stat.read().rpartition(")")[2].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def cell_runs(uri: str, experiment: str) -> list:
+    """The cell runs (role ``cell``) of ``experiment`` in the store at ``uri``."""
+    from mlflow.tracking import MlflowClient
+
+    from mlflow_ngraph.tracking import schema as S
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id])
+    return [r for r in runs if r.data.tags.get(S.T_ROLE) == "cell"]

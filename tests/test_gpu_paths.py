@@ -14,6 +14,7 @@ from mlflow_ngraph.compilers.registry import get_compiler
 from mlflow_ngraph.devices import cuda_status
 from mlflow_ngraph.models.registry import load_model
 from mlflow_ngraph.tracking import schema as S
+from tests._support import cell_runs
 
 CUDA_OK, CUDA_REASON = cuda_status()
 needs_gpu = pytest.mark.skipif(not CUDA_OK, reason=CUDA_REASON)
@@ -132,10 +133,7 @@ def test_a_worker_group_on_the_gpu_measures_and_logs_gpu_figures(run_cli, tracki
     )  # fmt: skip
     assert code == 0, err
     client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name("gpu-group")
-    cells = [
-        r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get(S.T_ROLE) == "cell"
-    ]
+    cells = cell_runs(tracking_uri, "gpu-group")
     assert len(cells) == 2
     for run in cells:
         assert run.data.tags[S.T_STATUS] == "OK", run.data.tags.get(S.T_ERROR)

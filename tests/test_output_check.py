@@ -9,6 +9,7 @@ from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.worker import compare_outputs
+from tests._support import cell_runs
 
 REF = (np.array([1.0, -2.0, 4.0], np.float32), np.array([0.5, 0.25], np.float32))
 
@@ -90,12 +91,7 @@ def test_three_outputs_of_different_shapes_are_valid_through_every_cpu_compiler(
     )  # fmt: skip
     assert code == 0, err
     client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name("heads")
-    cells = {
-        r.data.params["compiler"]: r
-        for r in client.search_runs([exp.experiment_id])
-        if r.data.tags.get(S.T_ROLE) == "cell"
-    }
+    cells = {r.data.params["compiler"]: r for r in cell_runs(tracking_uri, "heads")}
     assert set(cells) == {c.split(":")[0] for c in compilers}
     for name, run in cells.items():
         assert run.data.metrics["valid.bs2"] == 1.0, (name, run.data.tags)
