@@ -209,6 +209,13 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
 )
 @click.option("--warmup", type=int, help="Warm-up repetitions (default 10).")
 @click.option("--repetitions", type=int, help="Minimum measured repetitions (default 100).")
+@click.option(
+    "--protocol",
+    type=click.Choice(["rounds", "paper"]),
+    help="How each cell is timed: rounds (the default: windows interleaved with the model's "
+    "other engines, paired speedups) or paper (exactly --repetitions single inferences "
+    "after --warmup, each timed; the mean and std of b/t_i; needs --scenario latency).",
+)
 @click.option("--min-duration", type=float, help="Minimum measured seconds per cell (default 1).")
 @click.option("--max-duration", type=float, help="Cap on measured seconds per cell.")
 @click.option(
@@ -340,6 +347,7 @@ def _benchmark_data(options: dict[str, Any]) -> dict[str, Any]:
         scenario=options["scenario"],
         warmup=options["warmup"],
         repetitions=options["repetitions"],
+        protocol=options["protocol"],
         min_duration=options["min_duration"],
         max_duration=options["max_duration"],
         tolerance=options["tolerance"],
@@ -528,6 +536,12 @@ def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) 
 @click.option("--scenario", type=click.Choice(["throughput", "latency"]))
 @click.option("--warmup", type=int)
 @click.option("--repetitions", type=int)
+@click.option(
+    "--protocol",
+    type=click.Choice(["rounds", "paper"]),
+    help="rounds (default) or paper: exactly --repetitions timed single inferences, as the "
+    "paper's Tables VII/VIII (needs --scenario latency).",
+)
 @click.option("--min-duration", type=float)
 @click.option("--experiment", default="ngraph-blocks", show_default=True)
 @click.option("--tracking-uri")
@@ -562,6 +576,7 @@ def _blocks_data(o: dict[str, Any]) -> dict[str, Any]:
         compilers=_split_multi(o["compilers"]),
         batch_sizes=sizes,
         scenario=o["scenario"],
+        protocol=o["protocol"],
         experiment=o["experiment"],
         tracking_uri=o["tracking_uri"],
     )

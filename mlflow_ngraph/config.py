@@ -36,6 +36,11 @@ import yaml
 from mlflow_ngraph.errors import NgraphError
 
 SCENARIOS = ("throughput", "latency")
+#: how a cell is timed: ``rounds`` (windows interleaved with the model's other engines, the
+#: stop rule, paired speedups: measure/rounds.py) or ``paper`` (exactly ``repetitions``
+#: single inferences after ``warmup``, one request at a time, each timed: the paper's
+#: protocol, its figures the mean and standard deviation of b / t_i: measure/paper.py)
+PROTOCOLS = ("rounds", "paper")
 #: MLflow refuses longer experiment names
 MAX_EXPERIMENT_NAME = 500
 
@@ -64,6 +69,7 @@ _TOP_KEYS = {
     "repetitions",
     "min_duration",
     "max_duration",
+    "protocol",
     "tolerance",
     "atol",
     "rtol",
@@ -102,10 +108,26 @@ class MeasureSettings:
     min_duration_s: float = DEFAULT_MIN_DURATION_S
     #: hard cap on one cell's measured window; ``None`` for no cap
     max_duration_s: float | None = None
+    protocol: str = "rounds"
+
+    def key(self) -> dict[str, Any]:
+        """What a cell's key and a spec's hash take of these settings: the default protocol
+        left out, so that a spec that does not set one keeps the keys of earlier runs."""
+        data = dict(self.__dict__)
+        if data["protocol"] == "rounds":
+            data.pop("protocol")
+        return data
 
     def validate(self) -> None:
         if self.scenario not in SCENARIOS:
             raise NgraphError(f"scenario {self.scenario!r} is not one of: {', '.join(SCENARIOS)}")
+        if self.protocol not in PROTOCOLS:
+            raise NgraphError(f"protocol {self.protocol!r} is not one of: {', '.join(PROTOCOLS)}")
+        if self.protocol == "paper" and self.scenario != "latency":
+            raise NgraphError(
+                "protocol paper times one request at a time, so its engines are built for "
+                "that: use --scenario latency with it (the paper spec does)"
+            )
         if self.warmup < 0:
             raise NgraphError(f"warmup must be >= 0, got {self.warmup}")
         if self.repetitions < 1:
@@ -156,6 +178,7 @@ class Spec:
         for key, default in (("atol", None), ("rtol", 0.0), ("math", "fp32")):
             if data[key] == default:  # a spec that does not set them keeps its hash
                 data.pop(key)
+        data["measure"] = self.measure.key()
         return data
 
     @property
@@ -301,6 +324,7 @@ def build_spec(data: dict[str, Any]) -> Spec:
         repetitions=_number(data, "repetitions", int, DEFAULT_REPETITIONS),
         min_duration_s=_number(data, "min_duration", float, DEFAULT_MIN_DURATION_S),
         max_duration_s=_number(data, "max_duration", float, None),
+        protocol=str(data.get("protocol") or "rounds"),
     )
     measure.validate()
     from mlflow_ngraph.compilers.precision import TOLERANCE, check_math

@@ -130,6 +130,7 @@ class Policy:
     min_duration_s: float
     max_duration_s: float | None = None
     retries: int = 1
+    protocol: str = "rounds"
 
     @classmethod
     def of(cls, measure, retries: int = 1) -> Policy:
@@ -139,6 +140,7 @@ class Policy:
             measure.min_duration_s,
             measure.max_duration_s,
             retries,
+            measure.protocol,
         )
 
     @property
@@ -174,16 +176,20 @@ def predict_all(items, policy: Policy, timings: Timings, learned: dict[str, dict
 def _predict(item: Item, policy: Policy, timings, learned, costs, retry_share) -> float:
     known = learned.get(item.key) or timings.get(item.key)
     request_s = known.get("request_s") if known else _borrowed_request_s(item, costs)
-    floor = policy.floor_s(request_s)
-    cap = policy.cap_s
     if known:
         prepare = known.get("load_s", min(known.get("compile_s", LOAD_S), LOAD_S))
-        measured = max(floor, min(cap, known.get("measured_s", cap)))
-        attempts = 1 + min(known.get("attempts", 1) - 1, policy.retries)
     else:
         prepare = _allowance(item.compiler)
         if item.compiler == "tvm":
             prepare += 3.0 * float(item.flags.get("trials") or 0)
+    if policy.protocol == "paper" and request_s is not None:  # exactly these requests, once
+        return prepare + OVERHEAD_S + (policy.warmup + policy.repetitions) * request_s
+    floor = policy.floor_s(request_s)
+    cap = policy.cap_s
+    if known:
+        measured = max(floor, min(cap, known.get("measured_s", cap)))
+        attempts = 1 + min(known.get("attempts", 1) - 1, policy.retries)
+    else:
         measured = max(floor, cap)
         attempts = 1 + policy.retries * retry_share
     warm = policy.warmup * (request_s if request_s is not None else measured / policy.repetitions)

@@ -254,6 +254,7 @@ def _group_hooks(conn, task: CellTask):
     when the coordinator says so, then warms up, runs windows and judges its figures on
     command (:func:`run_group`)."""
     from mlflow_ngraph.measure.harness import Meter, finish
+    from mlflow_ngraph.measure.paper import measure_paper
     from mlflow_ngraph.worker import judge, one_line
 
     gpu = task.device_kind == "cuda"
@@ -280,9 +281,17 @@ def _group_hooks(conn, task: CellTask):
                 except Exception as exc:  # the batch size fails; the coordinator drops it
                     conn.send(("window_error", one_line(exc)))
                     raise
-            elif command == "judge":
-                figures, paired = arg
-                result = finish(meter, figures)
+            elif command in ("judge", "paper"):
+                if command == "paper":  # warm-up and every timed request here, at once
+                    try:
+                        result = measure_paper(engine, b, task_.measure, gpu)
+                    except Exception as exc:  # the batch size fails; the coordinator drops it
+                        conn.send(("window_error", one_line(exc)))
+                        raise
+                    attempts, paired = 1, False
+                else:
+                    figures, paired = arg
+                    result = finish(meter, figures)
                 stability = judge(task_, result, paired)
                 conn.send(("judged", (stability.stable, stability.reason, stability.retry)))
             elif command == "keep":
@@ -602,6 +611,9 @@ def run_group(
 
 
 def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rounds) -> None:
+    if settings.protocol == "paper":
+        _measure_paper_group(group, ready)
+        return
     attempt = 0
     while True:
         attempt += 1
@@ -653,6 +665,31 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
         time.sleep(GROUP_RETRY_PAUSE_S)
     for cell in ready:
         cell.state = "busy"
+        group.send(cell, ("keep", None))
+
+
+def _measure_paper_group(group: _Group, ready: list[GroupCell]) -> None:
+    """The paper's protocol (:mod:`mlflow_ngraph.measure.paper`): each engine of the group
+    in turn, alone (the others and the spares stopped), measured once: its warm-up and its
+    timed requests back to back, no rounds and no second attempt."""
+    judged = []
+    _pause_spares()
+    try:
+        for cell in ready:
+            others = [c for c in ready if c is not cell] if _freeze_idle() else []
+            for other in others:
+                other.worker.pause()
+            try:
+                kind, _ = group.ask(cell, ("paper", None), ("judged", "window_error"))
+            finally:
+                for other in others:
+                    other.worker.resume()
+            cell.state = "busy"  # judged, or its batch size failed: on to its next gate
+            if kind == "judged":
+                judged.append(cell)
+    finally:
+        _resume_spares()
+    for cell in judged:
         group.send(cell, ("keep", None))
 
 

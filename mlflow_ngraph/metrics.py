@@ -93,7 +93,8 @@ def relative_metrics(
     paired: Throughputs | None = None,
     compile_s: Mapping[int, float] | None = None,
 ) -> dict[int, dict[str, float | None]]:
-    """speedup, rtr, ase, bsr and payback for every batch size of ``compiled``. ``paired``:
+    """speedup, speedup_ratio (T_c / T_identity, whatever stands in for the speedup), rtr,
+    ase, bsr and payback for every batch size of ``compiled``. ``paired``:
     the speedups measured in rounds with the identity baseline (the Hodges-Lehmann estimate
     of the per-round ratios), which stand in for the ratio of throughputs where the baseline
     is there. ``compile_s``: the seconds each batch size's engine took to build (absent
@@ -105,6 +106,7 @@ def relative_metrics(
         value = (paired or {}).get(b, ratio) if ratio is not None else None
         out[b] = {
             "speedup": value,
+            "speedup_ratio": ratio,
             "rtr": rtr(compiled, b),
             "ase": ase(compiled, b),
             "bsr": bsr(compiled, ident, b) if identity else None,

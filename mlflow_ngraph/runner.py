@@ -171,7 +171,7 @@ def _cell_key(
         "params": model.params,
         "compiler": compiler.name,
         "flags": flags,
-        "measure": spec.measure.__dict__,
+        "measure": spec.measure.key(),
         "tolerance": spec.tolerance,
     }
     if spec.atol is not None or spec.rtol:  # unset, they keep the keys of earlier runs

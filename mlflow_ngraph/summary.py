@@ -219,8 +219,12 @@ def format_summary(rows, spec, experiment: str | None = None, width: int | None 
     math = getattr(spec, "math", "fp32")
     tolerance = getattr(spec, "tolerance", None)
     within = f" (output check within {tolerance:g})" if tolerance else ""
+    paper = getattr(spec.measure, "protocol", "rounds") == "paper"
+    protocol = (
+        f"protocol paper ({spec.measure.repetitions} single inferences timed), " if paper else ""
+    )
     title = (
-        f"device {spec.device}, scenario {spec.measure.scenario}, "
+        f"device {spec.device}, scenario {spec.measure.scenario}, {protocol}"
         f"math {_MATH_WORDS.get(math, math)}{within}, "
         f"experiment {experiment or spec.experiment!r}"
     )
@@ -232,8 +236,14 @@ def format_summary(rows, spec, experiment: str | None = None, width: int | None 
     out = [title, table, footer]
     if any(r.throughput is not None for r in rows):
         rerun = any(_rerun(r) != "-" for r in rows)
+        sitting = (
+            "95% CI: this run's, of the mean of b/t over the timed inferences (no speedup CI: "
+            "the engines were timed one after the other, unpaired)"
+            if paper
+            else "95% CI and speedup CI: this run's (its rounds on this host now)"
+        )
         out.append(
-            "95% CI and speedup CI: this run's (its rounds on this host now); re-run CI: where "
+            sitting + "; re-run CI: where "
             "a re-run on this host is expected to land, from the spread between sittings this "
             "host has shown"
             + (
@@ -258,9 +268,9 @@ def format_summary(rows, spec, experiment: str | None = None, width: int | None 
             "fastest valid compiler per model and batch size:",
             _winners_table(best, width),
             "(lead: over the next-fastest valid row, the ratio of their speedups over identity "
-            "from the same rounds; beyond noise when the two 95% intervals separate: the "
-            "re-run intervals where this host has measured its spread between sittings, else "
-            "this run's own)",
+            + ("(T_c / T_identity, timed one after the other)" if paper else "from the same rounds")
+            + "; beyond noise when the two 95% intervals separate: the re-run intervals where "
+            "this host has measured its spread between sittings, else this run's own)",
         ]
     if width is not None:  # the sentences too
         out = [

@@ -198,6 +198,8 @@ def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit, me
         },
         **remembered,
     }
+    if getattr(result, "times_ms", None):  # the paper protocol keeps every t_i
+        record["times_ms"] = result.times_ms
     if engine_dir is not None:
         from mlflow_ngraph.tracking.engines import engine_bytes, read_manifest
 
@@ -296,6 +298,8 @@ def _history_key(task: CellTask, b: int) -> str:
     # another arithmetic is another engine (an fp32 key is the one earlier runs wrote): an
     # fp16 engine was once judged against the tf32 one measured a minute before
     device = task.device if task.math == "fp32" else f"{task.device}/{task.math}"
+    if task.measure.protocol != "rounds":  # another figure (the mean of b / t_i)
+        device = f"{device}/{task.measure.protocol}"
     return engine_key(
         task.model_name, task.model_params, task.compiler, task.flags, task.measure.scenario,
         device, b,
@@ -367,10 +371,16 @@ def _remember(task: CellTask, result, stability, paired: bool) -> dict[str, Any]
 def measure_alone(task: CellTask, engine, b: int):
     """Measure one engine without interleaving (``--isolation none``): windows back to
     back; while UNSTABLE and attempts are left, pause and measure again. The last attempt
-    is kept: choosing the steadiest would select on luck."""
+    is kept: choosing the steadiest would select on luck. The paper protocol measures
+    exactly once, as the paper did (:mod:`mlflow_ngraph.measure.paper`)."""
     from mlflow_ngraph.measure.harness import measure
 
     gpu = task.device_kind == "cuda"
+    if task.measure.protocol == "paper":
+        from mlflow_ngraph.measure.paper import measure_paper
+
+        result = measure_paper(engine, b, task.measure, gpu=gpu)
+        return result, judge(task, result, False), 1
     attempts = 1
     result = measure(engine, b, task.measure, gpu=gpu, policy=task.policy())
     stability = judge(task, result, False)

@@ -138,6 +138,8 @@ class Measurement:
     rerun_df: float | None = None
     #: energy_j_per_sample and power_w (total and per RAPL domain), where RAPL is readable
     energy: dict = field(default_factory=dict)
+    #: every request's time in ms, in order, where the protocol keeps them (the paper's)
+    times_ms: list[float] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -373,10 +375,9 @@ def finish(meter: Meter, figures) -> Measurement:
 
     latencies = meter.latencies_ms(figures.kept)
     lat = summarize(latencies) if latencies else None
-    percentile = _percentiles(latencies)
+    percentile = percentile_intervals(latencies)
     usage = meter.sampler.result()
     meter.sampler.close()
-    host = usage.host
     samples = sum(w.samples for w in meter.windows)
     return Measurement(
         scenario=meter.scenario,
@@ -391,19 +392,7 @@ def finish(meter: Meter, figures) -> Measurement:
         cv=figures.cv,
         throughput_ci_low=figures.ci[0] if figures.ci else None,
         throughput_ci_high=figures.ci[1] if figures.ci else None,
-        latency_mean_ms=lat.mean if lat else None,
-        latency_std_ms=lat.std if lat else None,
-        latency_p50_ms=lat.median if lat else None,
-        latency_p90_ms=lat.p90 if lat else None,
-        latency_p99_ms=lat.p99 if lat and lat.count >= P99_MIN_SAMPLES else None,
-        cpu_percent=usage.cpu_percent,
-        peak_rss_mb=usage.peak_rss_mb,
-        gpu=usage.gpu,
-        host_other_cpu_percent=host.other_cpu_percent,
-        host_steal_percent=host.steal_percent,
-        host_load_avg=host.load_avg,
-        cpu_freq_mhz=host.cpu_freq_mhz,
-        cpu_throttle_events=host.throttle_events,
+        **latency_and_usage(lat, usage),
         windows=len(meter.windows),
         window_s=figures.window_s,
         throughput_halfwidth=figures.halfwidth,
@@ -426,6 +415,27 @@ def finish(meter: Meter, figures) -> Measurement:
         **percentile,
         energy=energy_metrics(usage.energy_j, samples, usage.wall_s),
     )
+
+
+def latency_and_usage(lat, usage) -> dict:
+    """The latency summary ``lat`` (None: no per-request times) and what the sampler read
+    over the measurement, as :class:`Measurement` fields."""
+    host = usage.host
+    return {
+        "latency_mean_ms": lat.mean if lat else None,
+        "latency_std_ms": lat.std if lat else None,
+        "latency_p50_ms": lat.median if lat else None,
+        "latency_p90_ms": lat.p90 if lat else None,
+        "latency_p99_ms": lat.p99 if lat and lat.count >= P99_MIN_SAMPLES else None,
+        "cpu_percent": usage.cpu_percent,
+        "peak_rss_mb": usage.peak_rss_mb,
+        "gpu": usage.gpu,
+        "host_other_cpu_percent": host.other_cpu_percent,
+        "host_steal_percent": host.steal_percent,
+        "host_load_avg": host.load_avg,
+        "cpu_freq_mhz": host.cpu_freq_mhz,
+        "cpu_throttle_events": host.throttle_events,
+    }
 
 
 #: the fewest requests with a distribution-free 95% interval for the 99th percentile (the
@@ -452,7 +462,7 @@ def quantile_interval(sorted_values, q: float, confidence: float = 0.95):
     return float(sorted_values[lower - 1]), float(sorted_values[upper])
 
 
-def _percentiles(latencies_ms: list[float]) -> dict[str, float | None]:
+def percentile_intervals(latencies_ms: list[float]) -> dict[str, float | None]:
     """The order-statistic 95% interval of p50, p90 and p99, each where there are enough."""
     out: dict[str, float | None] = {}
     if not latencies_ms:

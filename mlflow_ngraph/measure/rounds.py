@@ -240,12 +240,12 @@ def throughput_details(windows):
     r = lag1(residuals / seconds.mean())
     factor = inflation(r, k)
     se = math.sqrt(float(np.dot(residuals, residuals)) / (k * (k - 1))) / float(seconds.mean())
-    h = _t(max(k / factor**2, 2.0)) * factor * se / throughput
+    h = t_quantile(max(k / factor**2, 2.0)) * factor * se / throughput
     ci = (throughput * math.exp(-h), throughput * math.exp(h))
     return throughput, ci, _relative(h), cv, r
 
 
-def _t(n: float, confidence: float = CONFIDENCE) -> float:
+def t_quantile(n: float, confidence: float = CONFIDENCE) -> float:
     """Student's t quantile for the mean of ``n`` values (``n - 1`` degrees of freedom)."""
     from scipy import stats
 

@@ -42,7 +42,8 @@ class CellRecorder:
         ml.log_batch(self.client, run_id, tags=tags)
 
     def record(self, run_id: str, b: int, record: dict) -> None:
-        """One measured batch size: its metrics, status tags, runtime params and engine."""
+        """One measured batch size: its metrics, status tags, runtime params and engine (and
+        every request's time, where the paper protocol kept them)."""
         tags = {f"{S.T_STATUS}.bs{b}": record["status"]}
         if self.parent_id:
             tags[S.T_LAST_PARENT] = self.parent_id
@@ -64,6 +65,8 @@ class CellRecorder:
             if stability.get("reason"):
                 tags[f"{S.T_STABILITY_REASON}.bs{b}"] = stability["reason"][:5000]
             tags[f"{S.T_ATTEMPTS}.bs{b}"] = str(stability.get("attempts", 1))
+        if record.get("times_ms"):  # before the metrics: a run holding a result holds it
+            self.client.log_text(run_id, paper_times_csv(record["times_ms"]), S.times_file(b))
         ml.log_batch(self.client, run_id, metrics=ml.batch_metrics(record["metrics"], b), tags=tags)
         runtime = record.get("runtime", {})
         # what the runtime chose, per batch size (``runtime.bs<b>.<key>``); ``runtime.<key>``
@@ -222,3 +225,8 @@ def cell_status(state: CellState) -> tuple[str, str, bool, bool | None]:
         status, error = S.STATUS_OK, ""
     judged = [r["stability"]["stable"] for r in state.measured.values() if r.get("stability")]
     return status, error, bool(statuses), (all(judged) if judged else None)
+
+
+def paper_times_csv(times_ms: list[float]) -> str:
+    """The paper protocol's request times as CSV: one row per timed request, in order."""
+    return "request,time_ms\n" + "".join(f"{i},{t:.6f}\n" for i, t in enumerate(times_ms))

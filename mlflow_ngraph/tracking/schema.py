@@ -143,7 +143,9 @@ M_CPU_THROTTLE = "cpu_throttle_events"  # thermal throttle events during the win
 M_VALIDITY_WARNINGS = "validity_warnings"  # tracer / precision-fallback warnings of a cell
 M_PARALLEL_REQUESTS = "parallel_requests"  # requests the runtime ran at once
 M_REQUESTS_PER_REP = "requests_per_repetition"
-M_THROUGHPUT_OVERALL = "throughput_overall"  # = throughput (kept for older readers)
+# samples measured / seconds measured: the throughput itself under the rounds protocol;
+# under the paper protocol (measure/paper.py) throughput is the mean of b / t_i, this beside it
+M_THROUGHPUT_OVERALL = "throughput_overall"
 # how the engine was built (Engine.compile_metrics; TVM's tuning)
 M_TUNING_S = "tuning_s"
 M_TRIALS = "trials"
@@ -165,6 +167,9 @@ M_POWER = "power_w"  # joules / window seconds
 ENERGY_DOMAINS = ("package", "dram", "gpu")
 # relative metrics (need T_c(1) and the identity baseline of the same device and model)
 M_SPEEDUP = "speedup"
+#: T_c / T_identity, the ratio of the two throughputs (the paper's speedup), logged beside
+#: the speedup, which is the paired estimate where the engines were measured in rounds
+M_SPEEDUP_RATIO = "speedup_ratio"
 M_RTR = "rtr"
 M_ASE = "ase"
 M_BSR = "bsr"
@@ -201,6 +206,7 @@ FLAT_METRICS = frozenset(
         M_MAX_REL_ERROR,
         M_VALID,
         M_SPEEDUP,
+        M_SPEEDUP_RATIO,
         M_SPEEDUP_PAIRED,
         M_SPEEDUP_CI_LOW,
         M_SPEEDUP_CI_HIGH,
@@ -233,6 +239,12 @@ def is_schema_metric(key: str) -> bool:
 def domain_key(metric: str, domain: str) -> str:
     """``power_w``, ``dram`` -> ``power_w.dram``: one energy domain's share of a metric."""
     return f"{metric}.{domain}"
+
+
+def times_file(batch_size: int) -> str:
+    """The artifact holding every timed request of the paper protocol at a batch size (CSV:
+    ``request,time_ms``), in the cell's run."""
+    return f"protocol/paper_times_bs{batch_size}.csv"
 
 
 def flat_key(metric: str, batch_size: int) -> str:

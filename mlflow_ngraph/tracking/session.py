@@ -382,6 +382,7 @@ class StoreSession:
             "repetitions": m.repetitions,
             "min_duration_s": m.min_duration_s,
             "max_duration_s": m.max_duration_s,
+            "protocol": m.protocol,
             "tolerance": self.spec.tolerance,
             "math": self.spec.math,
             "atol": "default" if self.spec.atol is None else self.spec.atol,
