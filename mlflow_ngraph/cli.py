@@ -308,6 +308,15 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
     help="Measure an UNSTABLE batch size (with its baseline) again up to K times after a "
     "pause; the last attempt is kept.",
 )
+@click.option(
+    "--sittings",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Measure each model's group N times, each in fresh workers with the engines loaded "
+    "again (each to a looser target, the default cap shared): every figure is their mean, "
+    "and its re-run interval rests on the spread between sittings this run measured.",
+)
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
 def benchmark(**o: Any) -> None:
@@ -329,6 +338,7 @@ def benchmark(**o: Any) -> None:
         ),
         quiet=o["quiet"],
         experiment_explicit=o["experiment"] is not None,
+        sittings=o["sittings"],
     )
 
 
@@ -370,16 +380,18 @@ def _run(
     stability: tuple[float, float, int, float, float] = (0.05, 25.0, 1, 0.02, 0.012),
     quiet: bool = False,
     experiment_explicit: bool = False,
+    sittings: int = 1,
 ) -> None:
     """Validate the merged settings, run every cell and print the summary.
 
     ``stability`` is (the widest relative half-width of a STABLE figure's interval, percent
     of the CPU other processes may use, retries of an UNSTABLE batch size, the stop rule's
     target half-width, the re-run spread the intervals include)."""
-    from mlflow_ngraph.runner import Runner
+    from mlflow_ngraph.runner import Runner, check_sittings
     from mlflow_ngraph.view import make_view
 
     _check_run_options(cell_timeout, stability)
+    check_sittings(sittings, isolation, str(data.get("protocol") or "rounds"))
     max_interval, max_other_cpu, stable_retries, precision, rerun_sd = stability
     home = home or default_home()
     work, uri = _plan(data, home)
@@ -388,7 +400,8 @@ def _run(
         work, uri, home, retry_failed=retry_failed, isolation=isolation,
         cell_timeout_s=cell_timeout, max_interval=max_interval, max_other_cpu=max_other_cpu,
         stable_retries=stable_retries, precision=precision, rerun_sd=rerun_sd,
-        view=make_view(len(work.cells), quiet), experiment_explicit=experiment_explicit,
+        sittings=sittings, view=make_view(len(work.cells), quiet),
+        experiment_explicit=experiment_explicit,
     )  # fmt: skip
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -18,7 +18,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +157,21 @@ def plan(spec: Spec, home: Path | None = None) -> Plan:
     return Plan(spec, profile, cells)
 
 
+def check_sittings(sittings: int, isolation: str, protocol: str) -> None:
+    """Raises:
+    NgraphError: sittings that cannot be had (fewer than one, without fresh workers, or of
+        a protocol that measures once)."""
+    if sittings < 1:
+        raise NgraphError(f"sittings must be at least 1, got {sittings}")
+    if sittings > 1 and isolation != "process":
+        raise NgraphError(
+            "--sittings measures each group in fresh worker processes: it needs "
+            "--isolation process (the default)"
+        )
+    if sittings > 1 and protocol != "rounds":
+        raise NgraphError("--sittings combines rounds: use it with --protocol rounds")
+
+
 def _identity_first(compilers: list[CompilerSpec]) -> list[CompilerSpec]:
     return sorted(compilers, key=lambda c: c.name != "identity")
 
@@ -205,6 +220,7 @@ class Runner:
         stable_retries: int = STABLE_RETRIES,
         precision: float = PRECISION,
         rerun_sd: float | None = None,
+        sittings: int = 1,
         view: PlainView | None = None,
         experiment_explicit: bool = False,
         reference: bool = False,
@@ -212,6 +228,7 @@ class Runner:
     ) -> None:
         if isolation not in ISOLATION_MODES:
             raise NgraphError(f"isolation {isolation!r} is not one of: process, none")
+        check_sittings(sittings, isolation, plan_.spec.measure.protocol)
         self.plan = plan_
         self.spec = plan_.spec
         self.profile = plan_.profile
@@ -226,6 +243,13 @@ class Runner:
         self.stable_retries = stable_retries
         self.precision = precision
         self.rerun_sd = rerun_sd
+        #: each group measured this many times, in fresh workers (measure/sittings.py)
+        self.sittings = sittings
+        #: per kind of figure and model family, this run's engines measured in every
+        #: sitting (the spread between sittings the run itself measured)
+        self._sat: dict[str, dict[str, list]] = {"throughput": {}, "speedup": {}}
+        #: (cell, batch size, its sittings' records, model family) of every combined result
+        self._combined_results: list[tuple[Cell, int, list[dict], str]] = []
         self.view = view
         self.rows: list[Row] = []
         #: the experiment was named on the command line (not taken from the spec file)
@@ -343,6 +367,8 @@ class Runner:
                 shutdown()  # the spare worker started for a cell that will not come
             if self.view:
                 self.view.stop()
+        if self._combined_results:
+            self._settle_sittings()
         self.store.finish(self.host_failures, self.rows)
         self._order_rows()
         return self.rows
@@ -432,21 +458,35 @@ class Runner:
         if pending is None:
             return
         log_file = self.store.log_file(cell)
-        if pending:
-            outcome = self._dispatch(cell, pending, log_file)
-            if outcome.info is None:  # the model never built: the params it can have
-                self.store.params(cell, None)
-            for b in pending:
-                if b not in outcome.seen and outcome.death:
-                    self._failed(cell, b, outcome.death)
+        outcome = self._dispatch(cell, pending, log_file) if pending else _Outcome(info={})
+        self._end_cell(cell, pending, outcome)
+
+    def _end_cell(self, cell: Cell, pending: list[int], outcome: _Outcome) -> None:
+        """Close a cell its worker is done with: what the worker's death left unmeasured
+        fails, and a model that never built gets the params it can have."""
+        if outcome.info is None:
+            self.store.params(cell, None)
+        for b in pending:
+            if b not in outcome.seen and outcome.death:
+                self._failed(cell, b, outcome.death)
         self._close_cell(cell)
 
     def _view(self, method: str, *args: Any) -> None:
         if self.view is not None:
             getattr(self.view, method)(*args)
 
-    def _events(self, cell: Cell, outcome: _Outcome) -> Callable[[str, Any], None]:
-        """Where a cell's worker events go: each result is journaled, then logged."""
+    def _events(
+        self,
+        cell: Cell,
+        outcome: _Outcome,
+        earlier: dict[int, list[dict]] | None = None,
+        last: bool = True,
+    ) -> Callable[[str, Any], None]:
+        """Where a cell's worker events go: each result is journaled, then logged; with
+        ``earlier`` (batch size -> the records of the sittings before this one), the result
+        is first combined with them (:meth:`_combined`). In a sitting before the ``last``
+        the results go to ``earlier`` only (nothing is journaled or logged: a run stopped
+        there measures the group again), and a failure is the last sitting's to report."""
 
         def on_event(kind: str, payload: Any) -> None:
             if kind == "log":
@@ -456,19 +496,76 @@ class Runner:
             elif kind == "model":
                 outcome.info = payload
                 self.store.params(cell, payload)
+            elif kind == "record" and not last:
+                earlier.setdefault(payload[0], []).append(payload[1])
             elif kind == "record":
                 b, record = payload
                 outcome.seen.add(b)
+                if earlier is not None:
+                    family = (outcome.info or {}).get("family") or "-"
+                    records = [*earlier.get(b, []), record]
+                    self._combined_results.append((cell, b, records, family))
+                    record = self._combined(records, family)
                 self._item_done(cell, b, record)
                 self.journal.measured(cell.key, b, record)
                 faultpoint.point("journal_measured")
                 self._log_record(cell, b, record)
+            elif kind == "failed" and not last:
+                log.info("%s bs%d: failed in a sitting: %s", cell.title, *payload)
             elif kind == "failed":
                 b, reason = payload
                 outcome.seen.add(b)
                 self._failed(cell, b, reason)
 
         return on_event
+
+    def _combined(self, records: list[dict], family: str, settled: bool = False) -> dict:
+        """The record of a batch size measured in ``records`` (its sittings, in order):
+        :func:`mlflow_ngraph.measure.sittings.combine`, with the spread between sittings
+        this run measured so far (this engine's sittings included; ``settled``: the whole
+        run's, every engine already in it), else the host's."""
+        from mlflow_ngraph.measure import history
+        from mlflow_ngraph.measure import sittings as sit
+
+        if len(records) < 2:
+            return records[-1]
+        spreads = {}
+        for what, by_family in self._sat.items():
+            own = sit.engine_sittings(records, what)
+            if own is not None and not settled:
+                by_family.setdefault(family, []).append(own)
+            spreads[what] = sit.run_spread(by_family, family, self.sittings)
+            if spreads[what] is None:
+                spreads[what] = (
+                    history.Spread(self.rerun_sd, 10**6, "--rerun-sd")
+                    if self.rerun_sd is not None
+                    else history.spread(self.home, what, family)
+                )
+        return sit.combine(records, spreads, self.max_interval)
+
+    def _settle_sittings(self) -> None:
+        """Every combined result's re-run interval again, from the spread between sittings
+        of the whole run (a group measured early had only the engines before it): where it
+        changed, journaled and sent to the cell's run, and its row shows it."""
+        for cell, b, records, family in self._combined_results:
+            record = self._combined(records, family, settled=True)
+            before = self.journal.cell(cell.key).measured.get(b)
+            if before is None or before.get("status") != record["status"]:
+                continue
+            if record.get("rerun") == before.get("rerun") and all(
+                record["metrics"].get(k) == before["metrics"].get(k) for k in S.RERUN_METRICS
+            ):
+                continue
+            record = {**before, "metrics": {**before["metrics"], **{
+                k: record["metrics"][k] for k in S.RERUN_METRICS if k in record["metrics"]
+            }}, "rerun": record.get("rerun")}  # fmt: skip
+            self.journal.measured(cell.key, b, record)
+            self.store.to_run(cell, self.store.recorder.rerun, b, record)
+            for i, row in enumerate(self.rows):
+                if _row_of(row, cell) and row.batch_size == b:
+                    new = _row(cell, b, record)
+                    new.speedup, new.payback = row.speedup, row.payback
+                    self.rows[i] = new
 
     def _item_done(self, cell: Cell, b: int, record: dict | None) -> None:
         """What a batch size cost goes to the estimate (``record`` None: it failed)."""
@@ -512,10 +609,12 @@ class Runner:
     def _run_group(self, cells: list[Cell]) -> None:
         """The cells of one model, each in its own worker, measured interleaved
         (:func:`mlflow_ngraph.isolation.run_group`); speedups are paired with the model's
-        identity cell when it is measured in the same group."""
-        from mlflow_ngraph.isolation import Ahead, GroupCell, run_group
+        identity cell when it is measured in the same group. With ``sittings`` > 1 the
+        group is measured that many times, each in fresh workers, and each result combined
+        from its sittings (:mod:`mlflow_ngraph.measure.sittings`)."""
+        from mlflow_ngraph.isolation import Ahead
 
-        jobs: list[tuple[Cell, list[int], _Outcome, GroupCell]] = []
+        jobs: list[tuple[Cell, list[int], _Outcome, CellTask]] = []
         for cell in cells:
             pending = self._open_cell(cell)
             if pending is None:
@@ -523,12 +622,9 @@ class Runner:
             if not pending:
                 self._close_cell(cell)
                 continue
-            outcome = _Outcome()
             task = self._task(cell, pending)
             task.log_file = str(self.store.log_file(cell))
-            jobs.append(
-                (cell, pending, outcome, GroupCell(cell.key, task, self._events(cell, outcome)))
-            )
+            jobs.append((cell, pending, _Outcome(), task))
         if not jobs:
             return
         # the next model's workers start as spares (stopped while this group measures)
@@ -538,32 +634,54 @@ class Runner:
             c for c in self.plan.cells if index + 1 < len(models) and c.model is models[index + 1]
         ]
         ahead = [Ahead(c.model.name, c.compiler.name, dict(c.model.params)) for c in following]
+        again = [Ahead(c.model.name, c.compiler.name, dict(c.model.params)) for c, *_ in jobs]
+        if len(jobs) == 1:
+            log.info("%s: one engine to measure: its windows run back to back", jobs[0][0].name)
+        earlier: dict[str, dict[int, list[dict]]] = {cell.key: {} for cell, *_ in jobs}
+        for sitting in range(1, self.sittings + 1):
+            last = sitting == self.sittings
+            if self.sittings > 1:
+                log.info("%s: sitting %d of %d", cells[0].model.label, sitting, self.sittings)
+            members = self._sitting(jobs, earlier, last, ahead if last else again)
+        for (cell, pending, outcome, _), member in zip(jobs, members):
+            outcome.death = member.death
+            self._end_cell(cell, pending, outcome)
+
+    def _sitting(self, jobs, earlier, last: bool, ahead) -> list:
+        """One sitting of a group's ``jobs``: fresh workers, measured together. A sitting
+        before the ``last`` keeps its results in ``earlier`` (cell key -> batch size ->
+        records); the last one's are combined with them, journaled and logged. Returns the
+        members, the cells' first (their ``death`` says why a worker ended early)."""
+        from mlflow_ngraph.isolation import GroupCell, run_group
+        from mlflow_ngraph.measure.sittings import sitting_scale
+
+        scale = sitting_scale(self.sittings)
+        members = []
+        for cell, _, outcome, task in jobs:
+            if self.sittings > 1:  # each sitting to a looser target: their mean narrows
+                looser = {
+                    "precision": task.precision * scale,
+                    "max_interval": task.max_interval * scale,
+                }
+                task = replace(task, sittings=self.sittings, **looser)
+            kept = earlier[cell.key] if self.sittings > 1 else None
+            members.append(GroupCell(cell.key, task, self._events(cell, outcome, kept, last)))
         baseline = next((c.key for c, *_ in jobs if c.compiler.name == "identity"), None)
-        members = [job[3] for job in jobs]
         if baseline is None and self.reference:
             sizes = sorted({b for _, pending, *_ in jobs for b in pending})
-            members.append(self._reference_member(cells[0], sizes))
+            members.append(self._reference_member(jobs[0][0], sizes))
             baseline = members[-1].name
-        elif len(jobs) == 1:
-            log.info("%s: one engine to measure: its windows run back to back", jobs[0][0].name)
         run_group(
             members,
             list(self.spec.batch_sizes),
             baseline,
             self.spec.measure,
-            jobs[0][3].task.policy(),
+            members[0].task.policy(),
             self.stable_retries,
             self.cell_timeout_s,
             ahead,
         )
-        for cell, pending, outcome, member in jobs:
-            outcome.death = member.death
-            if outcome.info is None:  # the model never built: the params it can have
-                self.store.params(cell, None)
-            for b in pending:
-                if b not in outcome.seen and outcome.death:
-                    self._failed(cell, b, outcome.death)
-            self._close_cell(cell)
+        return members
 
     def _reference_member(self, cell: Cell, sizes: list[int]):
         """An identity engine measured with the group, its speedups' baseline: its records

@@ -78,14 +78,22 @@ class CellTask:
     rerun_sd: float | None = None
     #: the arithmetic every compiler runs (compilers/precision.py)
     math: str = "fp32"
+    #: the sittings this measurement is one of (measure/sittings.py): the default cap on
+    #: an engine's seconds is shared among them
+    sittings: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
     def policy(self):
-        from mlflow_ngraph.measure.rounds import RoundPolicy
+        from mlflow_ngraph.measure.rounds import MAX_S, RoundPolicy
 
+        m = self.measure
+        max_s = None
+        if self.sittings > 1 and m.max_duration_s is None:
+            max_s = max(MAX_S, 2 * m.min_duration_s) / self.sittings
         return RoundPolicy(
             window_s=self.window_s,
             precision=self.precision,
+            max_s=max_s,
             enough=self.max_interval,
             screen=self.device_kind != "cuda",
         )

@@ -36,7 +36,7 @@ E2E_FILES = {
     "test_onnx_file_benchmark.py", "test_isolation.py", "test_mlflow_ui.py",
     "test_benchmark_mlflow.py", "tune/test_tune_run.py", "test_postgres_skip.py",
     "test_calibrated.py", "test_stability.py", "deploy/test_register_faults.py",
-    "cluster/test_reaper.py", "test_calibrate.py", "test_paper_protocol.py",
+    "cluster/test_reaper.py", "test_calibrate.py", "test_paper_protocol.py", "test_sittings_run.py",
 }  # fmt: skip
 #: ... or it uses one of these fixtures (a benchmark in-process, a shared store)
 E2E_FIXTURES = {"run_cli", "store", "tiny_store", "shared_build"}

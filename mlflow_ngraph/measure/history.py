@@ -272,16 +272,13 @@ def _text(what: str, ratio: float, then: Entry, now: Entry, max_other_cpu: float
 
 def spread(home, what: str, family: str | None = None) -> Spread | None:
     """The host's spread between sittings of ``what`` (``throughput`` or ``speedup``) from
-    its history: for every engine measured in two or more uncontended, STABLE sittings, the
-    squares of its log figures about their mean, less what each sitting's own interval
-    accounts for, pooled (method of moments, clamped at zero) over engines; its degrees of
-    freedom are the sittings less one per engine. ``family`` picks the engines of one model
-    family when they have :data:`FAMILY_MIN_DF` degrees of freedom, else every engine is
-    pooled. ``None`` with fewer than :data:`MIN_DF`."""
+    its history: every engine measured in two or more uncontended, STABLE sittings (its
+    latest :data:`SPREAD_LATEST`), pooled by :func:`pooled_spread`. ``None`` with fewer
+    than :data:`MIN_DF` degrees of freedom."""
     base = folder(home)
     if not base.is_dir():
         return None
-    families: dict[str, list[list[tuple[float, float]]]] = {}
+    by_family: dict[str, list[list[tuple[float, float]]]] = {}
     for path in sorted(base.glob("*.jsonl")):
         kept = [
             e
@@ -289,34 +286,49 @@ def spread(home, what: str, family: str | None = None) -> Spread | None:
             if e.stable and not e.contended and getattr(e, what) and getattr(e, what) > 0
         ][-SPREAD_LATEST:]
         if len(kept) >= 2:
-            families.setdefault(kept[-1].family or "-", []).append(
+            by_family.setdefault(kept[-1].family or "-", []).append(
                 [(math.log(getattr(e, what)), _log_sd(getattr(e, f"{what}_h"))) for e in kept]
             )
+    return pooled_spread(by_family, family, "this host's history")
 
-    def pooled(engines: list[list[tuple[float, float]]]) -> tuple[float, int]:
-        ss = own = 0.0
-        df = 0
-        for sittings in engines:
-            n = len(sittings)
-            mean = sum(x for x, _ in sittings) / n
-            ss += sum((x - mean) ** 2 for x, _ in sittings)
-            own += (1 - 1 / n) * sum(s * s for _, s in sittings)
-            df += n - 1
-        return (max(ss - own, 0.0) / df if df else math.nan), df
 
-    engines = families.get(family, []) if family else []
-    var, df = pooled(engines)
+def variance_components(engines: list[list[tuple[float, float]]]) -> tuple[float, int]:
+    """(variance between sittings, degrees of freedom) of log figures: for each engine its
+    sittings' (log figure, that sitting's own sd of the log), the squares about the engine's
+    mean less what each sitting's own noise accounts for, pooled over engines (method of
+    moments, clamped at zero); the degrees of freedom are the sittings less one per engine.
+    NaN variance without any."""
+    ss = own = 0.0
+    df = 0
+    for sittings in engines:
+        n = len(sittings)
+        mean = sum(x for x, _ in sittings) / n
+        ss += sum((x - mean) ** 2 for x, _ in sittings)
+        own += (1 - 1 / n) * sum(s * s for _, s in sittings)
+        df += n - 1
+    return (max(ss - own, 0.0) / df if df else math.nan), df
+
+
+def pooled_spread(
+    by_family: dict[str, list[list[tuple[float, float]]]], family: str | None, source: str
+) -> Spread | None:
+    """The spread between sittings of the engines ``by_family`` (each engine: its sittings'
+    log figures and own sds, :func:`variance_components`): those of ``family`` where they
+    have :data:`FAMILY_MIN_DF` degrees of freedom, else every engine pooled; ``None`` with
+    fewer than :data:`MIN_DF`. ``source`` names where the sittings come from."""
+    engines = by_family.get(family, []) if family else []
+    var, df = variance_components(engines)
     label = f"the {family} engines"
     if df < FAMILY_MIN_DF:
-        engines = [e for group in families.values() for e in group]
-        var, df = pooled(engines)
+        engines = [e for group in by_family.values() for e in group]
+        var, df = variance_components(engines)
         label = "every engine"
     if df < MIN_DF:
         return None
     return Spread(
         math.sqrt(var),
         df,
-        f"this host's history ({label}: {len(engines)} measured in {df + len(engines)} sittings)",
+        f"{source} ({label}: {len(engines)} measured in {df + len(engines)} sittings)",
     )
 
 

@@ -57,6 +57,8 @@ class CellRecorder:
             tags[f"{S.T_MOVED}.bs{b}"] = record["moved"][:5000]
         if record.get("rerun"):
             tags[f"{S.T_RERUN}.bs{b}"] = record["rerun"][:5000]
+        if record.get("sittings_text"):
+            tags[f"{S.T_SITTINGS}.bs{b}"] = record["sittings_text"][:5000]
         stability = record.get("stability")
         if stability:
             tags[f"{S.T_STABILITY}.bs{b}"] = (
@@ -81,6 +83,16 @@ class CellRecorder:
         )
         if record.get("engine_dir") and self.log_engines and Path(record["engine_dir"]).is_dir():
             ml.log_engine(self.client, run_id, Path(record["engine_dir"]), b)
+
+    def rerun(self, run_id: str, b: int, record: dict) -> None:
+        """A result's re-run interval, settled after it was logged (``--sittings``: from the
+        whole run's spread between sittings): its metrics and the tag that says where the
+        spread came from."""
+        metrics = {
+            k: v for k, v in record["metrics"].items() if k in S.RERUN_METRICS and v is not None
+        }
+        tags = {f"{S.T_RERUN}.bs{b}": record["rerun"][:5000]} if record.get("rerun") else {}
+        ml.log_batch(self.client, run_id, metrics=ml.batch_metrics(metrics, b), tags=tags)
 
     def failed(self, run_id: str, b: int, reason: str) -> None:
         ml.log_batch(

@@ -43,6 +43,8 @@ T_STOP_REASON = "ngraph.stop_reason"  # .bs<b>: precision, max_duration
 T_MOVED = "ngraph.moved"
 #: .bs<b>: the spread between sittings behind the re-run intervals, or why there are none
 T_RERUN = "ngraph.rerun"
+#: .bs<b>: each sitting's figures, where the figure was measured in several (--sittings)
+T_SITTINGS = "ngraph.sittings"
 T_ATTEMPTS = "ngraph.attempts"  # .bs<b>: measurements made of a batch size (--stable-retries)
 T_REFERENCE = "ngraph.reference"  # what the outputs were checked against
 T_SWEEP = "ngraph.sweep"  # the sweep id of every run a sweep started
@@ -93,6 +95,13 @@ M_SPEEDUP_RERUN_LOW = "speedup_rerun_low"
 M_SPEEDUP_RERUN_HIGH = "speedup_rerun_high"
 M_RERUN_SD = "rerun_sd"  # the spread between sittings the speedup's re-run interval used
 M_RERUN_DF = "rerun_df"  # its degrees of freedom
+#: what a result's re-run interval is (``--sittings`` settles it at the run's end)
+RERUN_METRICS = (
+    M_THROUGHPUT_RERUN_LOW, M_THROUGHPUT_RERUN_HIGH, M_SPEEDUP_RERUN_LOW, M_SPEEDUP_RERUN_HIGH,
+    M_RERUN_SD, M_RERUN_DF,
+)  # fmt: skip
+# the sittings the figure combines (``--sittings``: measure/sittings.py); absent: one
+M_SITTINGS = "sittings"
 # what each interval rests on (measure/rounds.py): rounds, the lag-1 autocorrelation of
 # their values (an interval is widened where it is positive beyond chance), and whether
 # the drift between the rounds' halves could be judged (1) or there were too few rounds (0)

@@ -1,0 +1,173 @@
+"""Figures measured in several sittings (``benchmark --sittings N``), and the spread between
+sittings that this run itself measured.
+
+A sitting is one measurement of a model's engines in fresh worker processes with the
+engines loaded again. A figure's own interval (its rounds) covers what the host did during
+that sitting; the next sitting lands somewhere else (other processes, other memory, another
+state of the host). With ``--sittings N`` each group is measured N times, each sitting to
+a target √N times looser and a default cap N times shorter (so that the N sittings cost
+about what one did), and for each engine and batch size:
+
+- the **figure** is the geometric mean of its sittings' figures (throughput, and the paired
+  speedup where every sitting paired it), and its **sitting interval** the one the
+  sittings' own intervals give for that mean (log half-widths in quadrature, over N);
+- the **spread between sittings** is estimated from this run's own sittings: every engine
+  measured so far in the run (the variance components of
+  :func:`mlflow_ngraph.measure.history.variance_components`, by model family where a family
+  has enough degrees of freedom), never assumed; where the run has too few yet, the host's
+  history gives it, as with one sitting;
+- the **re-run interval** is the prediction interval of where another run with N sittings
+  lands: t with the spread's degrees of freedom, over the variance of the difference of two
+  such means, 2 (sd^2 + own^2) / N;
+- the figure is STABLE when every sitting was (each judged against a limit √N times wider)
+  and the combined interval is within ``--max-interval``.
+
+Each sitting's figures also enter the host's history as they are measured, so later runs
+with one sitting get a spread from them too. Pure: records in, a record out.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+
+from mlflow_ngraph.measure.history import MIN_DF, Z95, Spread, pooled_spread, rerun_interval
+from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER
+
+#: (figure, its interval's ends, its relative half-width, its re-run interval's ends) in a
+#: record's metrics, per kind of figure
+FIELDS = {
+    "throughput": (
+        "throughput",
+        ("throughput_ci_low", "throughput_ci_high"),
+        "throughput_halfwidth",
+        ("throughput_rerun_low", "throughput_rerun_high"),
+    ),
+    "speedup": (
+        "speedup_paired",
+        ("speedup_ci_low", "speedup_ci_high"),
+        "speedup_halfwidth",
+        ("speedup_rerun_low", "speedup_rerun_high"),
+    ),
+}
+
+
+def sitting_scale(sittings: int) -> float:
+    """How much looser each of ``sittings`` sittings may be than one alone: √N (the mean of
+    N narrows by that)."""
+    return math.sqrt(max(1, sittings))
+
+
+def figure(record: Mapping, what: str) -> tuple[float, float | None] | None:
+    """(value, log half-width of its sitting interval or None) of ``what`` in a record's
+    metrics; ``None`` where the record has no such figure."""
+    name, (low_name, high_name), _, _ = FIELDS[what]
+    metrics = record.get("metrics") or {}
+    value, low, high = metrics.get(name), metrics.get(low_name), metrics.get(high_name)
+    if not value or value <= 0 or not math.isfinite(value):
+        return None
+    if low is None or high is None or low <= 0 or high <= 0:
+        return value, None
+    return value, max(math.log(high / value), math.log(value / low))
+
+
+def engine_sittings(records: Sequence[Mapping], what: str) -> list[tuple[float, float]] | None:
+    """One engine's sittings as the variance components take them: (log figure, its own sd
+    of the log) of each STABLE sitting with an interval; ``None`` with fewer than two."""
+    out = []
+    for record in records:
+        if (record.get("stability") or {}).get("stable") is False:
+            continue
+        got = figure(record, what)
+        if got is not None and got[1] is not None:
+            out.append((math.log(got[0]), got[1] / Z95))
+    return out if len(out) >= 2 else None
+
+
+def run_spread(
+    by_family: dict[str, list[list[tuple[float, float]]]], family: str | None, sittings: int
+) -> Spread | None:
+    """The spread between sittings this run measured (``by_family``: each engine's
+    :func:`engine_sittings`), by ``family`` where it has enough of them."""
+    return pooled_spread(by_family, family, f"this run's {sittings} sittings")
+
+
+def combine(
+    records: Sequence[Mapping],
+    spreads: Mapping[str, Spread | None],
+    max_interval: float,
+) -> dict:
+    """One record of an engine at a batch size from its sittings' ``records`` (in order; the
+    last one's other metrics, tags and engine are kept): the figures and intervals of the
+    module's rules, ``sittings``, each sitting's figure (``sittings_text``), re-run
+    intervals from ``spreads`` (per kind of figure, the spread of one sitting: None where
+    neither the run nor the host has one) and the combined stability."""
+    n = len(records)
+    out = copy.deepcopy(dict(records[-1]))
+    metrics = out.setdefault("metrics", {})
+    metrics["sittings"] = float(n)
+    said, halfwidths = [], {}
+    for what, (name, (low_name, high_name), half_name, rerun_names) in FIELDS.items():
+        for key in rerun_names:
+            metrics.pop(key, None)  # the last sitting's, from the history: replaced below
+        got = [figure(r, what) for r in records]
+        if any(g is None for g in got):
+            continue
+        centre = sum(math.log(v) for v, _ in got) / n
+        h = None if any(g[1] is None for g in got) else math.sqrt(sum(g[1] ** 2 for g in got)) / n
+        value = math.exp(centre)
+        metrics[name] = value
+        if what == "throughput":
+            metrics["throughput_overall"] = value
+        metrics[low_name] = value * math.exp(-h) if h is not None else None
+        metrics[high_name] = value * math.exp(h) if h is not None else None
+        metrics[half_name] = math.expm1(h) if h is not None else None
+        halfwidths[what] = h
+        unit = "/s" if what == "throughput" else "x"
+        said.append(f"{what} " + ", ".join(f"{v:.4g}{unit}" for v, _ in got))
+        spread = spreads.get(what)
+        if spread is not None and h is not None:
+            one = Spread(spread.sd / math.sqrt(n), spread.df, spread.source)
+            interval = rerun_interval(value, h, one)
+            if interval is not None:
+                metrics[rerun_names[0]], metrics[rerun_names[1]] = interval[:2]
+    out["sittings_text"] = "; ".join(said)
+    paired = "speedup" in halfwidths
+    chosen = spreads.get("speedup" if paired else "throughput")
+    if chosen is not None:
+        metrics["rerun_sd"], metrics["rerun_df"] = chosen.sd, float(min(chosen.df, 10**6))
+        out["rerun"] = f"sd {100 * chosen.sd:.2f}% ({chosen.df} df) from {chosen.source}"
+    else:
+        metrics.pop("rerun_sd", None)
+        metrics.pop("rerun_df", None)
+        out["rerun"] = (
+            f"none: fewer than {MIN_DF} degrees of freedom between sittings so far, in this "
+            "run and in this host's history"
+        )
+    out["stability"] = _stability(records, halfwidths.get("speedup" if paired else "throughput"),
+                                  max_interval if paired else THROUGHPUT_WIDER * max_interval,
+                                  "speedup" if paired else "throughput")  # fmt: skip
+    return out
+
+
+def _stability(records: Sequence[Mapping], h: float | None, limit: float, what: str) -> dict:
+    """STABLE when every sitting was and the combined interval is within ``limit``."""
+    causes = []
+    for i, record in enumerate(records, 1):
+        stability = record.get("stability") or {}
+        if stability.get("stable") is False:
+            causes.append(f"sitting {i}: {stability.get('reason', '')}".rstrip(": "))
+    width = math.expm1(h) if h is not None else None
+    if width is None:
+        causes.append(f"too few windows for a {what} interval")
+    elif width > limit:
+        causes.append(
+            f"the {len(records)} sittings' {what} interval +-{100 * width:.1f}% is wider "
+            f"than +-{100 * limit:.3g}%: measure on a quiet host"
+        )
+    return {
+        "stable": not causes,
+        "reason": "; ".join(causes),
+        "attempts": sum(int((r.get("stability") or {}).get("attempts", 1)) for r in records),
+    }

@@ -1,0 +1,117 @@
+"""Figures combined from several sittings (measure/sittings.py): the geometric mean and its
+sitting interval, the re-run interval from the run's own spread between sittings, and the
+combined stability. Pure arithmetic on records."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mlflow_ngraph.measure.history import Z95, Spread, rerun_interval, variance_components
+from mlflow_ngraph.measure.sittings import (
+    combine,
+    engine_sittings,
+    run_spread,
+    sitting_scale,
+)
+
+
+def record(throughput, h, speedup=None, hs=None, stable=True, reason="", attempts=1, **more):
+    metrics = {
+        "throughput": throughput,
+        "throughput_ci_low": throughput * math.exp(-h),
+        "throughput_ci_high": throughput * math.exp(h),
+        "throughput_halfwidth": math.expm1(h),
+        "throughput_rerun_low": 1.0,  # the worker's, from the history: replaced
+        "cpu_percent": 97.0,
+        **more,
+    }
+    if speedup is not None:
+        metrics.update(
+            speedup_paired=speedup,
+            speedup_ci_low=speedup * math.exp(-hs),
+            speedup_ci_high=speedup * math.exp(hs),
+        )
+    return {
+        "metrics": metrics,
+        "status": "OK",
+        "stability": {"stable": stable, "reason": reason, "attempts": attempts},
+    }
+
+
+def test_the_figure_is_the_geometric_mean_and_its_interval_the_sittings_own():
+    a, b = record(100.0, 0.02, 2.0, 0.01), record(121.0, 0.04, 2.2, 0.03)
+    out = combine([a, b], {"throughput": None, "speedup": None}, 0.05)
+    m = out["metrics"]
+    assert m["throughput"] == pytest.approx(110.0)
+    h = math.sqrt(0.02**2 + 0.04**2) / 2
+    assert m["throughput_ci_low"] == pytest.approx(110.0 * math.exp(-h))
+    assert m["throughput_ci_high"] == pytest.approx(110.0 * math.exp(h))
+    assert m["throughput_halfwidth"] == pytest.approx(math.expm1(h))
+    assert m["speedup_paired"] == pytest.approx(math.sqrt(2.0 * 2.2))
+    assert m["sittings"] == 2.0
+    assert m["cpu_percent"] == 97.0  # the last sitting's other figures
+    assert out["sittings_text"] == "throughput 100/s, 121/s; speedup 2x, 2.2x"
+    # no spread: no re-run interval, not even the worker's from the history
+    assert "throughput_rerun_low" not in m and "speedup_rerun_low" not in m
+    assert out["rerun"].startswith("none: fewer than 3 degrees of freedom")
+    assert a["metrics"]["throughput"] == 100.0  # the sittings' records are left as they were
+
+
+def test_the_rerun_interval_is_a_prediction_for_another_mean_of_n_sittings():
+    sittings = [record(100.0, 0.02, 1.5, 0.02), record(104.0, 0.02, 1.55, 0.02)]
+    spread = Spread(0.03, 12, "this run's 2 sittings (every engine: 12 measured in 24 sittings)")
+    out = combine(sittings, {"throughput": spread, "speedup": spread}, 0.05)
+    m = out["metrics"]
+    h = math.sqrt(2 * 0.02**2) / 2
+    low, high, _ = rerun_interval(m["throughput"], h, Spread(0.03 / math.sqrt(2), 12, ""))
+    assert (m["throughput_rerun_low"], m["throughput_rerun_high"]) == pytest.approx((low, high))
+    # the variance of the difference of two means of 2 sittings: 2 (sd^2 + own^2) / 2
+    from scipy import stats
+
+    width = stats.t.ppf(0.975, 12) * math.sqrt(2 * (0.03**2 + (0.02 / Z95) ** 2) / 2)
+    assert math.log(m["throughput_rerun_high"] / m["throughput"]) == pytest.approx(width)
+    assert m["rerun_sd"] == 0.03 and m["rerun_df"] == 12
+    assert out["rerun"] == f"sd 3.00% (12 df) from {spread.source}"
+
+
+def test_stable_only_when_every_sitting_was_and_the_mean_is_known_well_enough():
+    ok = [record(100.0, 0.02, 2.0, 0.02), record(101.0, 0.02, 2.0, 0.02, attempts=2)]
+    got = combine(ok, {}, 0.05)["stability"]
+    assert got == {"stable": True, "reason": "", "attempts": 3}
+    shaky = [record(100.0, 0.02, 2.0, 0.02), record(101.0, 0.02, 2.0, 0.02, False, "busy")]
+    got = combine(shaky, {}, 0.05)["stability"]
+    assert not got["stable"] and got["reason"] == "sitting 2: busy"
+    # each sitting passed its looser limit; their mean is still wider than --max-interval
+    wide = [record(100.0, 0.02, 2.0, 0.09), record(101.0, 0.02, 2.0, 0.09)]
+    got = combine(wide, {}, 0.05)["stability"]
+    assert not got["stable"] and "2 sittings' speedup interval +-6.6%" in got["reason"]
+
+
+def test_a_figure_one_sitting_lacks_is_not_combined():
+    paired, alone = record(100.0, 0.02, 2.0, 0.02), record(110.0, 0.02)
+    out = combine([paired, alone], {}, 0.05)
+    assert "speedup" not in out["sittings_text"]
+    assert out["metrics"]["throughput"] == pytest.approx(math.sqrt(100.0 * 110.0))
+
+
+def test_the_run_spread_pools_its_engines_as_the_history_does():
+    engines = [
+        [record(100.0, 0.01), record(105.0, 0.01)],
+        [record(50.0, 0.01), record(48.0, 0.01), record(49.0, 0.01)],
+        [record(10.0, 0.01), record(10.3, 0.01, stable=False)],  # one stable sitting: out
+    ]
+    sittings = [engine_sittings(e, "throughput") for e in engines]
+    assert sittings[2] is None
+    by_family = {"cnn": [s for s in sittings if s is not None]}
+    var, df = variance_components(by_family["cnn"])
+    assert df == 1 + 2
+    got = run_spread(by_family, "cnn", 2)
+    assert got.sd == pytest.approx(math.sqrt(var)) and got.df == 3
+    assert got.source == "this run's 2 sittings (every engine: 2 measured in 5 sittings)"
+    assert run_spread({"cnn": by_family["cnn"][:1]}, "cnn", 2) is None  # 1 df: too few
+
+
+def test_each_sitting_may_be_root_n_looser():
+    assert sitting_scale(1) == 1.0 and sitting_scale(4) == 2.0
