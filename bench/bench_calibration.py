@@ -22,6 +22,7 @@ marked UNSTABLE is the noise floor of the marks on this host; the per-round log 
 (and its MAD-based sd: the bulk without the stray rounds) says why.
 
     python bench/bench_calibration.py repeat --spec default   # --runs 3: re-run coverage
+    python bench/bench_calibration.py repeat --spec default --runs 2 --sittings 2
     python bench/bench_calibration.py hog --spec bench/specs/calibration.yaml
     python bench/bench_calibration.py walltime --before f3ab2ff --spec default
     python bench/bench_calibration.py paper --before f3ab2ff
@@ -138,6 +139,7 @@ def repeat(args) -> None:
     print(f"store, engines and every window (windows-N.jsonl) in {work}", flush=True)
     runs = []
     rerun = [] if args.rerun_sd is None else ["--rerun-sd", str(args.rerun_sd)]
+    rerun += ["--sittings", str(args.sittings)]
     for i in range(1, args.runs + 1):
         before = load()
         seconds = benchmark(
@@ -597,6 +599,10 @@ def main() -> None:
         help="repeat: the benchmark's --rerun-sd (default: the spread the home's history measures)",
     )  # fmt: skip
     p.add_argument("--runs", type=int, default=3, help="repeat: runs into one home (>= 2)")
+    p.add_argument(
+        "--sittings", type=int, default=1,
+        help="repeat: the benchmark's --sittings (each run's spread measured by the run itself)",
+    )  # fmt: skip
     p.add_argument("--device", default="cpu")
     p.add_argument("--before", default="f3ab2ff", help="the revision to compare against")
     p.add_argument("--rounds", type=int, default=1, help="alternating rounds of before/after")
