@@ -133,21 +133,25 @@ def _winners(rows: dict[tuple, dict]) -> dict[tuple, tuple[str, bool]]:
 
 
 def repeat(args) -> None:
-    work = Path(tempfile.mkdtemp(prefix="calibration-"))
+    # --work: runs into an earlier repeat's store and home (warm caches, its history)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="calibration-"))
     uri = f"sqlite:///{work / 'mlflow.db'}"
     home = work / "home"
     print(f"store, engines and every window (windows-N.jsonl) in {work}", flush=True)
     runs = []
     rerun = [] if args.rerun_sd is None else ["--rerun-sd", str(args.rerun_sd)]
     rerun += ["--sittings", str(args.sittings)]
+    # a repeat into an earlier one's folder (--work) names its runs apart
+    label = "calibration" if not args.work else f"calibration-s{args.sittings}"
     for i in range(1, args.runs + 1):
         before = load()
+        windows_log = work / f"windows{label[len('calibration') :]}-{i}.jsonl"
         seconds = benchmark(
-            ["--spec", args.spec, "--device", args.device, "--experiment", f"calibration-{i}",
+            ["--spec", args.spec, "--device", args.device, "--experiment", f"{label}-{i}",
              *rerun],
-            home, uri, extra={"MLFLOW_NGRAPH_WINDOWS_LOG": str(work / f"windows-{i}.jsonl")},
+            home, uri, extra={"MLFLOW_NGRAPH_WINDOWS_LOG": str(windows_log)},
         )  # fmt: skip
-        runs.append(records(uri, f"calibration-{i}"))
+        runs.append(records(uri, f"{label}-{i}"))
         print(f"run {i}: {seconds:.0f} s (load {before} -> {load()})", flush=True)
     coverage(runs)
     first, second = runs[-2], runs[-1]
@@ -586,7 +590,10 @@ def study(args) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["repeat", "hog", "walltime", "paper", "windows", "aa", "study"])
-    p.add_argument("--work", help="study: the folder a repeat printed (its windows logs)")
+    p.add_argument(
+        "--work", help="study: the folder a repeat printed (its windows logs); repeat: runs "
+        "into that folder's store and home (warm engine caches, its history)",
+    )  # fmt: skip
     p.add_argument("--compilers", nargs="+", default=["identity", "onnxruntime", "openvino"])
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5, help="aa: groups per engine")

@@ -69,7 +69,7 @@ def calibrate(
 ) -> None:
     """Measure this host's spread between sittings into the home (for re-run intervals)."""
     from mlflow_ngraph.cli import _setup_logging, default_home, merge_options, resolve_spec_path
-    from mlflow_ngraph.config import build_spec, check_home, load_spec_file
+    from mlflow_ngraph.config import RunPolicy, build_spec, check_home, load_spec_file
     from mlflow_ngraph.runner import Runner, plan
     from mlflow_ngraph.view import make_view
 
@@ -96,8 +96,7 @@ def calibrate(
                 work,
                 uri,
                 home,
-                max_interval=max_interval,
-                max_other_cpu=max_other_cpu,
+                policy=RunPolicy(max_interval=max_interval, max_other_cpu=max_other_cpu),
                 view=make_view(len(work.cells), True),
             ).run()
     click.echo(report(home))

@@ -16,11 +16,14 @@ import sys
 import warnings
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from mlflow_ngraph.errors import NgraphError
+
+if TYPE_CHECKING:
+    from mlflow_ngraph.config import RunPolicy
 
 log = logging.getLogger("mlflow_ngraph")
 
@@ -321,6 +324,8 @@ def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
 @click.option("-q", "--quiet", is_flag=True)
 def benchmark(**o: Any) -> None:
     """Compile and measure models x compilers x batch sizes on this device."""
+    from mlflow_ngraph.config import RunPolicy
+
     _setup_logging(-1 if o["quiet"] else o["verbose"])
     data = _benchmark_data(o)
     _run(
@@ -329,16 +334,16 @@ def benchmark(**o: Any) -> None:
         o["retry_failed"],
         o["isolation"],
         o["cell_timeout"],
-        stability=(
-            o["max_interval"],
-            o["max_other_cpu"],
-            o["stable_retries"],
-            o["precision"],
-            o["rerun_sd"],
+        policy=RunPolicy(
+            max_interval=o["max_interval"],
+            max_other_cpu=o["max_other_cpu"],
+            stable_retries=o["stable_retries"],
+            precision=o["precision"],
+            rerun_sd=o["rerun_sd"],
+            sittings=o["sittings"],
         ),
         quiet=o["quiet"],
         experiment_explicit=o["experiment"] is not None,
-        sittings=o["sittings"],
     )
 
 
@@ -377,30 +382,26 @@ def _run(
     retry_failed: bool,
     isolation: str = "process",
     cell_timeout: float = 1800.0,
-    stability: tuple[float, float, int, float, float] = (0.05, 25.0, 1, 0.02, 0.012),
+    policy: RunPolicy | None = None,
     quiet: bool = False,
     experiment_explicit: bool = False,
-    sittings: int = 1,
 ) -> None:
-    """Validate the merged settings, run every cell and print the summary.
-
-    ``stability`` is (the widest relative half-width of a STABLE figure's interval, percent
-    of the CPU other processes may use, retries of an UNSTABLE batch size, the stop rule's
-    target half-width, the re-run spread the intervals include)."""
+    """Validate the merged settings and the run's ``policy`` (how it judges and repeats
+    its measurements), run every cell and print the summary."""
+    from mlflow_ngraph.config import RunPolicy
     from mlflow_ngraph.runner import Runner, check_sittings
     from mlflow_ngraph.view import make_view
 
-    _check_run_options(cell_timeout, stability)
-    check_sittings(sittings, isolation, str(data.get("protocol") or "rounds"))
-    max_interval, max_other_cpu, stable_retries, precision, rerun_sd = stability
+    policy = policy or RunPolicy()
+    _check_cell_timeout(cell_timeout)
+    policy.validate()
+    check_sittings(policy.sittings, isolation, str(data.get("protocol") or "rounds"))
     home = home or default_home()
     work, uri = _plan(data, home)
     spec = work.spec
     runner = Runner(
         work, uri, home, retry_failed=retry_failed, isolation=isolation,
-        cell_timeout_s=cell_timeout, max_interval=max_interval, max_other_cpu=max_other_cpu,
-        stable_retries=stable_retries, precision=precision, rerun_sd=rerun_sd,
-        sittings=sittings, view=make_view(len(work.cells), quiet),
+        cell_timeout_s=cell_timeout, policy=policy, view=make_view(len(work.cells), quiet),
         experiment_explicit=experiment_explicit,
     )  # fmt: skip
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -475,24 +476,13 @@ def _plan(data: dict[str, Any], home: Path):
     return work, uri
 
 
-def _check_run_options(cell_timeout: float, stability: tuple) -> None:
+def _check_cell_timeout(cell_timeout: float) -> None:
     """Raises:
-    NgraphError: a cell timeout or a stability setting out of its range."""
+    NgraphError: a cell timeout out of its range."""
     if not (math.isfinite(cell_timeout) and cell_timeout > 0):
         raise NgraphError(
             f"cell-timeout must be a finite number of seconds > 0, got {cell_timeout}"
         )
-    max_interval, max_other_cpu, stable_retries, precision, rerun_sd = stability
-    if not (math.isfinite(max_interval) and 0 < max_interval < 1):
-        raise NgraphError(f"max-interval must be a fraction in (0, 1), got {max_interval}")
-    if not (math.isfinite(precision) and 0 < precision < 1):
-        raise NgraphError(f"precision must be a fraction in (0, 1), got {precision}")
-    if not (math.isfinite(max_other_cpu) and 0 <= max_other_cpu <= 100):
-        raise NgraphError(f"max-other-cpu must be a percent in 0..100, got {max_other_cpu}")
-    if rerun_sd is not None and not (math.isfinite(rerun_sd) and 0 <= rerun_sd < 1):
-        raise NgraphError(f"rerun-sd must be a fraction in [0, 1) (0.012 is 1.2%), got {rerun_sd}")
-    if stable_retries < 0:
-        raise NgraphError(f"stable-retries must be >= 0, got {stable_retries}")
 
 
 def _interrupt(signum, frame) -> None:

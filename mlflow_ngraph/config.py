@@ -27,13 +27,15 @@ import json
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.measure.rounds import PRECISION
+from mlflow_ngraph.measure.stability import MAX_INTERVAL, OTHER_CPU_THRESHOLD
 
 SCENARIOS = ("throughput", "latency")
 #: how a cell is timed: ``rounds`` (windows interleaved with the model's other engines, the
@@ -147,6 +149,58 @@ class MeasureSettings:
                     f"max-duration {self.max_duration_s:g} s is below min-duration "
                     f"{self.min_duration_s:g} s: raise --max-duration or lower --min-duration"
                 )
+
+
+@dataclass(frozen=True)
+class RunPolicy:
+    """How a run judges its measurements and how far it goes to make them hold: what
+    ``benchmark``'s stability options set (``tune`` passes its own). Validated here, then
+    carried whole from the command line to each cell's worker and its rounds. Not part of
+    a cell's key: a figure measured under a stricter policy is the same figure."""
+
+    #: the widest relative half-width of a STABLE figure's 95% interval (a speedup's;
+    #: identity's throughput against twice that): ``--max-interval``
+    max_interval: float = MAX_INTERVAL
+    #: percent of all cores other processes may use during a measurement: ``--max-other-cpu``
+    max_other_cpu: float = OTHER_CPU_THRESHOLD
+    #: measurements of an UNSTABLE batch size after the first: ``--stable-retries``
+    stable_retries: int = 1
+    #: the stop rule's target relative half-width: ``--precision``
+    precision: float = PRECISION
+    #: the spread between sittings (sd of the log) the re-run intervals use; None: the one
+    #: measured (this run's sittings, else the host's history): ``--rerun-sd``
+    rerun_sd: float | None = None
+    #: each group measured this many times in fresh workers (measure/sittings.py)
+    sittings: int = 1
+
+    def validate(self) -> None:
+        """Raises:
+        NgraphError: a setting out of its range, named as its option."""
+        if not (math.isfinite(self.max_interval) and 0 < self.max_interval < 1):
+            raise NgraphError(f"max-interval must be a fraction in (0, 1), got {self.max_interval}")
+        if not (math.isfinite(self.precision) and 0 < self.precision < 1):
+            raise NgraphError(f"precision must be a fraction in (0, 1), got {self.precision}")
+        if not (math.isfinite(self.max_other_cpu) and 0 <= self.max_other_cpu <= 100):
+            raise NgraphError(
+                f"max-other-cpu must be a percent in 0..100, got {self.max_other_cpu}"
+            )
+        rerun_sd = self.rerun_sd
+        if rerun_sd is not None and not (math.isfinite(rerun_sd) and 0 <= rerun_sd < 1):
+            raise NgraphError(
+                f"rerun-sd must be a fraction in [0, 1) (0.012 is 1.2%), got {rerun_sd}"
+            )
+        if self.stable_retries < 0:
+            raise NgraphError(f"stable-retries must be >= 0, got {self.stable_retries}")
+        if self.sittings < 1:
+            raise NgraphError(f"sittings must be at least 1, got {self.sittings}")
+
+    def per_sitting(self) -> RunPolicy:
+        """What each of the sittings aims at: the target and the limit it is judged against
+        √N looser (the mean of N sittings narrows by that)."""
+        scale = math.sqrt(self.sittings)
+        return replace(
+            self, precision=self.precision * scale, max_interval=self.max_interval * scale
+        )
 
 
 @dataclass

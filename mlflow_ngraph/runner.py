@@ -18,7 +18,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,10 @@ from mlflow_ngraph import metrics as M
 from mlflow_ngraph.cells import Cell
 from mlflow_ngraph.compilers.base import Compiler
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
-from mlflow_ngraph.config import CompilerSpec, ModelSpec, Spec
+from mlflow_ngraph.config import CompilerSpec, ModelSpec, RunPolicy, Spec
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
 from mlflow_ngraph.errors import VANISHED, NgraphError, host_errno, host_fault, vanished
 from mlflow_ngraph.estimate import Estimate, Item, Timings, describe
-from mlflow_ngraph.measure.rounds import PRECISION
-from mlflow_ngraph.measure.stability import MAX_INTERVAL, OTHER_CPU_THRESHOLD
 from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.summary import cell_run_name, differing_flags
 from mlflow_ngraph.supply import host_fingerprint
@@ -43,7 +41,6 @@ from mlflow_ngraph.tracking.session import StoreSession
 from mlflow_ngraph.view import PlainView
 from mlflow_ngraph.worker import (
     CHECK_SEED,
-    STABLE_RETRIES,
     CellTask,
     compare_outputs,
     one_line,
@@ -215,12 +212,7 @@ class Runner:
         on_row: Callable[[Row], None] | None = None,
         isolation: str = "process",
         cell_timeout_s: float = DEFAULT_CELL_TIMEOUT_S,
-        max_interval: float = MAX_INTERVAL,
-        max_other_cpu: float = OTHER_CPU_THRESHOLD,
-        stable_retries: int = STABLE_RETRIES,
-        precision: float = PRECISION,
-        rerun_sd: float | None = None,
-        sittings: int = 1,
+        policy: RunPolicy | None = None,
         view: PlainView | None = None,
         experiment_explicit: bool = False,
         reference: bool = False,
@@ -228,7 +220,9 @@ class Runner:
     ) -> None:
         if isolation not in ISOLATION_MODES:
             raise NgraphError(f"isolation {isolation!r} is not one of: process, none")
-        check_sittings(sittings, isolation, plan_.spec.measure.protocol)
+        self.policy = policy or RunPolicy()
+        self.policy.validate()
+        check_sittings(self.policy.sittings, isolation, plan_.spec.measure.protocol)
         self.plan = plan_
         self.spec = plan_.spec
         self.profile = plan_.profile
@@ -238,13 +232,6 @@ class Runner:
         self.on_row = on_row or (lambda row: None)
         self.isolation = isolation
         self.cell_timeout_s = cell_timeout_s
-        self.max_interval = max_interval
-        self.max_other_cpu = max_other_cpu
-        self.stable_retries = stable_retries
-        self.precision = precision
-        self.rerun_sd = rerun_sd
-        #: each group measured this many times, in fresh workers (measure/sittings.py)
-        self.sittings = sittings
         #: per kind of figure and model family, this run's engines measured in every
         #: sitting (the spread between sittings the run itself measured)
         self._sat: dict[str, dict[str, list]] = {"throughput": {}, "speedup": {}}
@@ -341,7 +328,7 @@ class Runner:
                 shutdown()  # the template, started for a run that cannot start
             raise
         self.estimate = Estimate.of(
-            todo, self.spec.measure, Timings(self.home), self.stable_retries,
+            todo, self.spec.measure, Timings(self.home), self.policy.stable_retries,
             grouped=self.isolation == "process",
         )  # fmt: skip
         if todo:
@@ -534,14 +521,14 @@ class Runner:
             own = sit.engine_sittings(records, what)
             if own is not None and not settled:
                 by_family.setdefault(family, []).append(own)
-            spreads[what] = sit.run_spread(by_family, family, self.sittings)
+            spreads[what] = sit.run_spread(by_family, family, self.policy.sittings)
             if spreads[what] is None:
                 spreads[what] = (
-                    history.Spread(self.rerun_sd, 10**6, "--rerun-sd")
-                    if self.rerun_sd is not None
+                    history.Spread(self.policy.rerun_sd, 10**6, "--rerun-sd")
+                    if self.policy.rerun_sd is not None
                     else history.spread(self.home, what, family)
                 )
-        return sit.combine(records, spreads, self.max_interval)
+        return sit.combine(records, spreads, self.policy.max_interval)
 
     def _settle_sittings(self) -> None:
         """Every combined result's re-run interval again, from the spread between sittings
@@ -588,11 +575,7 @@ class Runner:
             tolerance=self.spec.tolerance,
             atol=self.spec.atol,
             rtol=self.spec.rtol,
-            max_interval=self.max_interval,
-            max_other_cpu=self.max_other_cpu,
-            stable_retries=self.stable_retries,
-            precision=self.precision,
-            rerun_sd=self.rerun_sd,
+            run=self.policy.per_sitting(),
             math=self.spec.math,
         )
 
@@ -638,10 +621,11 @@ class Runner:
         if len(jobs) == 1:
             log.info("%s: one engine to measure: its windows run back to back", jobs[0][0].name)
         earlier: dict[str, dict[int, list[dict]]] = {cell.key: {} for cell, *_ in jobs}
-        for sitting in range(1, self.sittings + 1):
-            last = sitting == self.sittings
-            if self.sittings > 1:
-                log.info("%s: sitting %d of %d", cells[0].model.label, sitting, self.sittings)
+        sittings = self.policy.sittings
+        for sitting in range(1, sittings + 1):
+            last = sitting == sittings
+            if sittings > 1:
+                log.info("%s: sitting %d of %d", cells[0].model.label, sitting, sittings)
             members = self._sitting(jobs, earlier, last, ahead if last else again)
         for (cell, pending, outcome, _), member in zip(jobs, members):
             outcome.death = member.death
@@ -653,18 +637,10 @@ class Runner:
         records); the last one's are combined with them, journaled and logged. Returns the
         members, the cells' first (their ``death`` says why a worker ended early)."""
         from mlflow_ngraph.isolation import GroupCell, run_group
-        from mlflow_ngraph.measure.sittings import sitting_scale
 
-        scale = sitting_scale(self.sittings)
         members = []
         for cell, _, outcome, task in jobs:
-            if self.sittings > 1:  # each sitting to a looser target: their mean narrows
-                looser = {
-                    "precision": task.precision * scale,
-                    "max_interval": task.max_interval * scale,
-                }
-                task = replace(task, sittings=self.sittings, **looser)
-            kept = earlier[cell.key] if self.sittings > 1 else None
+            kept = earlier[cell.key] if self.policy.sittings > 1 else None
             members.append(GroupCell(cell.key, task, self._events(cell, outcome, kept, last)))
         baseline = next((c.key for c, *_ in jobs if c.compiler.name == "identity"), None)
         if baseline is None and self.reference:
@@ -677,7 +653,7 @@ class Runner:
             baseline,
             self.spec.measure,
             members[0].task.policy(),
-            self.stable_retries,
+            self.policy.stable_retries,
             self.cell_timeout_s,
             ahead,
         )

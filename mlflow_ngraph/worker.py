@@ -27,10 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from mlflow_ngraph.config import MeasureSettings
+from mlflow_ngraph.config import MeasureSettings, RunPolicy
 from mlflow_ngraph.errors import CompileFailed
-from mlflow_ngraph.measure.rounds import PRECISION, WINDOW_S
-from mlflow_ngraph.measure.stability import MAX_INTERVAL, OTHER_CPU_THRESHOLD
+from mlflow_ngraph.measure.rounds import WINDOW_S
 from mlflow_ngraph.tracking import schema as S
 
 log = logging.getLogger(__name__)
@@ -38,9 +37,6 @@ log = logging.getLogger(__name__)
 #: seed of the output-check input, distinct from the measured input (seed 0) so the check
 #: runs on a fresh random batch the engine has not seen.
 CHECK_SEED = 1234
-
-#: default of ``--stable-retries``: an UNSTABLE measurement is measured again this many times
-STABLE_RETRIES = 1
 
 #: every per-batch metric the schema names: a field of the harness's measurement whose key
 #: is one of these is logged, so a new measured quantity needs no runner change
@@ -68,33 +64,28 @@ class CellTask:
     log_file: str | None = None  # process isolation: the worker's stdout/stderr go here
     atol: float | None = None  # None: tolerance x the output's largest reference magnitude
     rtol: float = 0.0
-    max_interval: float = MAX_INTERVAL  # the widest STABLE relative half-width
-    max_other_cpu: float = OTHER_CPU_THRESHOLD  # percent of all cores
-    stable_retries: int = STABLE_RETRIES
-    precision: float = PRECISION  # the stop rule's target relative half-width
+    #: how the run judges this measurement and how far it goes to make it hold; in one of
+    #: several sittings, that sitting's (RunPolicy.per_sitting)
+    run: RunPolicy = field(default_factory=RunPolicy)
     window_s: float = WINDOW_S
-    #: the spread between sittings (sd of the log) of the re-run intervals; None: the one
-    #: this host's history in the home shows (measure/history.py), if any
-    rerun_sd: float | None = None
     #: the arithmetic every compiler runs (compilers/precision.py)
     math: str = "fp32"
-    #: the sittings this measurement is one of (measure/sittings.py): the default cap on
-    #: an engine's seconds is shared among them
-    sittings: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
     def policy(self):
+        """The rounds' policy: the run's target and limit, the default cap on an engine's
+        seconds shared among the sittings."""
         from mlflow_ngraph.measure.rounds import MAX_S, RoundPolicy
 
-        m = self.measure
+        m, run = self.measure, self.run
         max_s = None
-        if self.sittings > 1 and m.max_duration_s is None:
-            max_s = max(MAX_S, 2 * m.min_duration_s) / self.sittings
+        if run.sittings > 1 and m.max_duration_s is None:
+            max_s = max(MAX_S, 2 * m.min_duration_s) / run.sittings
         return RoundPolicy(
             window_s=self.window_s,
-            precision=self.precision,
+            precision=run.precision,
             max_s=max_s,
-            enough=self.max_interval,
+            enough=run.max_interval,
             screen=self.device_kind != "cuda",
         )
 
@@ -203,6 +194,7 @@ def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit, me
             "stable": stability.stable,
             "reason": stability.reason,
             "attempts": attempts,
+            "width_only": getattr(stability, "width_only", False),
         },
         **remembered,
     }
@@ -233,8 +225,8 @@ def judge(task: CellTask, result, baseline_paired: bool):
         result.speedup_halfwidth if paired else result.throughput_halfwidth,
         result.host_other_cpu_percent,
         result.speedup_moved if paired else None,
-        task.max_interval if paired else THROUGHPUT_WIDER * task.max_interval,
-        task.max_other_cpu,
+        task.run.max_interval if paired else THROUGHPUT_WIDER * task.run.max_interval,
+        task.run.max_other_cpu,
         what="speedup" if paired else "throughput",
         stretched=getattr(result, "stretched", False),
         disturbed=(getattr(result, "windows_disturbed", 0), getattr(result, "windows", 0)),
@@ -276,7 +268,7 @@ def _history_entry(task: CellTask, result, paired: bool, stable: bool = True):
 
     other = result.host_other_cpu_percent
     steal = getattr(result, "host_steal_percent", None)
-    contended = (other is not None and other > task.max_other_cpu) or (
+    contended = (other is not None and other > task.run.max_other_cpu) or (
         steal is not None and steal > STEAL_CONTENDED
     )
     speedup = result.speedup_paired if paired else None
@@ -326,8 +318,9 @@ def _moved(task: CellTask, result, paired: bool, key: str | None = None):
         if not entries:
             return None
         spread = history.spread(task.home, "speedup" if paired else "throughput")
-        sd = task.rerun_sd if task.rerun_sd is not None else (spread.sd if spread else None)
-        return history.check(entries, _history_entry(task, result, paired), sd, task.max_other_cpu)
+        run = task.run
+        sd = run.rerun_sd if run.rerun_sd is not None else (spread.sd if spread else None)
+        return history.check(entries, _history_entry(task, result, paired), sd, run.max_other_cpu)
     except Exception as exc:  # noqa: BLE001 - the history is a check, never the measurement
         log.debug("history check skipped: %s", exc)
         return None
@@ -344,8 +337,8 @@ def _remember(task: CellTask, result, stability, paired: bool) -> dict[str, Any]
         family = task.extra.get("family")
         spreads = {}
         for what in ("throughput", "speedup"):
-            if task.rerun_sd is not None:
-                spreads[what] = history.Spread(task.rerun_sd, 10**6, "--rerun-sd")
+            if task.run.rerun_sd is not None:
+                spreads[what] = history.Spread(task.run.rerun_sd, 10**6, "--rerun-sd")
             else:
                 spreads[what] = history.spread(task.home, what, family)
         entry = _history_entry(task, result, paired, stability.stable)
@@ -392,14 +385,14 @@ def measure_alone(task: CellTask, engine, b: int):
     attempts = 1
     result = measure(engine, b, task.measure, gpu=gpu, policy=task.policy())
     stability = judge(task, result, False)
-    while not stability.stable and stability.retry and attempts <= task.stable_retries:
+    while not stability.stable and stability.retry and attempts <= task.run.stable_retries:
         log.info(
             "%s bs%d UNSTABLE (%s): measuring again, attempt %d of %d",
             task.name,
             b,
             stability.reason.split(":")[0],
             attempts + 1,
-            task.stable_retries + 1,
+            task.run.stable_retries + 1,
         )
         time.sleep(RETRY_PAUSE_S)
         result = measure(engine, b, task.measure, gpu=gpu, policy=task.policy())

@@ -167,11 +167,12 @@ def test_an_unstable_group_is_measured_again_with_its_baseline(tmp_path):
     """A speedup judged UNSTABLE sends the whole group (its baseline too) back to the
     rounds after a pause; the last attempt is kept."""
     from mlflow_ngraph import isolation
+    from mlflow_ngraph.config import RunPolicy
 
     tasks = {"id": _task(tmp_path, min_duration=0), "ts": _task(tmp_path, min_duration=0)}
     tasks["ts"].compiler = "torchscript"
     tasks["ts"].flags = {"freeze": True, "optimize_for_inference": True}
-    tasks["ts"].max_interval = 1e-12  # no real interval is that narrow
+    tasks["ts"].run = RunPolicy(max_interval=1e-12)  # no real interval is that narrow
     isolation.GROUP_RETRY_PAUSE_S = 0.0
     try:
         records, _ = _group(tmp_path, tasks, baseline="id", retries=1)

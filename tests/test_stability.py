@@ -63,7 +63,7 @@ def test_the_last_attempt_is_kept_not_the_steadiest(monkeypatch):
     from types import SimpleNamespace
 
     from mlflow_ngraph import worker
-    from mlflow_ngraph.config import MeasureSettings
+    from mlflow_ngraph.config import MeasureSettings, RunPolicy
     from mlflow_ngraph.measure import harness
 
     monkeypatch.setattr(worker, "RETRY_PAUSE_S", 0)
@@ -80,7 +80,7 @@ def test_the_last_attempt_is_kept_not_the_steadiest(monkeypatch):
     task = worker.CellTask(
         name="cell", model_name="m", model_params={}, compiler="identity", flags={},
         batch_sizes=[1], device="cpu", device_kind="cpu", home="/nonexistent",
-        measure=MeasureSettings(), tolerance=1e-3, stable_retries=3,
+        measure=MeasureSettings(), tolerance=1e-3, run=RunPolicy(stable_retries=3),
     )  # fmt: skip
     result, stability, count = worker.measure_alone(task, None, 1)
     # busy (other CPU 70%, 60%), then a quiet attempt within +-10%: it ends the retries

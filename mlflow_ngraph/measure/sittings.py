@@ -19,8 +19,9 @@ about what one did), and for each engine and batch size:
 - the **re-run interval** is the prediction interval of where another run with N sittings
   lands: t with the spread's degrees of freedom, over the variance of the difference of two
   such means, 2 (sd^2 + own^2) / N;
-- the figure is STABLE when every sitting was (each judged against a limit √N times wider)
-  and the combined interval is within ``--max-interval``.
+- the figure is STABLE when its combined interval is within ``--max-interval`` and no
+  sitting was UNSTABLE for what the host did (contention, drift, a move against the
+  history); a sitting that was only too wide on its own counts through the mean.
 
 Each sitting's figures also enter the host's history as they are measured, so later runs
 with one sitting get a spread from them too. Pure: records in, a record out.
@@ -51,12 +52,6 @@ FIELDS = {
         ("speedup_rerun_low", "speedup_rerun_high"),
     ),
 }
-
-
-def sitting_scale(sittings: int) -> float:
-    """How much looser each of ``sittings`` sittings may be than one alone: √N (the mean of
-    N narrows by that)."""
-    return math.sqrt(max(1, sittings))
 
 
 def figure(record: Mapping, what: str) -> tuple[float, float | None] | None:
@@ -152,11 +147,12 @@ def combine(
 
 
 def _stability(records: Sequence[Mapping], h: float | None, limit: float, what: str) -> dict:
-    """STABLE when every sitting was and the combined interval is within ``limit``."""
+    """STABLE when the combined interval is within ``limit`` and no sitting was UNSTABLE for
+    what the host did (a sitting only too wide on its own counts through the mean)."""
     causes = []
     for i, record in enumerate(records, 1):
         stability = record.get("stability") or {}
-        if stability.get("stable") is False:
+        if stability.get("stable") is False and not stability.get("width_only"):
             causes.append(f"sitting {i}: {stability.get('reason', '')}".rstrip(": "))
     width = math.expm1(h) if h is not None else None
     if width is None:

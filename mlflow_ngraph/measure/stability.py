@@ -56,6 +56,10 @@ class Stability:
     #: too wide after the rounds already went past the cap to narrow it (more of the same
     #: host gives the same spread)
     retry: bool = True
+    #: unstable only because its interval is too wide (or missing), nothing the host did:
+    #: one of several sittings so marked may still give a mean known well enough
+    #: (measure/sittings.py)
+    width_only: bool = False
 
 
 def _given(value: float | None) -> bool:
@@ -90,6 +94,7 @@ def assess(
         causes.append(
             f"{what} interval +-{100 * halfwidth:.1f}% is wider than +-{100 * max_interval:.3g}%"
         )
+    width = len(causes)
     if _given(other_cpu_percent) and other_cpu_percent > other_cpu_threshold:
         causes.append(
             f"other processes used {other_cpu_percent:.1f}% of the CPU (> {other_cpu_threshold:g}%)"
@@ -115,5 +120,8 @@ def assess(
         return Stability(True)
     wide_only = len(causes) == 1 and _given(halfwidth) and halfwidth > max_interval
     return Stability(
-        False, "; ".join(causes) + ": measure on a quiet host", not (wide_only and stretched)
+        False,
+        "; ".join(causes) + ": measure on a quiet host",
+        not (wide_only and stretched),
+        width_only=len(causes) == width,
     )

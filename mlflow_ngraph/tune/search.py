@@ -40,7 +40,7 @@ from typing import Any
 from mlflow_ngraph import metrics as M
 from mlflow_ngraph.compilers.base import HostLimits
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
-from mlflow_ngraph.config import CompilerSpec, MeasureSettings, Spec
+from mlflow_ngraph.config import CompilerSpec, MeasureSettings, RunPolicy, Spec
 from mlflow_ngraph.devices import check_profile_runs_here, get_profile
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.models.registry import validate_model_spec
@@ -352,9 +352,11 @@ class Tune:
             work,
             self.uri,
             self.home,
-            max_interval=self.max_interval,
-            stable_retries=self.stable_retries,
-            precision=precision,
+            policy=RunPolicy(
+                max_interval=self.max_interval,
+                stable_retries=self.stable_retries,
+                precision=precision,
+            ),
             experiment_explicit=True,
             reference=True,
             parent_run=self.run_id,

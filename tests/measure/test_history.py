@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mlflow_ngraph.config import MeasureSettings
+from mlflow_ngraph.config import MeasureSettings, RunPolicy
 from mlflow_ngraph.measure import history
 from mlflow_ngraph.measure.history import Entry
 from mlflow_ngraph.worker import CellTask, _remember, judge
@@ -175,7 +175,7 @@ def test_a_measurement_180x_off_the_same_engine_on_this_host_is_unstable_and_sai
 
 
 def test_the_rerun_interval_is_logged_where_the_host_has_a_spread(tmp_path):
-    task = _task(tmp_path, rerun_sd=0.02)
+    task = _task(tmp_path, run=RunPolicy(rerun_sd=0.02))
     result = _result(1000.0)
     said = _remember(task, result, judge(task, result, False), False)
     assert said["rerun"].startswith("sd 2.00%") and "--rerun-sd" in said["rerun"]
