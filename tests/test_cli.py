@@ -310,6 +310,18 @@ def test_a_database_error_mlflow_logs_with_its_traceback_is_left_to_the_one_line
     assert [r.getMessage() for r in caplog.records] == ["a plain error"]
 
 
+@pytest.fixture
+def terminal_sigint():
+    """SIGINT as a terminal's Python has it (a suite started in the background or under
+    nohup inherits it ignored, and a Ctrl-C test would then see nothing)."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("terminal_sigint")
 def test_ctrl_c_during_a_store_write_is_raised_when_the_write_ends():
     """A store write is never cut inside its transaction (cut in a commit, it left the
     sqlite store locked and the parent RUNNING); a second Ctrl-C is raised at once."""
@@ -334,6 +346,7 @@ def test_ctrl_c_during_a_store_write_is_raised_when_the_write_ends():
     assert done == ["the write went on"]
 
 
+@pytest.mark.usefixtures("terminal_sigint")
 def test_ctrl_c_waits_at_most_two_seconds_for_a_store_write_that_hangs():
     import signal
     import time
