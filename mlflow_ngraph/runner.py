@@ -523,10 +523,8 @@ class Runner:
                 by_family.setdefault(family, []).append(own)
             spreads[what] = sit.run_spread(by_family, family, self.policy.sittings)
             if spreads[what] is None:
-                spreads[what] = (
-                    history.Spread(self.policy.rerun_sd, 10**6, "--rerun-sd")
-                    if self.policy.rerun_sd is not None
-                    else history.spread(self.home, what, family)
+                spreads[what] = history.given_or_measured(
+                    self.home, what, family, self.policy.rerun_sd
                 )
         return sit.combine(records, spreads, self.policy.max_interval)
 

@@ -337,10 +337,7 @@ def _remember(task: CellTask, result, stability, paired: bool) -> dict[str, Any]
         family = task.extra.get("family")
         spreads = {}
         for what in ("throughput", "speedup"):
-            if task.run.rerun_sd is not None:
-                spreads[what] = history.Spread(task.run.rerun_sd, 10**6, "--rerun-sd")
-            else:
-                spreads[what] = history.spread(task.home, what, family)
+            spreads[what] = history.given_or_measured(task.home, what, family, task.run.rerun_sd)
         entry = _history_entry(task, result, paired, stability.stable)
         for what, value, h in (
             ("throughput", entry.throughput, entry.throughput_h),

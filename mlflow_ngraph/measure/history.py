@@ -292,6 +292,13 @@ def spread(home, what: str, family: str | None = None) -> Spread | None:
     return pooled_spread(by_family, family, "this host's history")
 
 
+def given_or_measured(home, what: str, family: str | None, rerun_sd: float | None):
+    """The spread a re-run interval uses: ``--rerun-sd`` where given, else :func:`spread`."""
+    if rerun_sd is not None:
+        return Spread(rerun_sd, 10**6, "--rerun-sd")
+    return spread(home, what, family)
+
+
 def variance_components(engines: list[list[tuple[float, float]]]) -> tuple[float, int]:
     """(variance between sittings, degrees of freedom) of log figures: for each engine its
     sittings' (log figure, that sitting's own sd of the log), the squares about the engine's
