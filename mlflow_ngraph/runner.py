@@ -336,8 +336,11 @@ class Runner:
         if self.view:
             self.view.start(self.estimate)
         try:
-            for model_spec in self.spec.models:
-                self._run_model(model_spec, [c for c in self.plan.cells if c.model is model_spec])
+            if self.isolation == "process" and self.policy.sittings > 1:
+                self._run_sittings()
+            else:
+                for model_spec in self.spec.models:
+                    self._run_model(model_spec, self._model_cells(model_spec))
         except BaseException as exc:
             self.store.killed()
             if ml.is_store_error(exc):  # the journal holds every measured result
@@ -396,17 +399,26 @@ class Runner:
     def _pending(self, cell: Cell) -> list[int]:
         return self.store.pending(cell)
 
-    def _run_model(self, model_spec: ModelSpec, cells: list[Cell]) -> None:
+    def _model_cells(self, model_spec: ModelSpec) -> list[Cell]:
+        return [c for c in self.plan.cells if c.model is model_spec]
+
+    def _model_done(self, model_spec: ModelSpec, cells: list[Cell]) -> bool:
+        """Whether every cell of a model was measured before (its rows are then shown)."""
         if self.store.ready():
             self.store.catch_up(cells)  # what an earlier run measured while the store was away
-        if not any(self._pending(c) for c in cells):
-            log.info("%s: every cell already measured; skipping", model_spec.label)
-            for cell in cells:
-                self._view("cell_started", cell.title)
-                self._rows_from_journal(cell)
-                self.store.relative(cell)  # a baseline measured since may exist
-                self._set_row_speedups(cell)
-                self._view("cell_done", cell.title)
+        if any(self._pending(c) for c in cells):
+            return False
+        log.info("%s: every cell already measured; skipping", model_spec.label)
+        for cell in cells:
+            self._view("cell_started", cell.title)
+            self._rows_from_journal(cell)
+            self.store.relative(cell)  # a baseline measured since may exist
+            self._set_row_speedups(cell)
+            self._view("cell_done", cell.title)
+        return True
+
+    def _run_model(self, model_spec: ModelSpec, cells: list[Cell]) -> None:
+        if self._model_done(model_spec, cells):
             return
         if self.isolation == "process":
             self._run_group(cells)
@@ -590,12 +602,48 @@ class Runner:
     def _run_group(self, cells: list[Cell]) -> None:
         """The cells of one model, each in its own worker, measured interleaved
         (:func:`mlflow_ngraph.isolation.run_group`); speedups are paired with the model's
-        identity cell when it is measured in the same group. With ``sittings`` > 1 the
-        group is measured that many times, each in fresh workers, and each result combined
-        from its sittings (:mod:`mlflow_ngraph.measure.sittings`)."""
-        from mlflow_ngraph.isolation import Ahead
+        identity cell when it is measured in the same group. The next model's workers start
+        as spares meanwhile."""
+        jobs = self._group_jobs(cells)
+        if not jobs:
+            return
+        models = self.spec.models
+        index = next(i for i, m in enumerate(models) if m is cells[0].model)
+        following = self._model_cells(models[index + 1]) if index + 1 < len(models) else []
+        members = self._sitting(jobs, {}, True, _ahead(following))
+        self._end_group(jobs, members)
 
-        jobs: list[tuple[Cell, list[int], _Outcome, CellTask]] = []
+    def _run_sittings(self) -> None:
+        """``--sittings N``: every group measured N times, each time in fresh workers, the
+        sittings spread over the run (the first sitting of every model, then the second,
+        ...), so that a model's sittings are minutes apart and see how the host drifts
+        over a run, not seconds apart; each result combined from its sittings
+        (:mod:`mlflow_ngraph.measure.sittings`) and logged in the last one. A run stopped
+        before its last sitting measures its groups again."""
+        groups = []
+        for model_spec in self.spec.models:
+            cells = self._model_cells(model_spec)
+            if not self._model_done(model_spec, cells):
+                jobs = self._group_jobs(cells)
+                if jobs:
+                    groups.append(jobs)
+        sittings = self.policy.sittings
+        order = [(s, jobs) for s in range(1, sittings + 1) for jobs in groups]
+        earlier: dict[str, dict[int, list[dict]]] = {
+            cell.key: {} for jobs in groups for cell, *_ in jobs
+        }
+        for i, (sitting, jobs) in enumerate(order):
+            after = [cell for cell, *_ in order[i + 1][1]] if i + 1 < len(order) else []
+            log.info("%s: sitting %d of %d", jobs[0][0].model.label, sitting, sittings)
+            members = self._sitting(jobs, earlier, sitting == sittings, _ahead(after))
+            if sitting == sittings:
+                self._end_group(jobs, members)
+
+    def _group_jobs(self, cells: list[Cell]) -> list[tuple[Cell, list[int], _Outcome, CellTask]]:
+        """A group's cells opened, each with its pending batch sizes, its outcome and its
+        worker's task (a cell an earlier run finished, or with nothing pending, is left
+        out)."""
+        jobs = []
         for cell in cells:
             pending = self._open_cell(cell)
             if pending is None:
@@ -606,25 +654,11 @@ class Runner:
             task = self._task(cell, pending)
             task.log_file = str(self.store.log_file(cell))
             jobs.append((cell, pending, _Outcome(), task))
-        if not jobs:
-            return
-        # the next model's workers start as spares (stopped while this group measures)
-        models = self.spec.models
-        index = next(i for i, m in enumerate(models) if m is cells[0].model)
-        following = [
-            c for c in self.plan.cells if index + 1 < len(models) and c.model is models[index + 1]
-        ]
-        ahead = [Ahead(c.model.name, c.compiler.name, dict(c.model.params)) for c in following]
-        again = [Ahead(c.model.name, c.compiler.name, dict(c.model.params)) for c, *_ in jobs]
         if len(jobs) == 1:
             log.info("%s: one engine to measure: its windows run back to back", jobs[0][0].name)
-        earlier: dict[str, dict[int, list[dict]]] = {cell.key: {} for cell, *_ in jobs}
-        sittings = self.policy.sittings
-        for sitting in range(1, sittings + 1):
-            last = sitting == sittings
-            if sittings > 1:
-                log.info("%s: sitting %d of %d", cells[0].model.label, sitting, sittings)
-            members = self._sitting(jobs, earlier, last, ahead if last else again)
+        return jobs
+
+    def _end_group(self, jobs, members) -> None:
         for (cell, pending, outcome, _), member in zip(jobs, members):
             outcome.death = member.death
             self._end_cell(cell, pending, outcome)
@@ -782,6 +816,14 @@ class _Outcome:
     info: dict[str, Any] | None = None  # the built model, once the worker said
     seen: set[int] = field(default_factory=set)  # batch sizes with a record or a failure
     death: str | None = None  # why the worker ended before finishing, if it did
+
+
+def _ahead(cells: list[Cell]):
+    """What the spare workers started while a group measures should prepare: ``cells``,
+    the group measured next."""
+    from mlflow_ngraph.isolation import Ahead
+
+    return [Ahead(c.model.name, c.compiler.name, dict(c.model.params)) for c in cells]
 
 
 def _row_of(row: Row, cell: Cell) -> bool:

@@ -53,6 +53,20 @@ def test_every_figure_is_the_mean_of_two_sittings_each_in_the_history(two_sittin
     assert sorted(logged) == pytest.approx(means, rel=1e-9)
 
 
+def test_the_sittings_are_spread_over_the_run_not_back_to_back(two_sittings):
+    """Every model's first sitting, then every model's second: a model's two sittings are
+    the whole run's other groups apart, so they see how the host moves over a run."""
+    _, _, home = two_sittings
+    times: dict[str, list[list[float]]] = {}
+    for path in (home / "history").glob("*/*.jsonl"):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        times.setdefault(lines[0]["family"], []).append([line["time"] for line in lines])
+    conv, mha = times["conv_block"], times["mha_block"]
+    assert max(t[0] for t in conv) < min(t[0] for t in mha)  # models in the spec's order
+    assert max(t[0] for t in mha) < min(t[1] for t in conv)  # then the second sittings
+    assert max(t[1] for t in conv) < min(t[1] for t in mha)
+
+
 def test_the_rerun_interval_rests_on_this_runs_spread_settled_over_the_whole_run(two_sittings):
     _, runs, _ = two_sittings
     said = {run.data.tags[f"{S.T_RERUN}.bs{b}"] for run in runs for b in (1, 2)}
