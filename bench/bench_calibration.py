@@ -154,6 +154,8 @@ def repeat(args) -> None:
         runs.append(records(uri, f"{label}-{i}"))
         print(f"run {i}: {seconds:.0f} s (load {before} -> {load()})", flush=True)
     coverage(runs)
+    for i in range(1, args.runs + 1):
+        screen_bias(uri, f"{label}-{i}")
     first, second = runs[-2], runs[-1]
     both = [k for k in first if k in second]
     flagged = sum((first[k].get("stability") == "UNSTABLE") for k in first)
@@ -249,6 +251,40 @@ def coverage(runs: list[dict]) -> None:
                 if "UNSTABLE" not in (a[k].get("stability"), b[k].get("stability")):
                     unmarked.append((k, round(max(x / y, y / x), 2)))
     print(f"6. moved more than 25% between runs, neither marked: {len(unmarked)} {unmarked[:5]}")
+
+
+def screen_bias(uri: str, experiment: str) -> None:
+    """3. Screen bias: each figure against the same figure with the disturbed windows kept
+    in (``*_unscreened``, logged where the screen left windows out): the median and the
+    largest change the screen made, over every figure of the run (0 where it left none
+    out)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([found.experiment_id], "tags.`ngraph.role` = 'cell'")
+    for figure in ("throughput", "speedup"):
+        changes = []
+        for run in runs:
+            m = run.data.metrics
+            kept = {  # logged stepped (the step is the batch size), where windows were left out
+                int(h.step): h.value
+                for h in client.get_metric_history(run.info.run_id, f"{figure}_unscreened")
+            }
+            for key, value in m.items():
+                stem, _, b = key.partition(".bs")
+                if stem != figure or not b.isdigit() or not value:
+                    continue
+                changes.append(value / kept[int(b)] - 1 if kept.get(int(b)) else 0.0)
+        if not changes:
+            continue
+        moved = [c for c in changes if c]
+        worst, middle = max(changes, key=abs), statistics.median(changes)
+        print(
+            f"3. screen bias, {experiment}, {figure}s: median {100 * middle:+.2f}%"
+            f" over {len(changes)} ({len(moved)} screened), largest {100 * worst:+.2f}%"
+            f"  (load {load()})"
+        )
 
 
 def rerun_spread(first, second, keys, figure, low, high, rerun_sd) -> float | None:

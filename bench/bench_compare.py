@@ -267,7 +267,7 @@ def time_in_process(uri: str, repeat: int, query: RunQuery, live: bool = False) 
 
 def time_subprocess(uri: str, experiment: str) -> float:
     """Seconds for ``compare`` in a fresh interpreter (imports included)."""
-    code = "from mlflow_ngraph.report import compare; compare.main()"
+    code = "from mlflow_ngraph.report.commands import compare; compare.main()"
     args = [sys.executable, "-c", code, "--tracking-uri", uri, "-e", experiment, "--format", "csv"]
     start = time.perf_counter()
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL)

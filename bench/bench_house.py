@@ -23,6 +23,12 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def is_module(name: str) -> bool:
+    """Whether ``name`` is a module or package of the package (not a name inside one)."""
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def imports(tree: ast.AST, here: str, is_package: bool) -> tuple[set[str], int]:
     """The package modules ``here`` imports, and how many of its imports sit in functions."""
     found, inside = set(), 0
@@ -41,7 +47,10 @@ def imports(tree: ast.AST, here: str, is_package: bool) -> tuple[set[str], int]:
                     up = base.split(".")
                     up = up[: len(up) - child.level + 1]
                     root = ".".join([*up, root] if root else up)
-                names = [root] + [f"{root}.{a.name}" for a in child.names]
+                # ``from pkg import mod`` needs the module; ``from pkg import name`` the
+                # package (its __init__)
+                names = [f"{root}.{a.name}" if is_module(f"{root}.{a.name}") else root
+                         for a in child.names]  # fmt: skip
             internal = [n for n in names if n.split(".")[0] == PACKAGE.name]
             if internal:
                 inside += in_function
@@ -102,18 +111,29 @@ def silent_broad(handler: ast.ExceptHandler) -> bool:
     return True
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--top", type=int, default=10)
-    args = parser.parse_args()
+def private_imports(tree: ast.AST, here: str) -> list[str]:
+    """The private names (``_x``) ``here`` imports from another module of the package."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE.name):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    out.append(f"{here} imports {node.module}.{alias.name}")
+    return out
+
+
+def survey() -> dict:
+    """The package's import graph (module -> the modules it imports, inside functions
+    too), its knots, and the figures below."""
     modules = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
     graph: dict[str, set[str]] = {}
-    functions, classes, silent, inside_total = [], [], [], 0
+    functions, classes, silent, private, inside_total = [], [], [], [], 0
     for name, path in modules.items():
         tree = ast.parse(path.read_text(), str(path))
         found, inside = imports(tree, name, path.name == "__init__.py")
         inside_total += inside
         graph[name] = {m for m in (_owner(f, modules) for f in found) if m and m != name}
+        private += private_imports(tree, name)
         for node in ast.walk(tree):
             span = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
             where = f"{path.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', 0)}"
@@ -123,20 +143,35 @@ def main() -> None:
                 classes.append((span, f"{where} {node.name}"))
             elif isinstance(node, ast.ExceptHandler) and silent_broad(node):
                 silent.append(where)
+    return {
+        "modules": modules, "graph": graph, "knots": cycles(graph), "inside": inside_total,
+        "functions": functions, "classes": classes, "silent": silent, "private": private,
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--top", type=int, default=10)
+    args = parser.parse_args()
+    found = survey()
+    graph, knots = found["graph"], found["knots"]
     edges = sum(len(v) for v in graph.values())
-    knots = cycles(graph)
-    print(f"modules {len(modules)}, internal import edges {edges}")
-    print(f"  imports of the package inside functions: {inside_total}")
+    print(f"modules {len(found['modules'])}, internal import edges {edges}")
+    print(f"  imports of the package inside functions: {found['inside']}")
     print(f"import cycles (modules in one strongly connected knot): {len(knots)}")
     for knot in knots:
         print(f"  {len(knot)}: {', '.join(knot)}")
-    for label, items, limit in (("functions", functions, 50), ("classes", classes, 300)):
+    print(f"private names imported from another module: {len(found['private'])}")
+    for line in found["private"][: args.top]:
+        print(f"  {line}")
+    for label, limit in (("functions", 50), ("classes", 300)):
+        items = found[label]
         over = sum(1 for span, _ in items if span > limit)
         print(f"{label} over {limit} lines: {over}; the longest:")
         for span, where in sorted(items, reverse=True)[: args.top]:
             print(f"  {span:5d}  {where}")
-    print(f"broad handlers that neither re-raise nor log: {len(silent)}")
-    for where in silent[: args.top]:
+    print(f"broad handlers that neither re-raise nor log: {len(found['silent'])}")
+    for where in found["silent"][: args.top]:
         print(f"  {where}")
 
 

@@ -84,8 +84,8 @@ def _run(spec: str, device: str | None, home: Path, store: Path, side: str) -> f
 
 
 def _plan(spec: str, device: str | None, home: Path):
-    from mlflow_ngraph.cli import resolve_spec_path
     from mlflow_ngraph.config import build_spec, load_spec_file
+    from mlflow_ngraph.console import resolve_spec_path
     from mlflow_ngraph.runner import plan
 
     data = load_spec_file(resolve_spec_path(spec))

@@ -260,7 +260,7 @@ def cache_command(home: Path | None, do_prune: bool, max_size: str | None, older
     rebuilds what it needs. What a benchmark or tune running on the same home uses is
     kept, and said.
     """
-    from mlflow_ngraph.cli import default_home
+    from mlflow_ngraph.console import default_home
 
     home = home or default_home()
     if (max_size or older_than is not None) and not do_prune:

@@ -68,12 +68,12 @@ def calibrate(
     quiet: bool,
 ) -> None:
     """Measure this host's spread between sittings into the home (for re-run intervals)."""
-    from mlflow_ngraph.cli import _setup_logging, default_home, merge_options, resolve_spec_path
     from mlflow_ngraph.config import RunPolicy, build_spec, check_home, load_spec_file
+    from mlflow_ngraph.console import default_home, merge_options, resolve_spec_path, setup_logging
     from mlflow_ngraph.runner import Runner, plan
     from mlflow_ngraph.view import make_view
 
-    _setup_logging(-1 if quiet else 0)
+    setup_logging(-1 if quiet else 0)
     if sittings < 2:
         raise NgraphError(f"sittings must be at least 2 (a spread needs two), got {sittings}")
     home = home or default_home()

@@ -10,69 +10,27 @@ import contextlib
 import importlib
 import logging
 import math
-import os
 import signal
 import sys
-import warnings
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from mlflow_ngraph.console import (
+    default_home,
+    interrupt,
+    merge_options,
+    resolve_spec_path,
+    setup_logging,
+    split_multi,
+)
 from mlflow_ngraph.errors import NgraphError
 
 if TYPE_CHECKING:
     from mlflow_ngraph.config import RunPolicy
 
 log = logging.getLogger("mlflow_ngraph")
-
-
-def default_home() -> Path:
-    """Where engines, exports and resume journals are kept (``MLFLOW_NGRAPH_HOME``)."""
-    return Path(os.environ.get("MLFLOW_NGRAPH_HOME") or Path.home() / ".cache" / "mlflow-ngraph")
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is when a record is emitted, not the stream it was
-    created with (which an embedding program or a test harness may since have closed)."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _value) -> None:
-        pass
-
-
-def _setup_logging(verbose: int) -> None:
-    level = logging.DEBUG if verbose > 1 else logging.INFO if verbose >= 0 else logging.WARNING
-    handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
-    root = logging.getLogger("mlflow_ngraph")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False
-    for noisy in ("mlflow", "alembic", "torch", "onnxscript", "onnx_ir", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
-    store_log = logging.getLogger("mlflow.store.db.utils")
-    if not any(isinstance(f, _RaisedNext) for f in store_log.filters):
-        store_log.addFilter(_RaisedNext())
-    # torch.onnx and timm warn about deprecations on every export; they are not the user's.
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=UserWarning)
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-
-
-class _RaisedNext(logging.Filter):
-    """Drops a record that carries a traceback. MLflow's database store logs a database
-    error with its traceback, then raises it; this CLI says what it means in one line (a
-    store error, or Ctrl-C when the interrupt landed in the store's commit)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.exc_info
 
 
 class LazyGroup(click.Group):
@@ -168,33 +126,6 @@ LAZY_COMMANDS = {
 @click.version_option(package_name="mlflow-ngraph")
 def cli() -> None:
     """Benchmark graph compilers on this device; every result goes to MLflow."""
-
-
-def resolve_spec_path(value: str) -> Path:
-    """A spec file path, or the name of a packaged experiment (``default``, ``paper``...)."""
-    path = Path(value)
-    if path.exists() or path.suffix in (".yaml", ".yml"):
-        return path
-    packaged = resources.files("mlflow_ngraph") / "experiments" / f"{value}.yaml"
-    if packaged.is_file():
-        return Path(str(packaged))
-    return path
-
-
-def _split_multi(values: tuple[str, ...]) -> list[str]:
-    """``--model a --model b`` and ``--model "a b"`` both give [a, b]: the MLproject passes
-    list params as one space-separated string."""
-    return [item for value in values for item in value.split() if item]
-
-
-def merge_options(file_data: dict[str, Any], **options: Any) -> dict[str, Any]:
-    """Command-line options override the spec file; ``None`` and empty lists mean unset."""
-    data = dict(file_data)
-    for key, value in options.items():
-        if value is None or value == [] or value == ():
-            continue
-        data[key] = value
-    return data
 
 
 @cli.command()
@@ -326,7 +257,7 @@ def benchmark(**o: Any) -> None:
     """Compile and measure models x compilers x batch sizes on this device."""
     from mlflow_ngraph.config import RunPolicy
 
-    _setup_logging(-1 if o["quiet"] else o["verbose"])
+    setup_logging(-1 if o["quiet"] else o["verbose"])
     data = _benchmark_data(o)
     _run(
         data,
@@ -356,8 +287,8 @@ def _benchmark_data(options: dict[str, Any]) -> dict[str, Any]:
     return merge_options(
         file_data,
         device=options["device"],
-        models=_split_multi(options["models"]),
-        compilers=_split_multi(options["compilers"]),
+        models=split_multi(options["models"]),
+        compilers=split_multi(options["compilers"]),
         batch_sizes=parse_batch_sizes(batch_sizes) if batch_sizes else None,
         scenario=options["scenario"],
         warmup=options["warmup"],
@@ -404,7 +335,7 @@ def _run(
         cell_timeout_s=cell_timeout, policy=policy, view=make_view(len(work.cells), quiet),
         experiment_explicit=experiment_explicit,
     )  # fmt: skip
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         rows = runner.run()
     except NgraphError:  # e.g. the server did not come back: what was measured still shows
@@ -485,11 +416,6 @@ def _check_cell_timeout(cell_timeout: float) -> None:
         )
 
 
-def _interrupt(signum, frame) -> None:
-    """SIGTERM ends a run as Ctrl-C does: the journal holds every measured result."""
-    raise KeyboardInterrupt
-
-
 #: the paper's block grid (Section V-C/V-E): conv widths are channels, MHA widths embedding
 #: dimensions; sequence length 10; depths 1..6.
 BLOCK_WIDTHS = {"conv_block": [64, 96, 128, 256], "mha_block": [128, 256, 384, 512]}
@@ -553,7 +479,7 @@ def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) 
 @click.option("-v", "--verbose", count=True)
 def blocks(**o: Any) -> None:
     """Run the depth x width x batch grid of conv_block and mha_block (Tables VII/VIII)."""
-    _setup_logging(o["verbose"])
+    setup_logging(o["verbose"])
     _run(_blocks_data(o), o["home"], o["retry_failed"])
 
 
@@ -576,7 +502,7 @@ def _blocks_data(o: dict[str, Any]) -> dict[str, Any]:
         **measure,
         device=o["device"],
         models=models,
-        compilers=_split_multi(o["compilers"]),
+        compilers=split_multi(o["compilers"]),
         batch_sizes=sizes,
         scenario=o["scenario"],
         protocol=o["protocol"],
@@ -669,7 +595,7 @@ def spec_of(args: list[str]) -> dict[str, Any]:
 
 def _signal_main_thread() -> None:
     """SIGINT to the main thread if Python handles it (SIGTERM if only that one is: see
-    :func:`_interrupt`)."""
+    :func:`mlflow_ngraph.console.interrupt`)."""
     import threading
 
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -713,7 +639,7 @@ def main(argv: list[str] | None = None) -> None:
     except NgraphError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except (click.exceptions.Abort, KeyboardInterrupt):  # Ctrl-C (SIGTERM too, see _interrupt)
+    except (click.exceptions.Abort, KeyboardInterrupt):  # Ctrl-C (SIGTERM too: console.interrupt)
         click.echo(_interrupted(sys.argv[1:] if argv is None else argv), err=True)
         sys.exit(130)
     except click.ClickException as exc:

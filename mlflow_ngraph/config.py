@@ -60,7 +60,7 @@ DEFAULT_MIN_DURATION_S = 1.0
 #: reductions land around 1e-6..1e-4; 1e-3 flags precision changes (bf16, fp16) as invalid.
 DEFAULT_TOLERANCE = 1e-3
 
-_TOP_KEYS = {
+TOP_KEYS = {
     "experiment",
     "device",
     "models",
@@ -342,11 +342,11 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise NgraphError(f"spec file {str(path)!r} must be a mapping of settings")
-    unknown = sorted(set(data) - _TOP_KEYS)
+    unknown = sorted(set(data) - TOP_KEYS)
     if unknown:
         raise NgraphError(
             f"spec file {str(path)!r}: unknown key {unknown[0]!r} "
-            f"(keys: {', '.join(sorted(_TOP_KEYS))})"
+            f"(keys: {', '.join(sorted(TOP_KEYS))})"
         )
     return data
 

@@ -295,10 +295,10 @@ def test_a_database_error_mlflow_logs_with_its_traceback_is_left_to_the_one_line
     means in one line, so the traceback is not printed. Its other errors still are."""
     import logging
 
-    from mlflow_ngraph.cli import _setup_logging
+    from mlflow_ngraph.console import setup_logging
 
-    _setup_logging(0)
-    _setup_logging(0)  # once per command: the filter is not added twice
+    setup_logging(0)
+    setup_logging(0)  # once per command: the filter is not added twice
     store_log = logging.getLogger("mlflow.store.db.utils")
     assert len(store_log.filters) == 1
     with caplog.at_level(logging.ERROR):

@@ -174,7 +174,7 @@ class RayBackend(AbstractBackend):
         self, project_uri, entry_point, params, version, backend_config, tracking_uri,
         experiment_id,
     ) -> SubmittedRun:  # fmt: skip
-        from mlflow_ngraph.cli import default_home
+        from mlflow_ngraph.console import default_home
 
         try:
             config = parse_config(backend_config)

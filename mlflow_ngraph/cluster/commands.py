@@ -12,12 +12,12 @@ import click
 @click.option("--home", type=click.Path(path_type=Path), help="Cache and journal directory.")
 def sync_command(tracking_uri: str | None, home: Path | None) -> None:
     """Send results measured while the tracking store was unreachable, exactly once."""
-    from mlflow_ngraph.cli import _setup_logging, default_home
     from mlflow_ngraph.cluster.sync import sync
     from mlflow_ngraph.config import check_tracking_uri
+    from mlflow_ngraph.console import default_home, setup_logging
     from mlflow_ngraph.tracking.mlflow_log import redact_uri, resolve_tracking_uri
 
-    _setup_logging(0)
+    setup_logging(0)
     uri = resolve_tracking_uri(tracking_uri)
     check_tracking_uri(uri)
     result = sync(home or default_home(), uri)
@@ -57,12 +57,12 @@ def sweep_command(spec_file, local, address, wait_s, tracking_uri, home) -> None
     import subprocess
     import sys
 
-    from mlflow_ngraph.cli import _setup_logging, default_home, resolve_spec_path
     from mlflow_ngraph.cluster.spec import load_sweep
     from mlflow_ngraph.cluster.sweep import check_outcome, require_ray, run_sweep, sweep_store
+    from mlflow_ngraph.console import default_home, resolve_spec_path, setup_logging
     from mlflow_ngraph.tracking.mlflow_log import redact_uri
 
-    _setup_logging(0)
+    setup_logging(0)
     require_ray()
     sweep = load_sweep(resolve_spec_path(str(spec_file)))
     uri = sweep_store(tracking_uri or sweep.shared.get("tracking_uri"), local, address)

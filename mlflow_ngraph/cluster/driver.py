@@ -272,11 +272,11 @@ def drive(driver: Driver) -> int:
     import click
     from mlflow.tracking import MlflowClient
 
-    from mlflow_ngraph.cli import _setup_logging, default_home
     from mlflow_ngraph.cluster.spec import parse_sweep
     from mlflow_ngraph.cluster.sweep import check_outcome, run_sweep
+    from mlflow_ngraph.console import default_home, setup_logging
 
-    _setup_logging(0)
+    setup_logging(0)
     job = json.loads(driver.job_path.read_text())
     run_id, uri = job["run_id"], job["tracking_uri"]
     driver.set_state("starting")

@@ -62,13 +62,13 @@ def parse_sweep(data: Any, where: str = "sweep spec") -> SweepSpec:
         NgraphError: no devices, a device without a name or with an unknown profile, two
             devices of one name, an unknown key, or a device spec the benchmark would reject.
     """
-    from mlflow_ngraph.config import _TOP_KEYS, build_spec
+    from mlflow_ngraph.config import TOP_KEYS, build_spec
     from mlflow_ngraph.devices import PROFILES
 
     if not isinstance(data, dict):
         raise NgraphError(f"{where} must be a mapping of settings")
     shared = {k: v for k, v in data.items() if k != "devices"}
-    unknown = sorted(set(shared) - (_TOP_KEYS - {"device"}))
+    unknown = sorted(set(shared) - (TOP_KEYS - {"device"}))
     if unknown:
         raise NgraphError(f"{where}: unknown key {unknown[0]!r}")
     raw = data.get("devices")

@@ -12,9 +12,3 @@
   or serves it.
 - :mod:`.trust`: what an engine from a shared store must prove (docs/security.md).
 """
-
-from __future__ import annotations
-
-from mlflow_ngraph import load_engine
-
-__all__ = ["load_engine"]

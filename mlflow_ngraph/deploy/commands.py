@@ -118,8 +118,7 @@ def _choose(options: dict):
     """Connect, select, check the choice against its run and print it; returns (client,
     uri, chosen candidate, its run, selection)."""
     from mlflow_ngraph.config import check_tracking_uri
-    from mlflow_ngraph.deploy.pull import creator
-    from mlflow_ngraph.deploy.select import best, candidates, confirm, describe, rank
+    from mlflow_ngraph.deploy.select import best, candidates, confirm, creator, describe, rank
     from mlflow_ngraph.tracking.mlflow_log import connect, resolve_tracking_uri
 
     if options["max_latency_ms"] is not None and not options["max_latency_ms"] > 0:

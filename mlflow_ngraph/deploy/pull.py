@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from mlflow_ngraph.deploy.engine import read_manifest, verify_files
-from mlflow_ngraph.deploy.select import Candidate
+from mlflow_ngraph.deploy.select import Candidate, creator
 from mlflow_ngraph.errors import NgraphError
 
 log = logging.getLogger(__name__)
@@ -161,12 +161,6 @@ def _fetch_file(client, candidate: Candidate, local: Path, path: str) -> None:
     got = Path(client.download_artifacts(candidate.run_id, artifact, str(local / rel.parent)))
     if got != local / rel:
         os.replace(got, local / rel)
-
-
-def creator(run) -> str:
-    """Who created a run, as its client said (``mlflow.user``; a claim, not a proof)."""
-    user = run.data.tags.get("mlflow.user") or run.info.user_id
-    return user if user and user != "unknown" else "an unknown user"
 
 
 def pull(

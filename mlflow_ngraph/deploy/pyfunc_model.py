@@ -22,6 +22,9 @@ import numpy as np
 
 from mlflow_ngraph.errors import NgraphError
 
+#: MLflow's ``loader_module`` of a registered engine: this module
+LOADER_MODULE = "mlflow_ngraph.deploy.pyfunc_model"
+
 CONFIG_KEY = "manifest_sha256"
 
 

@@ -25,14 +25,14 @@ import numpy as np
 
 from mlflow_ngraph import faultpoint
 from mlflow_ngraph.deploy.engine import load_engine
+from mlflow_ngraph.deploy.pyfunc_model import LOADER_MODULE
+from mlflow_ngraph.deploy.registered import T_MANIFEST
 from mlflow_ngraph.deploy.select import METRICS, Candidate
 from mlflow_ngraph.tracking import schema as S
 
 log = logging.getLogger(__name__)
 
-LOADER_MODULE = "mlflow_ngraph.deploy.pyfunc_model"
 MODEL_TYPE = "ngraph-engine"
-T_MANIFEST = "manifest_sha256"  # version tag: the sha256 of the engine's manifest
 T_METRIC = "ngraph.metric."  # version tags of the metric values
 
 

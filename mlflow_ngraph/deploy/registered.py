@@ -25,6 +25,8 @@ from typing import Any
 
 from mlflow_ngraph.errors import NgraphError
 
+T_MANIFEST = "manifest_sha256"  # version tag: the sha256 of the engine's manifest
+
 _URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
 
 
@@ -65,8 +67,7 @@ def check_mlmodel(conf: dict[str, Any], expected: str, label: str) -> str:
     Raises:
         NgraphError: naming what the MLmodel asks for instead.
     """
-    from mlflow_ngraph.deploy.pyfunc_model import CONFIG_KEY
-    from mlflow_ngraph.deploy.register import LOADER_MODULE
+    from mlflow_ngraph.deploy.pyfunc_model import CONFIG_KEY, LOADER_MODULE
 
     flavors = conf.get("flavors") if isinstance(conf, dict) else None
     if not isinstance(flavors, dict) or set(flavors) != {"python_function"}:
@@ -112,7 +113,6 @@ def fetch_registered(client, model_uri: str, directory: Path) -> tuple[Path, Any
 
     from mlflow_ngraph.deploy import trust
     from mlflow_ngraph.deploy.engine import read_manifest, verify_files
-    from mlflow_ngraph.deploy.register import T_MANIFEST
 
     version = resolve_version(client, model_uri)
     label = f"{version.name} version {version.version}"

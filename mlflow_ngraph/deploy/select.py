@@ -330,8 +330,6 @@ def confirm(
     """
     from mlflow.exceptions import MlflowException
 
-    from mlflow_ngraph.deploy.pull import creator
-
     for c in ranked:
         try:
             run = client.get_run(c.run_id)
@@ -349,3 +347,9 @@ def confirm(
             continue
         return c, run
     return None, None
+
+
+def creator(run) -> str:
+    """Who created a run, as its client said (``mlflow.user``; a claim, not a proof)."""
+    user = run.data.tags.get("mlflow.user") or run.info.user_id
+    return user if user and user != "unknown" else "an unknown user"

@@ -1,5 +1,2 @@
-"""Compare benchmark runs across devices and experiments: tables, figures, reports."""
-
-from mlflow_ngraph.report.commands import compare
-
-__all__ = ["compare"]
+"""Compare benchmark runs across devices and experiments: tables, figures, reports (the
+``compare`` command is :func:`mlflow_ngraph.report.commands.compare`)."""

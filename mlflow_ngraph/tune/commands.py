@@ -116,10 +116,10 @@ log = logging.getLogger("mlflow_ngraph")
 def tune(**o: Any) -> None:
     """Find the fastest verified configuration of a model on this device across compilers
     and their knobs (Optuna TPE), every trial a benchmark cell paired with eager."""
-    from mlflow_ngraph.cli import _interrupt, _setup_logging
+    from mlflow_ngraph.console import interrupt, setup_logging
 
     # the trials' benchmark lines only with -v: the tune's own lines are its live view
-    _setup_logging(-1 if o["quiet"] or not o["verbose"] else o["verbose"] - 1)
+    setup_logging(-1 if o["quiet"] or not o["verbose"] else o["verbose"] - 1)
     settings, home, uri = _settings(o)
     from mlflow_ngraph.tune.search import Tune
 
@@ -135,7 +135,7 @@ def tune(**o: Any) -> None:
         experiment_explicit=o["experiment"] is not None,
     )
     job.prepare()
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         with job.hold():  # a second copy of this tune waits for the first, then concludes
             job.run()
@@ -148,7 +148,6 @@ def tune(**o: Any) -> None:
 
 
 def _settings(o: dict[str, Any]):
-    from mlflow_ngraph.cli import _split_multi, default_home
     from mlflow_ngraph.config import (
         CompilerSpec,
         MeasureSettings,
@@ -158,6 +157,7 @@ def _settings(o: dict[str, Any]):
         parse_batch_sizes,
         split_name_args,
     )
+    from mlflow_ngraph.console import default_home, split_multi
     from mlflow_ngraph.devices import get_profile
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
     from mlflow_ngraph.tune.settings import Constraints, TuneSettings, parse_budget
@@ -171,7 +171,7 @@ def _settings(o: dict[str, Any]):
             f"--final-max-duration must be seconds > 0, got {o['final_max_duration']}"
         )
     profile = get_profile(o["device"])
-    names = _split_multi(o["compilers"])
+    names = split_multi(o["compilers"])
     if names:
         compilers = [CompilerSpec(*split_name_args(text, "compiler")) for text in names]
     else:

@@ -10,17 +10,17 @@ from typing import Any
 
 from mlflow_ngraph.compilers.base import CompileContext
 from mlflow_ngraph.compilers.tvm.database import (
-    _cache_dir_for,
-    _open_database,
-    _seed_database,
-    _store_in_cache,
+    cache_dir_for,
+    open_database,
+    seed_database,
+    store_in_cache,
 )
 from mlflow_ngraph.compilers.tvm.settings import (
     DATABASE_DIR,
     LIBRARY_FILE,
 )
-from mlflow_ngraph.compilers.tvm.target import _is_gpu
-from mlflow_ngraph.compilers.tvm.tuning import TuningReport, _tune
+from mlflow_ngraph.compilers.tvm.target import is_gpu
+from mlflow_ngraph.compilers.tvm.tuning import TuningReport, run_tuning
 
 
 @dataclass
@@ -37,18 +37,18 @@ class BuildResult:
     work_dir: Path | None = None
 
 
-def _tune_and_build(
+def tune_and_build(
     model: Any, mod: Any, target: Any, flags: dict[str, Any], ctx: CompileContext
 ) -> BuildResult:
     import tvm
 
     work = Path(tempfile.mkdtemp(prefix="tvm-", dir=_ensure_dir(ctx.workdir)))
     database_dir = work / DATABASE_DIR
-    cache_dir = _cache_dir_for(model, target, flags, ctx)
-    reused = _seed_database(database_dir, flags.get("database"), cache_dir)
+    cache_dir = cache_dir_for(model, target, flags, ctx)
+    reused = seed_database(database_dir, flags.get("database"), cache_dir)
     with tvm.transform.PassContext(opt_level=flags["opt_level"]):
         fused = _fuse(mod, target)
-        report = _tune(fused, target, flags, work, database_dir, reused)
+        report = run_tuning(fused, target, flags, work, database_dir, reused)
         lowered, applied = _apply_database(fused, target, database_dir)
         report.tuned = applied > 0
         executable = tvm.compile(lowered, target=target)
@@ -56,13 +56,13 @@ def _tune_and_build(
     library_file = work / LIBRARY_FILE
     executable.export_library(str(library_file))
     if report.trials_used and cache_dir is not None:
-        _store_in_cache(database_dir, cache_dir)
+        store_in_cache(database_dir, cache_dir)
     report.database_dir = database_dir
     return BuildResult(
         executable=tvm.runtime.load_module(str(library_file)),
         target=target,
         report=report,
-        transform_params=not _is_gpu(target),
+        transform_params=not is_gpu(target),
         opt_level=flags["opt_level"],
         library_file=library_file,
         work_dir=work,
@@ -85,7 +85,7 @@ def _fuse(mod: Any, target: Any) -> Any:
         relax.transform.CanonicalizeBindings(),
         relax.pipeline.zero_pipeline(),
     ]
-    if not _is_gpu(target):
+    if not is_gpu(target):
         # weights are marked layout-free so tuned kernels may pre-pack them (done once at load)
         passes.append(relax.transform.AttachAttrLayoutFreeBuffers())
     with target:
@@ -98,7 +98,7 @@ def _apply_database(mod: Any, target: Any, database_dir: Path) -> tuple[Any, int
     import tvm
     from tvm import relax
 
-    database = _open_database(database_dir)
+    database = open_database(database_dir)
     with target, database:
         mod = relax.transform.MetaScheduleApplyDatabase()(mod)
     applied = sum(
@@ -107,7 +107,7 @@ def _apply_database(mod: Any, target: Any, database_dir: Path) -> tuple[Any, int
         if func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
     )
     with target:
-        if _is_gpu(target):
+        if is_gpu(target):
             from tvm.s_tir import dlight as dl
 
             # GPU kernels must bind threads: dlight schedules whatever tuning did not cover

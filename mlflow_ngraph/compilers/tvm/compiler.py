@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph.compilers.base import CompileContext, Compiler, Engine, Flag, HostLimits, Knob
-from mlflow_ngraph.compilers.tvm.build import _tune_and_build
+from mlflow_ngraph.compilers.tvm.build import tune_and_build
 from mlflow_ngraph.compilers.tvm.database import database_source
-from mlflow_ngraph.compilers.tvm.engine import TvmEngine, _first_line
+from mlflow_ngraph.compilers.tvm.engine import TvmEngine, first_line
 from mlflow_ngraph.compilers.tvm.measurers import prestart_measurers
-from mlflow_ngraph.compilers.tvm.onnx_import import _import_onnx
+from mlflow_ngraph.compilers.tvm.onnx_import import import_onnx
 from mlflow_ngraph.compilers.tvm.settings import DEFAULT_TRIALS, MANIFEST_FILE
 from mlflow_ngraph.compilers.tvm.target import configure_threads, make_target
 from mlflow_ngraph.errors import CompileFailed, NgraphError
@@ -94,14 +94,14 @@ class TvmCompiler(Compiler):
             prestart_measurers()
         onnx_path = export_onnx(model, ctx.cache_dir)
         try:
-            mod, params = _import_onnx(
+            mod, params = import_onnx(
                 onnx_path, model.input_name, model.input_shape(ctx.batch_size)
             )
-            build = _tune_and_build(model, mod, target, flags, ctx)
+            build = tune_and_build(model, mod, target, flags, ctx)
         except (CompileFailed, NgraphError):
             raise
         except Exception as exc:  # TVM raises many kinds (TVMError, ValueError, InternalError)
-            raise CompileFailed(f"TVM failed on {model.label}: {_first_line(exc)}") from exc
+            raise CompileFailed(f"TVM failed on {model.label}: {first_line(exc)}") from exc
         return TvmEngine(build, params, ctx.device, model.input_shape(ctx.batch_size))
 
     def load(

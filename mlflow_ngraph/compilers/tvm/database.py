@@ -24,7 +24,7 @@ from mlflow_ngraph.errors import NgraphError
 log = logging.getLogger(__name__)
 
 
-def _has_database(directory: Path) -> bool:
+def has_database(directory: Path) -> bool:
     return (directory / WORKLOAD_FILE).is_file() and (directory / RECORD_FILE).is_file()
 
 
@@ -37,39 +37,39 @@ def database_source(given: str | None) -> Path | None:
     if not given:
         return None
     source = Path(given).expanduser()
-    if (source / DATABASE_DIR).is_dir() and not _has_database(source):
+    if (source / DATABASE_DIR).is_dir() and not has_database(source):
         source = source / DATABASE_DIR
-    if not _has_database(source):
+    if not has_database(source):
         raise NgraphError(
             f"compiler 'tvm': database={given!r} has no {WORKLOAD_FILE} and {RECORD_FILE}"
         )
     return source
 
 
-def _seed_database(database_dir: Path, given: str | None, cache_dir: Path | None) -> str:
+def seed_database(database_dir: Path, given: str | None, cache_dir: Path | None) -> str:
     """Copy an existing database into the work dir. Returns "flag", "cache" or ""."""
     database_dir.mkdir(parents=True, exist_ok=True)
     source = database_source(given)
     if source is not None:
-        _copy_database(source, database_dir)
+        copy_database(source, database_dir)
         log.info("TVM: reusing the tuning database %s", source)
         return "flag"
-    if cache_dir is not None and _has_database(cache_dir):
+    if cache_dir is not None and has_database(cache_dir):
         from mlflow_ngraph.cache import touch
 
         touch(cache_dir)  # its last use: a prune beside this run keeps it
-        _copy_database(cache_dir, database_dir)
+        copy_database(cache_dir, database_dir)
         log.info("TVM: tuning database cache hit %s", cache_dir)
         return "cache"
     return ""
 
 
-def _copy_database(source: Path, destination: Path) -> None:
+def copy_database(source: Path, destination: Path) -> None:
     for name in (WORKLOAD_FILE, RECORD_FILE):
         shutil.copyfile(source / name, destination / name)
 
 
-def _cache_dir_for(
+def cache_dir_for(
     model: Any, target: Any, flags: dict[str, Any], ctx: CompileContext
 ) -> Path | None:
     """Where the database of exactly this tuning (model, target, batch, budget) is cached."""
@@ -89,11 +89,11 @@ def _cache_dir_for(
     return Path(ctx.cache_dir) / "tvm-tuning" / digest
 
 
-def _store_in_cache(database_dir: Path, cache_dir: Path) -> None:
+def store_in_cache(database_dir: Path, cache_dir: Path) -> None:
     cache_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=cache_dir.parent, prefix=".tmp-"))
     try:
-        _copy_database(database_dir, tmp)
+        copy_database(database_dir, tmp)
         if cache_dir.exists():
             shutil.rmtree(cache_dir, ignore_errors=True)
         os.replace(tmp, cache_dir)
@@ -103,7 +103,7 @@ def _store_in_cache(database_dir: Path, cache_dir: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _open_database(database_dir: Path) -> Any:
+def open_database(database_dir: Path) -> Any:
     from tvm.s_tir import meta_schedule as ms
 
     database_dir.mkdir(parents=True, exist_ok=True)

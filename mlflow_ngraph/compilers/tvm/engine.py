@@ -12,7 +12,7 @@ import numpy as np
 
 from mlflow_ngraph.compilers.base import Engine, EngineFiles
 from mlflow_ngraph.compilers.tvm.build import BuildResult
-from mlflow_ngraph.compilers.tvm.database import _copy_database, _has_database
+from mlflow_ngraph.compilers.tvm.database import copy_database, has_database
 from mlflow_ngraph.compilers.tvm.settings import (
     DATABASE_DIR,
     ENGINE_FORMAT,
@@ -141,10 +141,10 @@ class TvmEngine(Engine):
         (directory / PARAMS_FILE).write_bytes(bytes(tvm.runtime.save_param_dict(params)))
         files = [LIBRARY_FILE, PARAMS_FILE, MANIFEST_FILE]
         source = self.build.report.database_dir
-        if source is not None and _has_database(source):
+        if source is not None and has_database(source):
             (directory / DATABASE_DIR).mkdir(exist_ok=True)
             if source.resolve() != (directory / DATABASE_DIR).resolve():
-                _copy_database(source, directory / DATABASE_DIR)
+                copy_database(source, directory / DATABASE_DIR)
             files += [f"{DATABASE_DIR}/{WORKLOAD_FILE}", f"{DATABASE_DIR}/{RECORD_FILE}"]
         manifest = self._manifest(len(params))
         (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))
@@ -207,7 +207,7 @@ def _report_from_manifest(manifest: dict[str, Any], directory: Path) -> TuningRe
         tasks_tuned=int(manifest.get("tasks_tuned", 0)),
         database_reused=bool(manifest.get("database_reused", False)),
         stop_reason=str(manifest.get("tuning_stop_reason", "")),
-        database_dir=database if _has_database(database) else None,
+        database_dir=database if has_database(database) else None,
     )
 
 
@@ -231,7 +231,7 @@ def _start_vm(executable: Any, params: list[Any], device: str, transform: bool) 
     return vm, weights
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     lines = [line for line in text.splitlines() if line.strip()]
     # TVM errors end with the one-line message after a long traceback

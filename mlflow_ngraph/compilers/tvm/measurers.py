@@ -43,7 +43,7 @@ def shared_measurers() -> tuple[Any, Any]:
 def _start_measurers() -> tuple[Any, Any]:
     from tvm.s_tir import meta_schedule as ms
 
-    _quiet_metaschedule_logs()
+    quiet_metaschedule_logs()
     builder = _make_pooled_builder()
     # TVM's LocalRunner already keeps one warm worker; it measures one candidate at a time
     runner = ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S)
@@ -131,7 +131,7 @@ def _build_in_worker(job: tuple[Any, Any]) -> str:
     return path
 
 
-def _quiet_metaschedule_logs() -> None:
+def quiet_metaschedule_logs() -> None:
     """MetaSchedule's task scheduler logs a full task table at INFO after every round; our
     monitor logs one line per round instead (the per-task logs go to files under the work
     dir). A level set by the user is left alone."""

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _import_onnx(path: Path, input_name: str, shape: tuple[int, ...]) -> tuple[Any, list[Any]]:
+def import_onnx(path: Path, input_name: str, shape: tuple[int, ...]) -> tuple[Any, list[Any]]:
     """The Relax module at a static ``shape`` and its weights, kept as separate inputs."""
     import onnx
     from tvm.relax.frontend import detach_params

@@ -47,7 +47,7 @@ CACHE_VERSION = 1
 #: x86 ISA extensions that matter for generated kernels: LLVM's name -> the /proc/cpuinfo flag.
 #: LLVM derives the features from the CPU name (``-mcpu``); a hypervisor may hide some of them,
 #: so those missing from /proc/cpuinfo are switched off to avoid illegal instructions.
-_X86_ISA_FLAGS = {
+X86_ISA_FLAGS = {
     "sse3": "pni",
     "ssse3": "ssse3",
     "sse4.1": "sse4_1",

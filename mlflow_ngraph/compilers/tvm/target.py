@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from mlflow_ngraph.compilers.tvm.settings import _X86_ISA_FLAGS
+from mlflow_ngraph.compilers.tvm.settings import X86_ISA_FLAGS
 from mlflow_ngraph.errors import CompileFailed
 
 
@@ -53,7 +53,7 @@ def _features_missing_on_host(spec: dict[str, Any]) -> list[str]:
     if not flags or "avx" not in flags and "sse2" not in flags:
         return []  # not x86, or no /proc/cpuinfo: trust LLVM's host detection
     implied = codegen.llvm_get_cpu_features(tvm.target.Target(spec))
-    return sorted(f for f, flag in _X86_ISA_FLAGS.items() if f in implied and flag not in flags)
+    return sorted(f for f, flag in X86_ISA_FLAGS.items() if f in implied and flag not in flags)
 
 
 def _cpuinfo_flags() -> set[str]:
@@ -113,5 +113,5 @@ def cuda_target_spec() -> dict[str, Any]:
     }
 
 
-def _is_gpu(target: Any) -> bool:
+def is_gpu(target: Any) -> bool:
     return target.kind.name == "cuda"

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from mlflow_ngraph.compilers.tvm.database import _open_database
-from mlflow_ngraph.compilers.tvm.measurers import _quiet_metaschedule_logs, shared_measurers
+from mlflow_ngraph.compilers.tvm.database import open_database
+from mlflow_ngraph.compilers.tvm.measurers import quiet_metaschedule_logs, shared_measurers
 from mlflow_ngraph.compilers.tvm.settings import (
     MAX_POPULATION,
     MAX_TRIALS_PER_ROUND,
@@ -26,7 +26,7 @@ from mlflow_ngraph.compilers.tvm.settings import (
     RANDOM_POPULATION_PER_CANDIDATE,
     SEARCH_SEED,
 )
-from mlflow_ngraph.compilers.tvm.target import _is_gpu, physical_cores
+from mlflow_ngraph.compilers.tvm.target import is_gpu, physical_cores
 from mlflow_ngraph.errors import CompileFailed
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def check_tvm_internals() -> None:
         )
 
 
-def _tune(
+def run_tuning(
     mod: Any,
     target: Any,
     flags: dict[str, Any],
@@ -94,7 +94,7 @@ def _tune(
     from tvm.s_tir import meta_schedule as ms
 
     start = time.perf_counter()
-    database = _open_database(database_dir)
+    database = open_database(database_dir)
     tasks = ms.relax_integration.extract_tasks(mod, target)
     todo = [t for t in tasks if not _covered(database, t, target)]
     report = TuningReport(tasks=len(tasks), database_reused=bool(reused))
@@ -141,7 +141,7 @@ def _run_tuning(
     monitor = _TuningMonitor(budget, len(tasks), flags["early_stopping"], deadline, start)
     strategy = _make_stopping_strategy(ms.search_strategy.EvolutionarySearch(**search), monitor)
     _register_tensor_intrinsics(target)
-    _quiet_metaschedule_logs()
+    quiet_metaschedule_logs()
     contexts, weights = _tune_contexts(tasks, strategy, work)
     log.info(
         "TVM: tuning %d tasks on %s: %d trials (%d per task, %d per round, search %s)",
@@ -292,7 +292,7 @@ def _register_tensor_intrinsics(target: Any) -> None:
     modules = ["x86"] if machine in ("x86_64", "amd64", "i686") else []
     modules += ["arm_cpu"] if machine in ("aarch64", "arm64") else []
     modules += ["riscv_cpu"] if machine.startswith("riscv") else []
-    modules += ["cuda"] if _is_gpu(target) else []
+    modules += ["cuda"] if is_gpu(target) else []
     for module in modules:
         importlib.import_module(f"{name}.{module}")
 
