@@ -142,8 +142,8 @@ def log(message: str) -> None:
 # --- models and engines -------------------------------------------------------------------
 def load(spec: str) -> Any:
     """A :class:`LoadedModel` from ``NAME[:key=value,...]`` as on the command line."""
-    from mlflow_ngraph.config import split_name_args
     from mlflow_ngraph.models.registry import load_model
+    from mlflow_ngraph.plan.config import split_name_args
 
     name, params = split_name_args(spec, "model")
     return load_model(name, params)
@@ -179,9 +179,9 @@ def harness(
     built: Any, batch_size: int, scenario: str, duration_s: float, warmup: int
 ) -> dict[str, float]:
     """One measurement through the tool's shared harness; the window is ``duration_s``."""
-    from mlflow_ngraph.config import MeasureSettings
     from mlflow_ngraph.measure.harness import measure
     from mlflow_ngraph.measure.rounds import RoundPolicy
+    from mlflow_ngraph.measure.settings import MeasureSettings
     from mlflow_ngraph.measure.stability import assess
 
     # repetitions=1 and a cap at the floor: the duration alone decides the measured time, as

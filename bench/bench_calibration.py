@@ -384,11 +384,11 @@ def windows(args) -> None:
     of the per-round log ratio and of each side's window rates, and the rounds the default
     precision needs."""
     from mlflow_ngraph.compilers.registry import get_compiler
-    from mlflow_ngraph.config import MeasureSettings
     from mlflow_ngraph.measure.harness import Meter
     from mlflow_ngraph.measure.rounds import PRECISION, RoundPolicy, run_rounds
+    from mlflow_ngraph.measure.settings import MeasureSettings
     from mlflow_ngraph.models.registry import load_model
-    from mlflow_ngraph.supply import EngineSupply
+    from mlflow_ngraph.run.supply import EngineSupply
 
     home = Path(tempfile.mkdtemp(prefix="calibration-windows-"))
     model = load_model(args.model_name, dict(args.model_params))
@@ -424,11 +424,11 @@ def aa(args) -> None:
     docstring)."""
     import numpy as np
 
-    from mlflow_ngraph import isolation
     from mlflow_ngraph.compilers.registry import get_compiler
-    from mlflow_ngraph.config import MeasureSettings
     from mlflow_ngraph.measure import rounds
-    from mlflow_ngraph.worker import CellTask
+    from mlflow_ngraph.measure.settings import MeasureSettings
+    from mlflow_ngraph.run import isolation
+    from mlflow_ngraph.run.worker import CellTask
 
     home = Path(tempfile.mkdtemp(prefix="calibration-aa-"))
     seen: dict[str, tuple] = {}

@@ -18,6 +18,38 @@ BROAD = {"Exception", "BaseException"}
 LOGS = {"debug", "info", "warning", "error", "exception", "critical", "warn"}
 
 
+#: the layers a run's data flows up through, lowest first: a module may import its own
+#: layer's and the ones below (first match by the module's name under the package:
+#: ``tracking.schema`` is the names every layer writes under, so it sits with the core)
+LAYERS = (
+    ("core", ("errors", "faultpoint", "variables", "table", "scratch", "env", "devices",
+              "cache", "console", "tracking.schema")),
+    ("what is measured", ("models", "compilers")),
+    ("measure", ("measure",)),
+    ("plan", ("plan",)),
+    ("record", ("tracking",)),
+    ("run", ("run",)),
+    ("use", ("report", "deploy", "tune")),
+    ("commands", ("cli", "calibrate", "gpucheck", "entrypoints", "__main__", "cluster", "")),
+)  # fmt: skip
+
+
+def layer(module: str) -> int:
+    """The index in :data:`LAYERS` of ``module`` (a dotted name under the package; the
+    package itself, its public functions, is at the top)."""
+    rest = module.partition(".")[2]
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if rest == prefix or (prefix and rest.startswith(prefix + ".")):
+                return index
+    raise KeyError(f"{module} is in no layer of bench_house.LAYERS: add it to one")
+
+
+def arrows_up(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every import of a module in a higher layer than the importer's."""
+    return sorted((m, d) for m, deps in graph.items() for d in deps if layer(d) > layer(m))
+
+
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -161,6 +193,10 @@ def main() -> None:
     print(f"import cycles (modules in one strongly connected knot): {len(knots)}")
     for knot in knots:
         print(f"  {len(knot)}: {', '.join(knot)}")
+    up = arrows_up(graph)
+    print(f"imports from a higher layer: {len(up)}")
+    for module, imported in up[: args.top]:
+        print(f"  {module} -> {imported}")
     print(f"private names imported from another module: {len(found['private'])}")
     for line in found["private"][: args.top]:
         print(f"  {line}")

@@ -84,9 +84,9 @@ def _run(spec: str, device: str | None, home: Path, store: Path, side: str) -> f
 
 
 def _plan(spec: str, device: str | None, home: Path):
-    from mlflow_ngraph.config import build_spec, load_spec_file
     from mlflow_ngraph.console import resolve_spec_path
-    from mlflow_ngraph.runner import plan
+    from mlflow_ngraph.plan.config import build_spec, load_spec_file
+    from mlflow_ngraph.run.runner import plan
 
     data = load_spec_file(resolve_spec_path(spec))
     if device:
@@ -144,8 +144,8 @@ def _phases(events: list, t0: float, t1: float) -> dict[str, float]:
 
 
 def profile(args, spec: str, home: Path, scratch: Path) -> None:
-    from mlflow_ngraph import isolation
-    from mlflow_ngraph.worker import CellTask, measure_cell
+    from mlflow_ngraph.run import isolation
+    from mlflow_ngraph.run.worker import CellTask, measure_cell
 
     built = _plan(spec, args.device, home)
     cells = built.cells

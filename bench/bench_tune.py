@@ -196,7 +196,8 @@ def grid_space():
 
 
 def _tune(work: Path, model: str, **kw):
-    from mlflow_ngraph.config import CompilerSpec, MeasureSettings, ModelSpec, split_name_args
+    from mlflow_ngraph.measure.settings import MeasureSettings
+    from mlflow_ngraph.plan.config import CompilerSpec, ModelSpec, split_name_args
     from mlflow_ngraph.tune.search import Tune
     from mlflow_ngraph.tune.settings import TuneSettings
 

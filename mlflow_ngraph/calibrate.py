@@ -68,10 +68,10 @@ def calibrate(
     quiet: bool,
 ) -> None:
     """Measure this host's spread between sittings into the home (for re-run intervals)."""
-    from mlflow_ngraph.config import RunPolicy, build_spec, check_home, load_spec_file
     from mlflow_ngraph.console import default_home, merge_options, resolve_spec_path, setup_logging
-    from mlflow_ngraph.runner import Runner, plan
-    from mlflow_ngraph.view import make_view
+    from mlflow_ngraph.plan.config import RunPolicy, build_spec, check_home, load_spec_file
+    from mlflow_ngraph.run.live import make_view
+    from mlflow_ngraph.run.runner import Runner, plan
 
     setup_logging(-1 if quiet else 0)
     if sittings < 2:

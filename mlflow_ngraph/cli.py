@@ -28,7 +28,7 @@ from mlflow_ngraph.console import (
 from mlflow_ngraph.errors import NgraphError
 
 if TYPE_CHECKING:
-    from mlflow_ngraph.config import RunPolicy
+    from mlflow_ngraph.plan.config import RunPolicy
 
 log = logging.getLogger("mlflow_ngraph")
 
@@ -255,7 +255,7 @@ def cli() -> None:
 @click.option("-q", "--quiet", is_flag=True)
 def benchmark(**o: Any) -> None:
     """Compile and measure models x compilers x batch sizes on this device."""
-    from mlflow_ngraph.config import RunPolicy
+    from mlflow_ngraph.plan.config import RunPolicy
 
     setup_logging(-1 if o["quiet"] else o["verbose"])
     data = _benchmark_data(o)
@@ -280,7 +280,7 @@ def benchmark(**o: Any) -> None:
 
 def _benchmark_data(options: dict[str, Any]) -> dict[str, Any]:
     """The spec settings of a ``benchmark`` command line, from its parsed ``options``."""
-    from mlflow_ngraph.config import load_spec_file, parse_batch_sizes
+    from mlflow_ngraph.plan.config import load_spec_file, parse_batch_sizes
 
     spec_file, batch_sizes = options["spec_file"], options["batch_sizes"]
     file_data = load_spec_file(resolve_spec_path(spec_file)) if spec_file else {}
@@ -319,9 +319,9 @@ def _run(
 ) -> None:
     """Validate the merged settings and the run's ``policy`` (how it judges and repeats
     its measurements), run every cell and print the summary."""
-    from mlflow_ngraph.config import RunPolicy
-    from mlflow_ngraph.runner import Runner, check_sittings
-    from mlflow_ngraph.view import make_view
+    from mlflow_ngraph.plan.config import RunPolicy
+    from mlflow_ngraph.run.live import make_view
+    from mlflow_ngraph.run.runner import Runner, check_sittings
 
     policy = policy or RunPolicy()
     _check_cell_timeout(cell_timeout)
@@ -350,7 +350,7 @@ def _run(
 
 def _summary(rows, spec, runner) -> str:
     """The summary, fitted to the terminal's width when standard output is one."""
-    from mlflow_ngraph.summary import format_summary
+    from mlflow_ngraph.report.summary import format_summary
     from mlflow_ngraph.table import terminal_width
 
     width = terminal_width() if sys.stdout.isatty() else None
@@ -387,8 +387,8 @@ def _plan(data: dict[str, Any], home: Path):
 
     Raises:
         NgraphError: a bad setting, a home or store that cannot be used."""
-    from mlflow_ngraph.config import build_spec, check_home, check_tracking_uri
-    from mlflow_ngraph.runner import plan
+    from mlflow_ngraph.plan.config import build_spec, check_home, check_tracking_uri
+    from mlflow_ngraph.run.runner import plan
     from mlflow_ngraph.tracking.mlflow_log import redact, resolve_tracking_uri
 
     spec = build_spec(data)
@@ -431,7 +431,7 @@ SMALL_MEASURE = {"warmup": 3, "repetitions": 10, "min_duration": 0.5}
 
 
 def _int_list(text: str | None, what: str) -> list[int] | None:
-    from mlflow_ngraph.config import parse_int_list
+    from mlflow_ngraph.plan.config import parse_int_list
 
     return parse_int_list(text, what, ranges=True) if text else None
 
@@ -485,7 +485,7 @@ def blocks(**o: Any) -> None:
 
 def _blocks_data(o: dict[str, Any]) -> dict[str, Any]:
     """The spec settings of a ``blocks`` command line, from its parsed options ``o``."""
-    from mlflow_ngraph.config import parse_batch_sizes
+    from mlflow_ngraph.plan.config import parse_batch_sizes
 
     small = o["small"]
     models = _block_grid(o["kinds"], o["widths"], o["depths"], small)

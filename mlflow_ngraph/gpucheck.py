@@ -86,8 +86,8 @@ def _harness_check(lines: list[str]) -> bool:
     import torch
 
     from mlflow_ngraph.compilers._torch import TorchCallableEngine
-    from mlflow_ngraph.config import MeasureSettings
     from mlflow_ngraph.measure import harness
+    from mlflow_ngraph.measure.settings import MeasureSettings
 
     cycles = _cycles_for(KERNEL_MS)
     kernel_ms = _event_ms(cycles)

@@ -144,8 +144,8 @@ def test_blocks_runs_the_depth_width_grid():
     """The grid ``blocks`` plans: every kind x width x depth, one cell each, into
     ``ngraph-blocks`` (the plan the runner measures; ``--small`` below runs one for real)."""
     from mlflow_ngraph.cli import spec_of
-    from mlflow_ngraph.config import build_spec
-    from mlflow_ngraph.runner import plan
+    from mlflow_ngraph.plan.config import build_spec
+    from mlflow_ngraph.run.runner import plan
 
     args = ["blocks", "--kinds", "conv_block,mha_block", "--widths", "16,32", "--depths", "1-2",
             "--batch-sizes", "1", "--compiler", "identity"]  # fmt: skip

@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from mlflow_ngraph.config import build_spec, load_spec_file, parse_batch_sizes, split_name_args
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.plan.config import build_spec, load_spec_file, parse_batch_sizes, split_name_args
 
 
 def test_name_args_parse_scalars_and_keep_factory_colon():
@@ -108,7 +108,7 @@ def test_bad_settings(data, message):
 
 
 def test_parse_int_list_is_the_one_integer_list_parser():
-    from mlflow_ngraph.config import parse_int_list
+    from mlflow_ngraph.plan.config import parse_int_list
 
     assert parse_int_list("1,2,4", "widths") == [1, 2, 4]
     assert parse_int_list("4 1 4", "widths") == [4, 1]  # order kept, repeats dropped
@@ -129,7 +129,7 @@ def test_parse_int_list_is_the_one_integer_list_parser():
 
 def test_two_compiler_entries_with_the_same_resolved_flags_are_one_cell(tmp_path, caplog):
     # two entries would share one cell key, and a group measuring one cell twice never ends
-    from mlflow_ngraph.runner import plan
+    from mlflow_ngraph.run.runner import plan
 
     spec = build_spec(
         {

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pytest import approx
 
-from mlflow_ngraph.config import MeasureSettings
-from mlflow_ngraph.estimate import FACTOR_KEY, Estimate, Item, Timings, describe, timing_key
 from mlflow_ngraph.measure.rounds import MAX_S
+from mlflow_ngraph.measure.settings import MeasureSettings
+from mlflow_ngraph.plan.estimate import FACTOR_KEY, Estimate, Item, Timings, describe, timing_key
 from tests._support import TINY
 
 #: the issue's OpenVINO cell: 100 repetitions (the paper's protocol), batch 1 and 8

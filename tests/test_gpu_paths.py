@@ -182,13 +182,13 @@ def test_the_gpu_check_table_reads_a_benchmark_store(run_cli, tracking_uri):
 
 
 def _supply(tmp_path, kind="cuda"):
-    from mlflow_ngraph.supply import EngineSupply
+    from mlflow_ngraph.run.supply import EngineSupply
 
     return EngineSupply(tmp_path, "gpu" if kind == "cuda" else "cpu", kind, "throughput")
 
 
 def test_the_engine_cache_key_names_the_gpu_and_a_cpu_key_does_not(tmp_path, monkeypatch):
-    from mlflow_ngraph import supply
+    from mlflow_ngraph.run import supply
 
     model = load_model("conv_block", {"width": 8, "depth": 1, "image_size": 16})
     compiler = get_compiler("onnxruntime")

@@ -10,7 +10,7 @@ HEAVY = ("openvino", "onnxruntime", "tvm", "tensorrt", "pynvml", "ray")
 def test_importing_the_package_and_cli_imports_no_compiler_runtime():
     code = (
         "import sys, mlflow_ngraph, mlflow_ngraph.cli, mlflow_ngraph.compilers.registry, "
-        "mlflow_ngraph.runner\n"
+        "mlflow_ngraph.run.runner\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -76,7 +76,7 @@ def test_a_rerun_with_every_cell_journaled_imports_no_runtime(tmp_path):
 def test_torch_thread_counts_are_cached_per_environment(tmp_path):
     code = (
         "import sys\n"
-        "from mlflow_ngraph.env import torch_threads\n"
+        "from mlflow_ngraph.run.environment import torch_threads\n"
         f"threads = torch_threads({str(tmp_path)!r})\n"
         "import torch\n"
         "assert threads == (torch.get_num_threads(), torch.get_num_interop_threads())\n"
@@ -84,7 +84,7 @@ def test_torch_thread_counts_are_cached_per_environment(tmp_path):
     )
     probe = (
         "import sys\n"
-        "from mlflow_ngraph.env import torch_threads\n"
+        "from mlflow_ngraph.run.environment import torch_threads\n"
         f"print(torch_threads({str(tmp_path)!r}), 'torch' in sys.modules)\n"
     )
     first = _python(code)

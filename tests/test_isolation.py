@@ -74,8 +74,8 @@ def _workers() -> list:
 
 
 def _task(tmp_path, model="conv_block", params=None, min_duration=0.5):
-    from mlflow_ngraph.config import MeasureSettings
-    from mlflow_ngraph.worker import CellTask
+    from mlflow_ngraph.measure.settings import MeasureSettings
+    from mlflow_ngraph.run.worker import CellTask
 
     return CellTask(
         name="cell", model_name=model, model_params=params or {"width": 8, "depth": 1},
@@ -87,8 +87,8 @@ def _task(tmp_path, model="conv_block", params=None, min_duration=0.5):
 
 def _group(tmp_path, tasks, baseline=None, ahead=None, retries=0, policy=None):
     """Run ``tasks`` (name -> CellTask) as one group; returns (records, deaths)."""
-    from mlflow_ngraph import isolation
     from mlflow_ngraph.measure.rounds import RoundPolicy
+    from mlflow_ngraph.run import isolation
 
     records: dict[str, list] = {name: [] for name in tasks}
 
@@ -118,7 +118,7 @@ def test_a_group_measures_its_engines_interleaved_and_pairs_the_speedup(tmp_path
 
     import psutil
 
-    from mlflow_ngraph import isolation
+    from mlflow_ngraph.run import isolation
 
     tasks = {"id": _task(tmp_path, min_duration=0), "ts": _task(tmp_path, min_duration=0)}
     tasks["ts"].compiler = "torchscript"
@@ -166,8 +166,8 @@ def test_a_group_measures_its_engines_interleaved_and_pairs_the_speedup(tmp_path
 def test_an_unstable_group_is_measured_again_with_its_baseline(tmp_path):
     """A speedup judged UNSTABLE sends the whole group (its baseline too) back to the
     rounds after a pause; the last attempt is kept."""
-    from mlflow_ngraph import isolation
-    from mlflow_ngraph.config import RunPolicy
+    from mlflow_ngraph.plan.config import RunPolicy
+    from mlflow_ngraph.run import isolation
 
     tasks = {"id": _task(tmp_path, min_duration=0), "ts": _task(tmp_path, min_duration=0)}
     tasks["ts"].compiler = "torchscript"
@@ -189,7 +189,7 @@ def test_spares_build_the_next_models_cells_and_are_stopped_while_a_group_measur
     (SIGSTOP) during its rounds, and its cells then measure the model they built."""
     import psutil
 
-    from mlflow_ngraph import isolation
+    from mlflow_ngraph.run import isolation
 
     log = tmp_path / "builds.txt"
     logged = {"log": str(log), "input_shape": "4"}
@@ -228,9 +228,9 @@ def test_a_run_leaves_no_worker_behind(run_cli, tracking_uri):
 
 # --- reference outputs kept in the home -----------------------------------------------------
 def _reference(tmp_path, name="conv_block", params=None, b=2):
-    from mlflow_ngraph import worker
     from mlflow_ngraph.models.registry import load_model
-    from mlflow_ngraph.supply import EngineSupply
+    from mlflow_ngraph.run import worker
+    from mlflow_ngraph.run.supply import EngineSupply
 
     worker._REFERENCES.clear()  # a fresh worker: nothing in memory
     params = {"width": 8, "depth": 1, "image_size": 32} if params is None else params
@@ -279,7 +279,7 @@ def test_several_outputs_are_stored_and_read_back_as_a_tuple(tmp_path, monkeypat
 def test_a_corrupt_or_stale_reference_entry_is_ignored_and_rewritten(tmp_path, damage):
     import numpy as np
 
-    from mlflow_ngraph import worker
+    from mlflow_ngraph.run import worker
 
     _, y, _ = _reference(tmp_path)
     (path,) = (tmp_path / "references").glob("*.npz")
@@ -296,7 +296,7 @@ def test_a_corrupt_or_stale_reference_entry_is_ignored_and_rewritten(tmp_path, d
 def test_the_group_retry_line_names_compilers_not_cell_keys():
     from types import SimpleNamespace
 
-    from mlflow_ngraph.isolation import _compiler_labels
+    from mlflow_ngraph.run.isolation import _compiler_labels
 
     tasks = [
         SimpleNamespace(compiler="openvino", flags={"PERFORMANCE_HINT": "LATENCY"}),
@@ -312,8 +312,8 @@ def test_the_group_retry_line_names_compilers_not_cell_keys():
 
 def test_a_group_refuses_one_cell_given_twice_before_starting_a_worker(tmp_path):
     # its coordinator would wait forever on the second for events the first consumed
-    from mlflow_ngraph import isolation
     from mlflow_ngraph.measure.rounds import RoundPolicy
+    from mlflow_ngraph.run import isolation
 
     task = _task(tmp_path)
     cells = [isolation.GroupCell("k", task, lambda *a: None) for _ in range(2)]
@@ -327,14 +327,14 @@ def test_a_windows_log_that_cannot_be_written_costs_one_warning_not_the_measurem
 ):
     from types import SimpleNamespace
 
-    from mlflow_ngraph import isolation
     from mlflow_ngraph.measure.harness import Window
+    from mlflow_ngraph.run import isolation
 
     path = str(tmp_path / "missing" / "windows.jsonl")
     monkeypatch.setenv(isolation.WINDOWS_LOG_ENV, path)
     cell = SimpleNamespace(task=_task(tmp_path))
     proxy = SimpleNamespace(cell=cell, taken=[Window(1, 1, 0.1, 0.2)])
-    with caplog.at_level("WARNING", logger="mlflow_ngraph.worker"):
+    with caplog.at_level("WARNING", logger="mlflow_ngraph.run.worker"):
         isolation._log_windows({"id": proxy}, 1, None, 1)
         isolation._log_windows({"id": proxy}, 2, None, 1)
     warned = [r for r in caplog.records if "cannot write the windows log" in r.getMessage()]

@@ -1,6 +1,6 @@
 import pytest
 
-from mlflow_ngraph import metrics as M
+from mlflow_ngraph.measure import metrics as M
 
 IDENTITY = {1: 10.0, 2: 16.0, 4: 24.0, 8: 32.0}
 COMPILED = {1: 40.0, 2: 60.0, 4: 80.0, 8: 96.0}

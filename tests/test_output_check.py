@@ -7,8 +7,8 @@ import numpy as np
 import torch
 from mlflow.tracking import MlflowClient
 
+from mlflow_ngraph.run.worker import compare_outputs
 from mlflow_ngraph.tracking import schema as S
-from mlflow_ngraph.worker import compare_outputs
 from tests._support import cell_runs
 
 REF = (np.array([1.0, -2.0, 4.0], np.float32), np.array([0.5, 0.25], np.float32))

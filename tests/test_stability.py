@@ -62,9 +62,10 @@ def test_the_last_attempt_is_kept_not_the_steadiest(monkeypatch):
     the narrowest attempt would select on luck; the attempt that ends the retries is kept."""
     from types import SimpleNamespace
 
-    from mlflow_ngraph import worker
-    from mlflow_ngraph.config import MeasureSettings, RunPolicy
     from mlflow_ngraph.measure import harness
+    from mlflow_ngraph.measure.settings import MeasureSettings
+    from mlflow_ngraph.plan.config import RunPolicy
+    from mlflow_ngraph.run import worker
 
     monkeypatch.setattr(worker, "RETRY_PAUSE_S", 0)
     attempts = iter([(0.02, 70.0), (0.01, 60.0), (0.04, 3.0), (0.001, 1.0)])

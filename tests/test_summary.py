@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import mlflow
 import pytest
 
-from mlflow_ngraph.runner import Row
-from mlflow_ngraph.summary import cell_run_name, differing_flags, format_summary
+from mlflow_ngraph.plan.cells import cell_run_name, differing_flags
+from mlflow_ngraph.report.summary import format_summary
+from mlflow_ngraph.run.runner import Row
 from tests._support import TINY
 
 LATENCY = "openvino:PERFORMANCE_HINT=LATENCY"

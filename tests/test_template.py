@@ -1,4 +1,4 @@
-"""The workers' template (mlflow_ngraph/template.py): each cell's worker is a fork of a
+"""The workers' template (mlflow_ngraph/run/template.py): each cell's worker is a fork of a
 process that imported PyTorch once per run, and still has the runner's environment, working
 folder and fate (it dies with the runner), as a spawned worker had."""
 
@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 
-from mlflow_ngraph import template
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.run import template
 from tests._support import PYTHON, REPO
 
 pytestmark = pytest.mark.e2e  # starts the forkserver (it imports PyTorch)
@@ -80,9 +80,10 @@ def test_spawn_is_the_other_way_and_anything_else_is_a_clear_error(fresh, monkey
 RUNNER = """
 import sys, time
 if __name__ == "__main__":
-    from mlflow_ngraph import isolation, template
-    from mlflow_ngraph.config import MeasureSettings
-    from mlflow_ngraph.worker import CellTask
+    from mlflow_ngraph.run import isolation
+    from mlflow_ngraph.run import template
+    from mlflow_ngraph.measure.settings import MeasureSettings
+    from mlflow_ngraph.run.worker import CellTask
 
     spare = isolation._Spare()
     spare.conn.send(CellTask(

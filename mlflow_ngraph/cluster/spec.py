@@ -62,8 +62,8 @@ def parse_sweep(data: Any, where: str = "sweep spec") -> SweepSpec:
         NgraphError: no devices, a device without a name or with an unknown profile, two
             devices of one name, an unknown key, or a device spec the benchmark would reject.
     """
-    from mlflow_ngraph.config import TOP_KEYS, build_spec
     from mlflow_ngraph.devices import PROFILES
+    from mlflow_ngraph.plan.config import TOP_KEYS, build_spec
 
     if not isinstance(data, dict):
         raise NgraphError(f"{where} must be a mapping of settings")

@@ -30,9 +30,9 @@ import yaml
 
 from mlflow_ngraph.cluster.spec import SweepDevice, SweepSpec
 from mlflow_ngraph.errors import NgraphError, StoreAway
+from mlflow_ngraph.run.live import duration
 from mlflow_ngraph.tracking.mlflow_log import redact_uri
 from mlflow_ngraph.variables import ENV_DEVICE_NAME, ENV_PARENT_RUN, ENV_SWEEP_ID
-from mlflow_ngraph.view import duration
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def sweep_store(tracking_uri: str | None, local: bool, address: str | None) -> s
     Raises:
         NgraphError: a local store for devices that are not all on this machine.
     """
-    from mlflow_ngraph.config import check_tracking_uri
+    from mlflow_ngraph.plan.config import check_tracking_uri
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
@@ -805,7 +805,7 @@ def live_view(outcome: SweepOutcome, cells: dict[str, dict[str, Any]]) -> str:
 
 
 def _cells_of(device: SweepDevice) -> int:
-    from mlflow_ngraph.config import build_spec
+    from mlflow_ngraph.plan.config import build_spec
 
     spec = build_spec(device.spec)
     return len(spec.models) * len(spec.compilers)

@@ -58,7 +58,7 @@ def logged_model_name(candidate: Candidate) -> str:
     """``conv_block-w64-d2-openvino-bs8``: a logged model's name, after the model (its short
     name, as the cell run's), the compiler (its flags set away from the defaults) and the
     batch size (letters, digits, ``-`` and ``_``, as MLflow allows)."""
-    from mlflow_ngraph.summary import cell_run_name
+    from mlflow_ngraph.plan.cells import cell_run_name
 
     rest = candidate.label[len(candidate.model) :]  # " openvino[FLAG=V] bs8"
     text = cell_run_name(candidate.model, "", {}, ()) + rest

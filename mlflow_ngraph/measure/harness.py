@@ -50,8 +50,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from mlflow_ngraph.compilers.base import Engine
-from mlflow_ngraph.config import MeasureSettings
 from mlflow_ngraph.measure.sampler import ResourceSampler
+from mlflow_ngraph.measure.settings import MeasureSettings
 from mlflow_ngraph.measure.stats import summarize
 
 #: requests per call per parallel slot for a multi-slot engine without ``start_many`` (it

@@ -92,7 +92,7 @@ class Move:
 
 
 def host_key() -> str:
-    from mlflow_ngraph.supply import host_fingerprint
+    from mlflow_ngraph.env import host_fingerprint
 
     return hashlib.sha256(host_fingerprint().encode()).hexdigest()[:16]
 

@@ -30,10 +30,10 @@ import time
 import numpy as np
 
 from mlflow_ngraph.compilers.base import Engine
-from mlflow_ngraph.config import MeasureSettings
 from mlflow_ngraph.measure.harness import Measurement, latency_and_usage, percentile_intervals
 from mlflow_ngraph.measure.rounds import inflation, lag1, t_quantile
 from mlflow_ngraph.measure.sampler import ResourceSampler
+from mlflow_ngraph.measure.settings import MeasureSettings
 from mlflow_ngraph.measure.stats import summarize
 
 STOP_REASON = "repetitions"

@@ -458,7 +458,7 @@ def run_rounds(
     no pairing). An engine whose window raises is dropped from the rounds and left out of
     the result (the caller reports its failure); the rest go on.
 
-    ``settings`` is the :class:`~mlflow_ngraph.config.MeasureSettings`: its repetitions
+    ``settings`` is the :class:`~mlflow_ngraph.measure.settings.MeasureSettings`: its repetitions
     (requests) and min_duration_s are floors, its max_duration_s caps an engine's seconds.
     """
     cap = policy.max_s

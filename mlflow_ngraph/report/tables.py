@@ -1,10 +1,11 @@
 """The compare tables, as pure functions of the DataFrame that ``query`` builds.
 
-Pipeline: :func:`prepare` (labels, latest run per cell, validity, relative metrics recomputed
-from throughputs with :mod:`mlflow_ngraph.metrics`), then :func:`select` (what the user asked
-to see; baselines were already attached, so filtering never loses them), then one function
-per table: :func:`cells_table`, :func:`family_table` (Table VI), :func:`depth_table` (Tables
-VII/VIII), :func:`compile_table` (Table III), :func:`flips_table` (ranking flips).
+Pipeline: :func:`prepare` (labels, latest run per cell, validity, relative metrics
+recomputed from throughputs with :mod:`mlflow_ngraph.measure.metrics`), then :func:`select`
+(what the user asked to see; baselines were already attached, so filtering never loses
+them), then one function per table: :func:`cells_table`, :func:`family_table` (Table VI),
+:func:`depth_table` (Tables VII/VIII), :func:`compile_table` (Table III), :func:`flips_table`
+(ranking flips).
 
 A relative metric that cannot be computed is NaN, and the ``missing`` column says why.
 """
@@ -17,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from mlflow_ngraph import metrics
+from mlflow_ngraph.measure import metrics
 from mlflow_ngraph.models.registry import family_of
 from mlflow_ngraph.tracking import schema
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph import faultpoint
-from mlflow_ngraph import metrics as M
+from mlflow_ngraph.measure import metrics as M
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.journal import CellState, Journal

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlflow_ngraph import faultpoint
+from mlflow_ngraph.env import host_fingerprint
 from mlflow_ngraph.errors import HostFault, NgraphError, StoreAway, host_fix
-from mlflow_ngraph.supply import host_fingerprint
 from mlflow_ngraph.tracking import index, ui
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
@@ -31,9 +31,9 @@ from mlflow_ngraph.tracking.recorder import CellRecorder
 from mlflow_ngraph.variables import ENV_SWEEP_ID, ENV_TUNE_RUN
 
 if TYPE_CHECKING:
-    from mlflow_ngraph.cells import Cell
-    from mlflow_ngraph.config import Spec
     from mlflow_ngraph.devices import DeviceProfile
+    from mlflow_ngraph.plan.cells import Cell
+    from mlflow_ngraph.plan.config import Spec
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
-from mlflow_ngraph.summary import compiler_label, differing_flags, winners
+from mlflow_ngraph.measure.verdict import winners
+from mlflow_ngraph.plan.cells import compiler_label, differing_flags
 from mlflow_ngraph.tracking import schema as S
 
 log = logging.getLogger(__name__)

@@ -148,7 +148,9 @@ def tune(**o: Any) -> None:
 
 
 def _settings(o: dict[str, Any]):
-    from mlflow_ngraph.config import (
+    from mlflow_ngraph.console import default_home, split_multi
+    from mlflow_ngraph.devices import get_profile
+    from mlflow_ngraph.plan.config import (
         CompilerSpec,
         MeasureSettings,
         ModelSpec,
@@ -157,8 +159,6 @@ def _settings(o: dict[str, Any]):
         parse_batch_sizes,
         split_name_args,
     )
-    from mlflow_ngraph.console import default_home, split_multi
-    from mlflow_ngraph.devices import get_profile
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
     from mlflow_ngraph.tune.settings import Constraints, TuneSettings, parse_budget
 
@@ -219,7 +219,7 @@ def _settings(o: dict[str, Any]):
 def _installed(profile) -> list:
     """The profile's compilers that can run here (identity is the baseline, not searched)."""
     from mlflow_ngraph.compilers.registry import get_compiler
-    from mlflow_ngraph.config import CompilerSpec
+    from mlflow_ngraph.plan.config import CompilerSpec
 
     out = []
     for name in profile.compilers:

@@ -6,7 +6,7 @@ How a tune runs:
 1. **Groups of trials.** Optuna's TPE sampler (one study per batch size, the compiler its
    first parameter, each compiler's knobs after it: :mod:`.space`) asks for a few
    configurations. They are measured together as one benchmark of the model at that batch
-   size (:class:`mlflow_ngraph.runner.Runner`): each in its own worker, interleaved in
+   size (:class:`mlflow_ngraph.run.runner.Runner`): each in its own worker, interleaved in
    rounds with an identity engine that stays warm for the group, outputs checked, engines
    cached, every cell a child of the tune's run. Optuna is told the **paired** figure (the
    speedup over identity from the same rounds), never an absolute throughput measured
@@ -37,13 +37,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mlflow_ngraph import metrics as M
 from mlflow_ngraph.compilers.base import HostLimits
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
-from mlflow_ngraph.config import CompilerSpec, MeasureSettings, RunPolicy, Spec
 from mlflow_ngraph.devices import check_profile_runs_here, get_profile
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.measure import metrics as M
+from mlflow_ngraph.measure.settings import MeasureSettings
 from mlflow_ngraph.models.registry import validate_model_spec
+from mlflow_ngraph.plan.config import CompilerSpec, RunPolicy, Spec
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tune.settings import OBJECTIVE_METRICS, OBJECTIVES, TuneSettings
 from mlflow_ngraph.tune.space import COMPILER_PARAM, SearchSpace, build_space
@@ -335,7 +336,7 @@ class Tune:
     def _run_benchmark(self, batch, b, group, measure: MeasureSettings, precision) -> None:
         """The group's cells measured as one benchmark of the model at ``b``, nested under
         the tune's run, each paired with identity in the same rounds."""
-        from mlflow_ngraph.runner import Runner, plan
+        from mlflow_ngraph.run.runner import Runner, plan
 
         unique: dict[tuple[str, str], Trial] = {}
         for trial in batch:
@@ -417,7 +418,7 @@ class Tune:
 
     def _cell_key(self, trial: Trial) -> str:
         """The cell key a trial's benchmark gives its cell (without running it)."""
-        from mlflow_ngraph.runner import plan
+        from mlflow_ngraph.run.runner import plan
 
         measure = self.settings.measure
         if trial.stage == "final":

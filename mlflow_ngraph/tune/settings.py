@@ -8,8 +8,9 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
-from mlflow_ngraph.config import CompilerSpec, MeasureSettings, ModelSpec
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.measure.settings import MeasureSettings
+from mlflow_ngraph.plan.config import CompilerSpec, ModelSpec
 from mlflow_ngraph.tracking import schema as S
 
 #: objective -> (Optuna direction, the metric a trial is ranked on). Trials are ranked on

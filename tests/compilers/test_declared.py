@@ -45,7 +45,7 @@ def toy(monkeypatch):
 
 
 def test_a_compiler_declares_its_colour_allowance_and_math(toy):
-    from mlflow_ngraph.estimate import _allowance
+    from mlflow_ngraph.plan.estimate import _allowance
     from mlflow_ngraph.tracking.ui import OTHER_COLOR, run_color
 
     assert run_color("toy") == "#123456"

@@ -9,9 +9,9 @@ import pytest
 from mlflow_ngraph.compilers import precision
 from mlflow_ngraph.compilers.base import CompileContext
 from mlflow_ngraph.compilers.registry import get_compiler
-from mlflow_ngraph.config import build_spec
 from mlflow_ngraph.errors import CompileFailed, NgraphError
 from mlflow_ngraph.models.registry import load_model
+from mlflow_ngraph.plan.config import build_spec
 
 BLOCK = {"width": 8, "depth": 1, "image_size": 16}
 
@@ -51,7 +51,7 @@ def test_each_compiler_is_told_the_same_arithmetic():
 
 def test_a_math_in_the_cell_key_only_where_it_is_not_fp32():
     from mlflow_ngraph.devices import get_profile
-    from mlflow_ngraph.runner import _cell_key
+    from mlflow_ngraph.run.runner import _cell_key
 
     profile = get_profile("gpu")
     compiler = get_compiler("identity")
@@ -112,8 +112,8 @@ def test_another_arithmetic_is_another_engine_in_the_history():
     before (the throughput 'moved -23%'): the history key ignored the arithmetic."""
     from dataclasses import replace
 
-    from mlflow_ngraph import worker
-    from mlflow_ngraph.config import MeasureSettings
+    from mlflow_ngraph.measure.settings import MeasureSettings
+    from mlflow_ngraph.run import worker
 
     task = worker.CellTask(
         name="c", model_name="conv_block", model_params={}, compiler="identity", flags={},
@@ -130,7 +130,7 @@ def test_a_pulled_engine_runs_in_the_arithmetic_it_was_measured_in(tmp_path):
     import numpy as np
 
     from mlflow_ngraph.deploy.engine import load_engine
-    from mlflow_ngraph.supply import EngineSupply
+    from mlflow_ngraph.run.supply import EngineSupply
 
     model = load_model("conv_block", BLOCK)
     supply = EngineSupply(tmp_path / "home", "cpu", "cpu", "latency", math="fp16")

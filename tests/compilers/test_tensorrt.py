@@ -280,7 +280,7 @@ def test_tune_offers_fp16_only_where_the_installed_tensorrt_builds_it(
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_a_deployed_plan_predicts_what_was_measured(compiler, tmp_path, cuda_graph):
     from mlflow_ngraph.deploy.engine import load_engine
-    from mlflow_ngraph.supply import EngineSupply
+    from mlflow_ngraph.run.supply import EngineSupply
 
     model = _tiny_model()
     supply = EngineSupply(tmp_path / "home", "gpu", "cuda", "latency")

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from mlflow_ngraph import env
 from mlflow_ngraph.measure.energy import (
     METHOD,
     RaplReader,
@@ -17,6 +16,7 @@ from mlflow_ngraph.measure.energy import (
     environment_record,
 )
 from mlflow_ngraph.measure.sampler import ResourceSampler
+from mlflow_ngraph.run import environment as env
 from mlflow_ngraph.tracking import schema as S
 
 MAX_UJ = 262_143_328_850  # a real package zone's max_energy_range_uj

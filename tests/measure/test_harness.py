@@ -15,7 +15,6 @@ import pytest
 from mlflow_ngraph.compilers._torch import TorchCallableEngine
 from mlflow_ngraph.compilers.base import CompileContext, Engine
 from mlflow_ngraph.compilers.registry import get_compiler
-from mlflow_ngraph.config import MeasureSettings
 from mlflow_ngraph.measure.harness import (
     CALIBRATION_CALLS,
     MAX_REQUESTS_PER_REPETITION,
@@ -26,6 +25,7 @@ from mlflow_ngraph.measure.harness import (
     quantile_interval,
 )
 from mlflow_ngraph.measure.rounds import RoundPolicy
+from mlflow_ngraph.measure.settings import MeasureSettings
 from mlflow_ngraph.models.registry import load_model
 
 BATCH = 2

@@ -10,10 +10,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mlflow_ngraph.config import MeasureSettings, RunPolicy
 from mlflow_ngraph.measure import history
 from mlflow_ngraph.measure.history import Entry
-from mlflow_ngraph.worker import CellTask, _remember, judge
+from mlflow_ngraph.measure.settings import MeasureSettings
+from mlflow_ngraph.plan.config import RunPolicy
+from mlflow_ngraph.run.worker import CellTask, _remember, judge
 
 
 def entry(throughput, h=0.02, speedup=None, sh=None, **kw) -> Entry:
@@ -190,7 +191,7 @@ def test_a_figure_that_rests_on_the_screen_is_marked_and_one_cold_window_is_not(
     """One window left out (the first after a pause, on cold cores) moves a narrow figure by
     more than its interval without the figure resting on the screen's judgement; a quarter
     of the windows left out and a move beyond the interval does."""
-    from mlflow_ngraph.worker import _screen_moved
+    from mlflow_ngraph.run.worker import _screen_moved
 
     one = _result(1000.0)
     one.throughput_unscreened, one.windows_disturbed, one.windows = 928.0, 1, 7

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from mlflow_ngraph import env
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.measure import memory
+from mlflow_ngraph.run import environment as env
 
 glibc = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",

@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from mlflow_ngraph.config import MeasureSettings
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.measure.paper import STOP_REASON, measure_paper, rate_figures
+from mlflow_ngraph.measure.settings import MeasureSettings
 from mlflow_ngraph.models.registry import load_model
 from tests.measure.test_harness import BATCH, CountingEngine
 

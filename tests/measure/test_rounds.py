@@ -12,7 +12,6 @@ import os
 import numpy as np
 import pytest
 
-from mlflow_ngraph.config import MeasureSettings
 from mlflow_ngraph.measure.harness import Window
 from mlflow_ngraph.measure.rounds import (
     DRIFT_MIN_ROUNDS,
@@ -31,6 +30,7 @@ from mlflow_ngraph.measure.rounds import (
     screened,
     throughput_figures,
 )
+from mlflow_ngraph.measure.settings import MeasureSettings
 from mlflow_ngraph.measure.stability import assess
 
 
@@ -442,7 +442,7 @@ def test_many_disturbed_windows_mark_the_figure_and_say_so():
 def test_a_gpu_engine_is_not_screened_on_its_host_threads_cpu(kind, screen):
     """A GPU engine's host thread waits on the device: its CPU share says nothing of the
     device's speed, so its windows are never left out for it."""
-    from mlflow_ngraph.worker import CellTask
+    from mlflow_ngraph.run.worker import CellTask
 
     task = CellTask(
         name="c", model_name="m", model_params={}, compiler="identity", flags={},

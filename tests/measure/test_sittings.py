@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from mlflow_ngraph.config import RunPolicy
 from mlflow_ngraph.measure.history import Z95, Spread, rerun_interval, variance_components
 from mlflow_ngraph.measure.sittings import combine, engine_sittings, run_spread
+from mlflow_ngraph.plan.config import RunPolicy
 
 
 def record(throughput, h, speedup=None, hs=None, stable=True, reason="", attempts=1, **more):

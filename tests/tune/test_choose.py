@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from mlflow_ngraph import metrics as M
-from mlflow_ngraph.config import ModelSpec
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.measure import metrics as M
+from mlflow_ngraph.plan.config import ModelSpec
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tune.choose import closest_miss, pareto_front, spec_fragment, verdict
 from mlflow_ngraph.tune.settings import MIN_TRIAL_S, Constraints, TuneSettings, parse_budget
@@ -181,7 +181,7 @@ def test_the_tune_key_ignores_how_long_it_may_run():
 
 
 def test_the_winner_as_a_spec_fragment_is_a_spec_the_benchmark_accepts(tmp_path):
-    from mlflow_ngraph.config import build_spec, load_spec_file
+    from mlflow_ngraph.plan.config import build_spec, load_spec_file
 
     winner = trial(1, 2.0, 1.9, 2.1, b=8, flags={"execution_mode": "parallel", "x": None})
     text = spec_fragment(winner, "conv_block(width=8)", "conv_block", {"width": 8})

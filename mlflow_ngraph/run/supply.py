@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph.compilers.base import CompileContext, Compiler, Engine
+from mlflow_ngraph.env import host_fingerprint
 from mlflow_ngraph.models.base import LoadedModel
 from mlflow_ngraph.tracking.engines import EngineCache, cache_key, write_manifest
 
@@ -187,12 +187,6 @@ def gpu_fingerprint() -> str:
     from mlflow_ngraph.devices import gpu_fingerprint as fingerprint
 
     return fingerprint()
-
-
-def host_fingerprint() -> str:
-    from mlflow_ngraph.env import cpu_model
-
-    return f"{cpu_model()}|{os.cpu_count()}"
 
 
 def _cpu_flags() -> list[str]:

@@ -56,7 +56,7 @@ class PlainView:
         print(text, file=self.stream or sys.stderr, flush=True)
 
     def start(self, estimate) -> None:
-        """The run starts; ``estimate`` (:class:`~mlflow_ngraph.estimate.Estimate`) says
+        """The run starts; ``estimate`` (:class:`~mlflow_ngraph.plan.estimate.Estimate`) says
         what is left from now on."""
         self.estimate = estimate
         self._write(_opening(self.total, estimate))

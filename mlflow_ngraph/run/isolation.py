@@ -1,6 +1,6 @@
 """Each cell in its own process, the cells of a model measured together.
 
-A worker process runs :func:`~mlflow_ngraph.worker.measure_cell` for one cell and streams
+A worker process runs :func:`~mlflow_ngraph.run.worker.measure_cell` for one cell and streams
 its events back through a pipe. The worker shares nothing with the runner or with other
 cells (thread pools, allocator state, peak RSS). A worker that dies (a segfault, an abort,
 the kernel's OOM killer) or runs past its time limit ends with a reason naming the signal or
@@ -16,7 +16,7 @@ idle, has each warm up and run its windows in turn. Nothing runs beside a window
 window's own engine.
 
 A worker is forked from a template process that imported PyTorch, NumPy, SciPy and the
-measuring modules once per run (:mod:`mlflow_ngraph.template`; a spawned interpreter took
+measuring modules once per run (:mod:`mlflow_ngraph.run.template`; a spawned interpreter took
 2-8 s of a core for them, at every cell). What a cell still costs before its task, its
 compiler's runtime and its model library, is done ahead: the next model's workers are
 started while the current model's run, as spares that import their cell's compiler modules
@@ -42,13 +42,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlflow_ngraph import template
 from mlflow_ngraph.measure.memory import keep_freed_memory
-from mlflow_ngraph.template import PRELOAD
+from mlflow_ngraph.run import template
+from mlflow_ngraph.run.template import PRELOAD
+from mlflow_ngraph.run.worker import CellTask
 from mlflow_ngraph.tracking import schema as S
-from mlflow_ngraph.worker import CellTask
 
-log = logging.getLogger("mlflow_ngraph.worker")
+log = logging.getLogger("mlflow_ngraph.run.worker")
 
 
 @dataclass
@@ -67,7 +67,7 @@ VALIDITY_WORDS = ("precision", "fallback", "fall back", "tracer", "fp16", "bf16"
 
 
 class _Spare:
-    """A worker forked from the template (:mod:`mlflow_ngraph.template`), which imported
+    """A worker forked from the template (:mod:`mlflow_ngraph.run.template`), which imported
     :data:`PRELOAD`, or spawned and importing it; then it waits on its pipe for one task."""
 
     def __init__(self, ahead: Ahead | None = None) -> None:
@@ -209,7 +209,7 @@ def _prepare(ahead: Ahead) -> list[int]:
     the task if it is that cell's); any failure is left for the cell itself to meet and
     report. Returns the validity-warning counter, counting from the build on."""
     from mlflow_ngraph.compilers.registry import get_compiler
-    from mlflow_ngraph.worker import load_cell_model
+    from mlflow_ngraph.run.worker import load_cell_model
 
     with contextlib.suppress(Exception):
         compiler = get_compiler(ahead.compiler)
@@ -234,7 +234,7 @@ def _worker_main(task: CellTask, conn, counted: list[int] | None = None) -> None
         logging.getLogger(noisy).setLevel(logging.ERROR)
     if counted is None:
         counted = _count_warnings()
-    from mlflow_ngraph.worker import measure_cell
+    from mlflow_ngraph.run.worker import measure_cell
 
     def emit(kind: str, payload: Any) -> None:
         if kind == "record":  # warnings so far: compile and check of this cell
@@ -255,7 +255,7 @@ def _group_hooks(conn, task: CellTask):
     command (:func:`run_group`)."""
     from mlflow_ngraph.measure.harness import Meter, finish
     from mlflow_ngraph.measure.paper import measure_paper
-    from mlflow_ngraph.worker import judge, one_line
+    from mlflow_ngraph.run.worker import judge, one_line
 
     gpu = task.device_kind == "cuda"
 

@@ -35,26 +35,17 @@ import yaml
 
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.measure.rounds import PRECISION
+from mlflow_ngraph.measure.settings import (
+    DEFAULT_MIN_DURATION_S,
+    DEFAULT_REPETITIONS,
+    DEFAULT_WARMUP,
+    MeasureSettings,
+)
 from mlflow_ngraph.measure.stability import MAX_INTERVAL, OTHER_CPU_THRESHOLD
 
-SCENARIOS = ("throughput", "latency")
-#: how a cell is timed: ``rounds`` (windows interleaved with the model's other engines, the
-#: stop rule, paired speedups: measure/rounds.py) or ``paper`` (exactly ``repetitions``
-#: single inferences after ``warmup``, one request at a time, each timed: the paper's
-#: protocol, its figures the mean and standard deviation of b / t_i: measure/paper.py)
-PROTOCOLS = ("rounds", "paper")
 #: MLflow refuses longer experiment names
 MAX_EXPERIMENT_NAME = 500
 
-#: warm-up repetitions before measuring: enough for lazy allocation, JIT specialisation and
-#: CPU frequency to settle on the models of the paper (pyperf uses 1 warm-up per process, but
-#: runtimes such as OpenVINO and inductor keep specialising over the first few calls).
-DEFAULT_WARMUP = 10
-#: the paper measures 100 repetitions per configuration.
-DEFAULT_REPETITIONS = 100
-#: a floor on the measured window so very fast models are measured over enough time for the
-#: CPU-usage sampler and the clock resolution to be meaningful.
-DEFAULT_MIN_DURATION_S = 1.0
 #: outputs must match identity within this fraction of the reference's largest magnitude,
 #: and their cosine similarity must be at least 1 - tolerance. float32 compilers that reorder
 #: reductions land around 1e-6..1e-4; 1e-3 flags precision changes (bf16, fp16) as invalid.
@@ -98,57 +89,6 @@ class ModelSpec:
 class CompilerSpec:
     name: str
     flags: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class MeasureSettings:
-    """How one cell is measured (all logged as params)."""
-
-    scenario: str = "throughput"
-    warmup: int = DEFAULT_WARMUP
-    repetitions: int = DEFAULT_REPETITIONS
-    min_duration_s: float = DEFAULT_MIN_DURATION_S
-    #: hard cap on one cell's measured window; ``None`` for no cap
-    max_duration_s: float | None = None
-    protocol: str = "rounds"
-
-    def key(self) -> dict[str, Any]:
-        """What a cell's key and a spec's hash take of these settings: the default protocol
-        left out, so that a spec that does not set one keeps the keys of earlier runs."""
-        data = dict(self.__dict__)
-        if data["protocol"] == "rounds":
-            data.pop("protocol")
-        return data
-
-    def validate(self) -> None:
-        if self.scenario not in SCENARIOS:
-            raise NgraphError(f"scenario {self.scenario!r} is not one of: {', '.join(SCENARIOS)}")
-        if self.protocol not in PROTOCOLS:
-            raise NgraphError(f"protocol {self.protocol!r} is not one of: {', '.join(PROTOCOLS)}")
-        if self.protocol == "paper" and self.scenario != "latency":
-            raise NgraphError(
-                "protocol paper times one request at a time, so its engines are built for "
-                "that: use --scenario latency with it (the paper spec does)"
-            )
-        if self.warmup < 0:
-            raise NgraphError(f"warmup must be >= 0, got {self.warmup}")
-        if self.repetitions < 1:
-            raise NgraphError(f"repetitions must be >= 1, got {self.repetitions}")
-        if not (math.isfinite(self.min_duration_s) and self.min_duration_s >= 0):
-            raise NgraphError(
-                f"min-duration must be a finite number of seconds >= 0, got {self.min_duration_s}"
-            )
-        if self.max_duration_s is not None:
-            if not (math.isfinite(self.max_duration_s) and self.max_duration_s > 0):
-                raise NgraphError(
-                    "max-duration must be a finite number of seconds > 0, got "
-                    f"{self.max_duration_s}"
-                )
-            if self.max_duration_s < self.min_duration_s:
-                raise NgraphError(
-                    f"max-duration {self.max_duration_s:g} s is below min-duration "
-                    f"{self.min_duration_s:g} s: raise --max-duration or lower --min-duration"
-                )
 
 
 @dataclass(frozen=True)

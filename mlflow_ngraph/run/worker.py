@@ -4,7 +4,7 @@ each batch size's engine, check its outputs, run it once, measure it.
 It returns plain-dict records (one per batch size) through ``emit`` and writes nothing to
 MLflow or the journal; metric names come from :mod:`mlflow_ngraph.tracking.schema`. The
 runner calls :func:`measure_cell` in its own process (``--isolation none``) or in a spawned
-worker process (:mod:`mlflow_ngraph.isolation`).
+worker process (:mod:`mlflow_ngraph.run.isolation`).
 
 Events passed to ``emit(kind, payload)``:
 
@@ -27,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from mlflow_ngraph.config import MeasureSettings, RunPolicy
 from mlflow_ngraph.errors import CompileFailed
 from mlflow_ngraph.measure.rounds import WINDOW_S
+from mlflow_ngraph.measure.settings import MeasureSettings
+from mlflow_ngraph.plan.config import RunPolicy
 from mlflow_ngraph.tracking import schema as S
 
 log = logging.getLogger(__name__)
@@ -101,13 +102,13 @@ def measure_cell(
     ``measurer(task, engine, b)`` measures a prepared engine and returns (measurement,
     stability, attempts): :func:`measure_alone` by default; a worker of an interleaved
     group passes one that takes its windows from the group's coordinator
-    (:mod:`mlflow_ngraph.isolation`). ``gate(b)``, when given, is asked before each batch
+    (:mod:`mlflow_ngraph.run.isolation`). ``gate(b)``, when given, is asked before each batch
     size's work starts (the group's coordinator lets every worker prepare at once, never
     while another measures); ``False`` stops the cell there."""
     measurer = measurer or measure_alone
     from mlflow_ngraph.compilers.registry import get_compiler
     from mlflow_ngraph.measure.memory import keep_freed_memory
-    from mlflow_ngraph.supply import EngineSupply
+    from mlflow_ngraph.run.supply import EngineSupply
 
     keep_freed_memory()  # a spawned worker did at its start; ``--isolation none`` does here
 
@@ -434,8 +435,8 @@ _REFERENCES: dict[tuple[str, int], tuple[np.ndarray, Any, str]] = {}
 def load_cell_model(name: str, params: dict[str, Any]):
     """The model, built once for consecutive cells of the same model in one process (and
     by a spare worker before its cell's task comes)."""
-    from mlflow_ngraph.config import ModelSpec
     from mlflow_ngraph.models.registry import load_model
+    from mlflow_ngraph.plan.config import ModelSpec
 
     label = ModelSpec(name, params).label
     if _MODEL.get("label") != label:

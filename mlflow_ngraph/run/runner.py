@@ -2,8 +2,8 @@
 worker step and hand its results to the store session.
 
 For each model and compiler (a cell), the pending batch sizes are measured by
-:func:`mlflow_ngraph.worker.measure_cell`, by default in a fresh spawned process per cell
-(:mod:`mlflow_ngraph.isolation`; ``--isolation none`` runs it in this process). Each batch
+:func:`mlflow_ngraph.run.worker.measure_cell`, by default in a fresh spawned process per cell
+(:mod:`mlflow_ngraph.run.isolation`; ``--isolation none`` runs it in this process). Each batch
 size's record is written to the journal the moment it arrives, then to MLflow by the
 :class:`~mlflow_ngraph.tracking.session.StoreSession` (which keeps measuring going when the
 tracking server is away, and sends what it lacks when it answers again). A cell that fails
@@ -23,28 +23,27 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph import faultpoint
-from mlflow_ngraph import metrics as M
-from mlflow_ngraph.cells import Cell
 from mlflow_ngraph.compilers.base import Compiler
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
-from mlflow_ngraph.config import CompilerSpec, ModelSpec, RunPolicy, Spec
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
+from mlflow_ngraph.env import host_fingerprint
 from mlflow_ngraph.errors import VANISHED, NgraphError, host_errno, host_fault, vanished
-from mlflow_ngraph.estimate import Estimate, Item, Timings, describe
+from mlflow_ngraph.measure import metrics as M
 from mlflow_ngraph.models.registry import validate_model_spec
-from mlflow_ngraph.summary import cell_run_name, differing_flags
-from mlflow_ngraph.supply import host_fingerprint
-from mlflow_ngraph.tracking import mlflow_log as ml
-from mlflow_ngraph.tracking import schema as S
-from mlflow_ngraph.tracking.journal import Journal, JournalLock
-from mlflow_ngraph.tracking.session import StoreSession
-from mlflow_ngraph.view import PlainView
-from mlflow_ngraph.worker import (
+from mlflow_ngraph.plan.cells import Cell, cell_run_name, differing_flags
+from mlflow_ngraph.plan.config import CompilerSpec, ModelSpec, RunPolicy, Spec
+from mlflow_ngraph.plan.estimate import Estimate, Item, Timings, describe
+from mlflow_ngraph.run.live import PlainView
+from mlflow_ngraph.run.worker import (
     CHECK_SEED,
     CellTask,
     compare_outputs,
     one_line,
 )
+from mlflow_ngraph.tracking import mlflow_log as ml
+from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tracking.journal import Journal, JournalLock
+from mlflow_ngraph.tracking.session import StoreSession
 
 __all__ = ["CHECK_SEED", "Cell", "Plan", "Row", "Runner", "compare_outputs", "plan"]
 
@@ -289,7 +288,7 @@ class Runner:
         )
 
     def _run(self) -> list[Row]:
-        from mlflow_ngraph.env import environment
+        from mlflow_ngraph.run.environment import environment
 
         self.journal = Journal.for_target(
             self.home, self.tracking_uri, self.spec.experiment, ml.device_name(self.profile.name)
@@ -317,13 +316,13 @@ class Runner:
         ]
         try:
             if todo and self.isolation == "process":
-                from mlflow_ngraph import template
+                from mlflow_ngraph.run import template
 
                 template.context()  # the workers' template imports while the store opens
             self.store.start(environment(self.profile.name, self.profile.kind, self.home))
         except BaseException:
             if self.isolation == "process":
-                from mlflow_ngraph.isolation import shutdown
+                from mlflow_ngraph.run.isolation import shutdown
 
                 shutdown()  # the template, started for a run that cannot start
             raise
@@ -352,7 +351,7 @@ class Runner:
             raise
         finally:
             if self.isolation == "process":
-                from mlflow_ngraph.isolation import shutdown
+                from mlflow_ngraph.run.isolation import shutdown
 
                 shutdown()  # the spare worker started for a cell that will not come
             if self.view:
@@ -593,7 +592,7 @@ class Runner:
         """Measure ``pending`` batch sizes of ``cell`` in this process (``--isolation
         none``: one engine at a time, windows back to back); results are journaled and
         logged as they arrive."""
-        from mlflow_ngraph.worker import measure_cell
+        from mlflow_ngraph.run.worker import measure_cell
 
         outcome = _Outcome()
         measure_cell(self._task(cell, pending), self._events(cell, outcome))
@@ -601,7 +600,7 @@ class Runner:
 
     def _run_group(self, cells: list[Cell]) -> None:
         """The cells of one model, each in its own worker, measured interleaved
-        (:func:`mlflow_ngraph.isolation.run_group`); speedups are paired with the model's
+        (:func:`mlflow_ngraph.run.isolation.run_group`); speedups are paired with the model's
         identity cell when it is measured in the same group. The next model's workers start
         as spares meanwhile."""
         jobs = self._group_jobs(cells)
@@ -668,7 +667,7 @@ class Runner:
         before the ``last`` keeps its results in ``earlier`` (cell key -> batch size ->
         records); the last one's are combined with them, journaled and logged. Returns the
         members, the cells' first (their ``death`` says why a worker ended early)."""
-        from mlflow_ngraph.isolation import GroupCell, run_group
+        from mlflow_ngraph.run.isolation import GroupCell, run_group
 
         members = []
         for cell, _, outcome, task in jobs:
@@ -695,7 +694,7 @@ class Runner:
         """An identity engine measured with the group, its speedups' baseline: its records
         are kept in :attr:`references`, not logged as a cell (the model's identity cell
         holds the identity's results)."""
-        from mlflow_ngraph.isolation import GroupCell
+        from mlflow_ngraph.run.isolation import GroupCell
 
         identity = get_compiler("identity")
         reference = Cell(cell.model, identity, {}, REFERENCE_KEY, "reference")
@@ -821,7 +820,7 @@ class _Outcome:
 def _ahead(cells: list[Cell]):
     """What the spare workers started while a group measures should prepare: ``cells``,
     the group measured next."""
-    from mlflow_ngraph.isolation import Ahead
+    from mlflow_ngraph.run.isolation import Ahead
 
     return [Ahead(c.model.name, c.compiler.name, dict(c.model.params)) for c in cells]
 

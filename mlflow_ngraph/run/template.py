@@ -59,10 +59,10 @@ PRELOAD = (
     "numpy",
     "torch",
     "scipy.stats",  # the throughput interval of every measurement (seconds to import)
-    "mlflow_ngraph.worker",
+    "mlflow_ngraph.run.worker",
     "mlflow_ngraph.compilers.registry",
     "mlflow_ngraph.models.registry",
-    "mlflow_ngraph.supply",
+    "mlflow_ngraph.run.supply",
     "mlflow_ngraph.measure.harness",
     "mlflow_ngraph.measure.stability",
 )
@@ -120,7 +120,7 @@ def context():
             if any(_forked(p) for p in multiprocessing.active_children()):
                 return multiprocessing.get_context(SPAWN)
             forkserver._forkserver._stop()
-        forkserver.set_forkserver_preload(["mlflow_ngraph._template_boot"])
+        forkserver.set_forkserver_preload(["mlflow_ngraph.run._template_boot"])
         forkserver.ensure_running()
         _server_key = key
     return multiprocessing.get_context(FORKSERVER)
@@ -234,7 +234,7 @@ def parent_of_workers(ctx) -> int:
 
 
 def boot() -> None:
-    """The forkserver's start (:mod:`mlflow_ngraph._template_boot`): it dies with the
+    """The forkserver's start (:mod:`mlflow_ngraph.run._template_boot`): it dies with the
     runner; the heap policy, then the imports, their output discarded."""
     die_with_parent()
     keep_freed_memory()
