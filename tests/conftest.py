@@ -31,12 +31,14 @@ E2E_FILES = {
     "compilers/test_torchscript.py", "compilers/test_tvm.py", "compilers/test_tensorrt.py",
     "deploy/test_pull.py", "deploy/test_register.py", "deploy/test_serving.py",
     "deploy/test_trust.py", "deploy/test_trust_server.py", "deploy/test_register_output.py",
-    "test_faults.py", "test_server_down.py", "test_team_server.py", "test_resume.py",
-    "test_interrupt_and_view.py", "test_mlproject.py", "test_tvm_benchmark.py",
-    "test_onnx_file_benchmark.py", "test_isolation.py", "test_mlflow_ui.py",
-    "test_benchmark_mlflow.py", "tune/test_tune_run.py", "test_postgres_skip.py",
-    "test_calibrated.py", "test_stability.py", "deploy/test_register_faults.py",
-    "cluster/test_reaper.py", "test_calibrate.py", "test_paper_protocol.py", "test_sittings_run.py",
+    "test_faults.py", "tracking/test_server_down.py", "tracking/test_team_server.py",
+    "run/test_resume.py",
+    "run/test_interrupt_and_view.py", "test_mlproject.py", "test_tvm_benchmark.py",
+    "test_onnx_file_benchmark.py", "run/test_isolation.py", "tracking/test_mlflow_ui.py",
+    "tracking/test_benchmark_mlflow.py", "tune/test_tune_run.py", "test_postgres_skip.py",
+    "test_calibrated.py", "measure/test_stability.py", "deploy/test_register_faults.py",
+    "cluster/test_reaper.py", "test_calibrate.py", "run/test_paper_protocol.py",
+    "run/test_sittings_run.py",
 }  # fmt: skip
 #: ... or it uses one of these fixtures (a benchmark in-process, a shared store)
 E2E_FIXTURES = {"run_cli", "store", "tiny_store", "shared_build"}
@@ -48,13 +50,13 @@ E2E_FIXTURES = {"run_cli", "store", "tiny_store", "shared_build"}
 SLOW_FILES = [  # by their seconds in a full run (--durations=0), the longest first
     "test_faults.py", "tune/test_tune_run.py", "cluster/test_project_backend_kills.py",
     "cluster/test_sweep_local.py", "deploy/test_trust.py", "deploy/test_pull.py",
-    "cluster/test_sweep_faults.py", "test_resume.py", "test_server_down.py",
-    "cluster/test_project_backend.py", "deploy/test_register.py", "test_team_server.py",
-    "test_isolation.py", "test_interrupt_and_view.py", "deploy/test_trust_server.py",
+    "cluster/test_sweep_faults.py", "run/test_resume.py", "tracking/test_server_down.py",
+    "cluster/test_project_backend.py", "deploy/test_register.py", "tracking/test_team_server.py",
+    "run/test_isolation.py", "run/test_interrupt_and_view.py", "deploy/test_trust_server.py",
     "test_cache.py", "test_cli.py", "cluster/test_journal_safety.py",
     "deploy/test_register_faults.py", "compilers/test_tvm.py", "test_imports.py",
-    "test_store_record.py", "test_template.py", "test_benchmark_mlflow.py",
-    "deploy/test_register_output.py", "test_summary.py",
+    "tracking/test_store_record.py", "run/test_template.py", "tracking/test_benchmark_mlflow.py",
+    "deploy/test_register_output.py", "report/test_summary.py",
 ]  # fmt: skip
 
 

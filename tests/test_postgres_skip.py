@@ -27,7 +27,7 @@ def test_the_team_server_tests_skip_with_the_reason(tmp_path):
     env = {**os.environ, "MLFLOW_NGRAPH_TEST_PG_PORT": str(port), "PYTHONPATH": str(REPO)}
     done = subprocess.run(
         [PYTHON, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-         str(REPO / "tests" / "test_team_server.py")],
+         str(REPO / "tests" / "tracking" / "test_team_server.py")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:]
