@@ -127,8 +127,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def silent_broad(handler: ast.ExceptHandler) -> bool:
-    """A handler of Exception, BaseException or everything whose body neither raises nor
-    calls a logger."""
+    """A handler of Exception, BaseException or everything whose body neither raises, nor
+    calls a logger, nor hands the exception on (uses the name it bound: a failure recorded
+    for the caller to report, sent to the parent process, kept as a cell's reason)."""
     kind = handler.type
     names = {getattr(kind, "id", None)} | {
         getattr(e, "id", None) for e in getattr(kind, "elts", [])
@@ -139,6 +140,8 @@ def silent_broad(handler: ast.ExceptHandler) -> bool:
         if isinstance(node, ast.Raise):
             return False
         if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in LOGS:
+            return False
+        if handler.name and isinstance(node, ast.Name) and node.id == handler.name:
             return False
     return True
 
@@ -206,7 +209,7 @@ def main() -> None:
         print(f"{label} over {limit} lines: {over}; the longest:")
         for span, where in sorted(items, reverse=True)[: args.top]:
             print(f"  {span:5d}  {where}")
-    print(f"broad handlers that neither re-raise nor log: {len(found['silent'])}")
+    print(f"broad handlers that neither re-raise, log nor hand on: {len(found['silent'])}")
     for where in found["silent"][: args.top]:
         print(f"  {where}")
 

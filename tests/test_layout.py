@@ -59,6 +59,12 @@ def test_no_module_imports_a_private_name_of_another(survey):
     assert survey["private"] == []
 
 
+def test_no_broad_handler_swallows_an_error(survey):
+    """Every ``except Exception`` (or wider) re-raises, logs a line ``-v`` shows, or hands
+    the exception on (a failure the caller reports)."""
+    assert survey["silent"] == []
+
+
 def test_the_reader_sees_a_cycle_through_an_import_inside_a_function(house):
     """What the two tests above rest on: an import inside a function is an edge, ``from pkg
     import mod`` an edge to the module, ``from pkg import name`` one to the package."""
@@ -74,6 +80,17 @@ def test_the_reader_sees_a_cycle_through_an_import_inside_a_function(house):
     assert "mlflow_ngraph" not in found and "mlflow_ngraph.report" not in found
     assert house.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert house.private_imports(tree, here) == [f"{here} imports mlflow_ngraph.x._y"]
+    handlers = [
+        node
+        for node in ast.walk(ast.parse(
+            "try: f()\nexcept Exception: pass\n"
+            "try: f()\nexcept Exception as exc: failed = exc\n"
+            "try: f()\nexcept Exception: log.debug('x')\n"
+            "try: f()\nexcept ValueError: pass\n"
+        ))
+        if isinstance(node, ast.ExceptHandler)
+    ]  # fmt: skip
+    assert [house.silent_broad(h) for h in handlers] == [True, False, False, False]
     graph = {"mlflow_ngraph.run.worker": {"mlflow_ngraph.measure.rounds"},
              "mlflow_ngraph.measure.rounds": {"mlflow_ngraph.tracking.session"}}  # fmt: skip
     up = [("mlflow_ngraph.measure.rounds", "mlflow_ngraph.tracking.session")]

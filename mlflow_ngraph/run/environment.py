@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import socket
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph.env import cpu_model, git_revision, library_versions
+
+log = logging.getLogger(__name__)
 
 #: environment variables that can change PyTorch's default thread counts
 _THREAD_VAR_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH_")
@@ -76,8 +79,8 @@ def _asked_threads() -> tuple[int, int]:
     if "torch" not in sys.modules and template.running():
         try:
             return tuple(template.ask(_torch_thread_counts))
-        except Exception:  # asked here instead
-            pass
+        except Exception as exc:  # asked here instead
+            log.debug("the workers' template did not answer (%s): torch imported here", exc)
     return _torch_thread_counts()
 
 

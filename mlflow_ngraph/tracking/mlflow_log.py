@@ -463,7 +463,7 @@ def run_user() -> str:
 
     try:
         local = getpass.getuser()
-    except Exception:  # no user name in this environment (a container without passwd)
+    except (OSError, KeyError, ImportError):  # no user name here (a container without passwd)
         local = "unknown"
     return os.environ.get("MLFLOW_TRACKING_USERNAME") or local
 

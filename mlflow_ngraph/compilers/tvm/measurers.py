@@ -13,6 +13,8 @@ from typing import Any
 
 from mlflow_ngraph.compilers.tvm.settings import BUILD_TIMEOUT_S, RUN_TIMEOUT_S, WORKER_MAX_USES
 
+log = logging.getLogger(__name__)
+
 _MEASURERS: Future | None = None
 _MEASURERS_LOCK = threading.Lock()
 
@@ -56,7 +58,8 @@ def _shutdown_measurers() -> None:
         return
     try:
         builder, runner = _MEASURERS.result()
-    except Exception:  # noqa: BLE001 - they never started; nothing to stop
+    except Exception as exc:  # noqa: BLE001 - they never started; nothing to stop
+        log.debug("TVM's measurers never started (%s): nothing to stop", exc)
         return
     finally:
         _MEASURERS = None
@@ -64,8 +67,8 @@ def _shutdown_measurers() -> None:
         if pool is not None:
             try:
                 pool.shutdown(wait=False)
-            except Exception:  # noqa: BLE001 - shutting down at exit, nothing left to do
-                pass
+            except Exception as exc:  # noqa: BLE001 - shutting down at exit, nothing left to do
+                log.debug("a TVM measurer pool did not shut down: %s", exc)
 
 
 def _make_pooled_builder() -> Any:
