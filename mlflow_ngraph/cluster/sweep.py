@@ -321,9 +321,6 @@ class _Head:
         self.proc = proc
         self.gcs_address = gcs_address
 
-    def remaining_processes_alive(self) -> bool:
-        return self.proc.poll() is None
-
     def stop(self, wait_s: float = HEAD_STOP_S) -> None:
         """The end of its stdin stops the head (its processes, then the temp folder); one
         that has not stopped after ``wait_s`` seconds is terminated."""

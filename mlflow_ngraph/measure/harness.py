@@ -252,11 +252,6 @@ class Meter:
         )
         return [1000.0 * t for per_window in chosen for t in per_window]
 
-    def latency_summary(self, kept: list[int] | None = None):
-        """The summary of :meth:`latencies_ms` (None where there are none)."""
-        values = self.latencies_ms(kept)
-        return summarize(values) if values else None
-
 
 _TASKS = "/proc/self/task"
 

@@ -452,12 +452,6 @@ def range_label(low: int, high: int) -> str:
     return f"bs{low}" if low == high else f"bs{low}-{high}"
 
 
-def pooled_std(stds: pd.Series) -> float:
-    """Root mean square of per-cell standard deviations (the within-cell noise)."""
-    values = stds.dropna()
-    return float(np.sqrt((values**2).mean())) if len(values) else math.nan
-
-
 def family_table(
     frame: pd.DataFrame, ranges: Sequence[tuple[int, int]] = DEFAULT_RANGES
 ) -> pd.DataFrame:

@@ -612,16 +612,6 @@ def holds_result(data, batch_size: int) -> bool:
     )
 
 
-def run_is_active(client, run_id: str) -> bool:
-    """Whether ``run_id`` exists in the store and is not deleted."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return client.get_run(run_id).info.lifecycle_stage == "active"
-    except MlflowException:
-        return False
-
-
 def log_params_once(client, run_id: str, params: dict[str, Any]) -> None:
     """Log params that the run does not have yet (MLflow rejects changing a param)."""
     existing = client.get_run(run_id).data.params
@@ -714,10 +704,6 @@ def _log_json(client, run_id: str, name: str, data: Any) -> None:
         path = Path(tmp) / name
         path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
         client.log_artifact(run_id, str(path))
-
-
-def log_json(client, run_id: str, name: str, data: Any) -> None:
-    _log_json(client, run_id, name, data)
 
 
 #: MLflow prints a link to every run terminated on a tracking server (and reads the run back

@@ -10,7 +10,6 @@ from typing import Any
 
 import yaml
 
-from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tune.trials import Trial, short_flags
 
@@ -166,12 +165,6 @@ def spec_fragment(winner: Trial, model_label: str, model_name: str, params: dict
         f"# the tune's winner for {model_label}: {winner.label} at batch size {winner.batch_size}\n"
     )
     return head + yaml.safe_dump(data, sort_keys=False)
-
-
-def require_winner(result: Verdict | None, trials: Sequence[Trial], constraints) -> Verdict:
-    if result is None:
-        raise NgraphError(closest_miss(trials, constraints))
-    return result
 
 
 def flag_text(trial: Trial) -> str:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import time
 import warnings
@@ -723,7 +722,3 @@ def _duration(seconds: float | None) -> str:
     seconds = max(0.0, seconds)
     minutes, rest = divmod(int(round(seconds)), 60)
     return f"{minutes}m{rest:02d}s" if minutes else f"{rest}s"
-
-
-def is_infinite(value: float | None) -> bool:
-    return value is not None and math.isinf(value)

@@ -192,9 +192,3 @@ def _knobs(compiler: Compiler, host: HostLimits, allow_precision: bool) -> list[
             continue
         knobs.append(knob)
     return knobs
-
-
-def describe_flags(flags: dict[str, Any], default: dict[str, Any]) -> str:
-    """The flags that differ from the compiler's defaults, ``k=v`` joined (``defaults``)."""
-    items = [f"{k}={v}" for k, v in flags.items() if default.get(k) != v]
-    return ",".join(items) or "defaults"

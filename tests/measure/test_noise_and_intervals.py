@@ -4,16 +4,13 @@ hand-made repetition times have the width the statistics say."""
 
 from __future__ import annotations
 
-import math
 import time
 
-import numpy as np
 import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.measure.sampler import ResourceSampler, _proc_stat
-from mlflow_ngraph.measure.stats import rate_interval
 from mlflow_ngraph.tracking import schema as S
 from tests._hog import cpu_hog
 from tests._support import TINY
@@ -80,34 +77,6 @@ def test_a_short_window_does_not_judge_the_host():
     sampler.start()
     noise = sampler.stop().host  # well under HOST_MIN_WINDOW_S: ticks of 10 ms say nothing
     assert noise.other_cpu_percent is None and noise.steal_percent is None
-
-
-def test_interval_of_hand_made_times_matches_the_normal_width():
-    rng = np.random.default_rng(7)
-    times = rng.normal(1e-3, 1e-4, size=400)  # CV 0.10, 400 repetitions of 8 samples
-    low, high = rate_interval(times, 8)
-    rate = 8 / times.mean()
-    assert low < rate < high
-    # delta method: half width ~ 1.96 x rate x CV / sqrt(n)
-    expected = 1.96 * rate * (times.std(ddof=1) / times.mean()) / math.sqrt(times.size)
-    assert (high - low) / 2 == pytest.approx(expected, rel=0.15)
-
-
-def test_interval_narrows_with_repetitions_and_needs_three():
-    rng = np.random.default_rng(3)
-    few = rng.normal(1e-3, 1e-4, size=10)
-    many = rng.normal(1e-3, 1e-4, size=1000)  # also takes the percentile route (> BCa cap)
-    width = [(h - lo) for lo, h in (rate_interval(few, 1), rate_interval(many, 1))]
-    assert width[1] < width[0] / 3
-    assert rate_interval([1e-3, 2e-3], 1) is None
-    assert rate_interval([1e-3] * 5, 1) is None  # no spread: no interval to speak of
-
-
-def test_a_slow_outlier_stretches_the_low_end():
-    times = [1e-3] * 20 + [1.1e-3] * 19 + [10e-3]  # one repetition preempted 10x
-    low, high = rate_interval(times, 1)
-    rate = len(times) / sum(times)
-    assert rate - low > high - rate  # the interval leans to the slow side
 
 
 def _cell(uri: str, experiment: str):
