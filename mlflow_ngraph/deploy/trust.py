@@ -17,15 +17,18 @@ What a store writer cannot change is a run's params (MLflow params are write-onc
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.tracking.engines import (  # noqa: F401 - what deploy checks, by these names
+    MANIFEST,
+    engine_param,
+    file_sha256,
+)
 
-MANIFEST = "manifest.json"
 #: the setting that trusts executable engine formats (as ``--trust-code`` does)
 TRUST_ENV = "MLFLOW_NGRAPH_TRUST_CODE"
 #: fields without which the host checks cannot be made
@@ -50,19 +53,6 @@ def engine_format(name: str | None) -> Format | None:
             loads, code = found.engine_formats[name]
             return Format(compiler, tuple(loads), code)
     return None
-
-
-def engine_param(batch_size: int) -> str:
-    """The cell run's param holding the sha256 of the engine's manifest at a batch size."""
-    return f"engine.bs{batch_size}.manifest_sha256"
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def trusted(trust_code: bool | None) -> bool:

@@ -95,3 +95,16 @@ class EngineCache:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return target
+
+
+def engine_param(batch_size: int) -> str:
+    """The cell run's param holding the sha256 of the engine's manifest at a batch size."""
+    return f"engine.bs{batch_size}.manifest_sha256"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -681,7 +681,7 @@ def log_engine(client, run_id: str, directory: Path, batch_size: int) -> None:
     param ``engine.bs<b>.manifest_sha256``, first: params are write-once, so whoever can
     write the experiment's artifacts later cannot make ``pull`` accept another engine. An
     engine whose run already holds another hash for the batch size is not logged again."""
-    from mlflow_ngraph.deploy.trust import MANIFEST, engine_param, file_sha256
+    from mlflow_ngraph.tracking.engines import MANIFEST, engine_param, file_sha256
 
     key = engine_param(batch_size)
     digest = file_sha256(Path(directory) / MANIFEST)
