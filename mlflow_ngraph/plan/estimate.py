@@ -131,9 +131,11 @@ class Policy:
     max_duration_s: float | None = None
     retries: int = 1
     protocol: str = "rounds"
+    #: each group measured this many times (``--sittings``)
+    sittings: int = 1
 
     @classmethod
-    def of(cls, measure, retries: int = 1) -> Policy:
+    def of(cls, measure, retries: int = 1, sittings: int = 1) -> Policy:
         return cls(
             measure.warmup,
             measure.repetitions,
@@ -141,13 +143,16 @@ class Policy:
             measure.max_duration_s,
             retries,
             measure.protocol,
+            sittings,
         )
 
     @property
     def cap_s(self) -> float:
+        """One sitting's cap: ``--max-duration``, else the default shared among the
+        sittings (as the worker caps each)."""
         from mlflow_ngraph.measure.rounds import MAX_S
 
-        return self.max_duration_s or max(MAX_S, 2 * self.min_duration_s)
+        return self.max_duration_s or max(MAX_S, 2 * self.min_duration_s) / self.sittings
 
     def floor_s(self, request_s: float | None) -> float:
         """The seconds the floors need before the rounds may stop."""
@@ -193,7 +198,9 @@ def _predict(item: Item, policy: Policy, timings, learned, costs, retry_share) -
         measured = max(floor, cap)
         attempts = 1 + policy.retries * retry_share
     warm = policy.warmup * (request_s if request_s is not None else measured / policy.repetitions)
-    return prepare + OVERHEAD_S + attempts * (warm + measured)
+    sitting = OVERHEAD_S + attempts * (warm + measured)
+    # each later sitting loads the engine the first one built or loaded, in fresh workers
+    return prepare + sitting + (policy.sittings - 1) * (min(prepare, LOAD_S) + sitting)
 
 
 def _borrowed_request_s(item: Item, costs) -> float | None:
@@ -252,8 +259,12 @@ class Estimate:
         self.predicted = {i.key: c for i, c in zip(self.items, self.costs)}
 
     @classmethod
-    def of(cls, items, measure, timings: Timings, retries: int = 1, grouped: bool = True):
-        return cls([Item(*i) for i in items], Policy.of(measure, retries), timings, grouped)
+    def of(
+        cls, items, measure, timings: Timings, retries: int = 1, grouped: bool = True,
+        sittings: int = 1,
+    ):  # fmt: skip
+        policy = Policy.of(measure, retries, sittings)
+        return cls([Item(*i) for i in items], policy, timings, grouped)
 
     @property
     def factor(self) -> float:

@@ -328,7 +328,7 @@ class Runner:
             raise
         self.estimate = Estimate.of(
             todo, self.spec.measure, Timings(self.home), self.policy.stable_retries,
-            grouped=self.isolation == "process",
+            grouped=self.isolation == "process", sittings=self.policy.sittings,
         )  # fmt: skip
         if todo:
             log.info(describe(self.estimate.total_s, self.estimate.known, len(todo)))

@@ -8,7 +8,16 @@ from pytest import approx
 
 from mlflow_ngraph.measure.rounds import MAX_S
 from mlflow_ngraph.measure.settings import MeasureSettings
-from mlflow_ngraph.plan.estimate import FACTOR_KEY, Estimate, Item, Timings, describe, timing_key
+from mlflow_ngraph.plan.estimate import (
+    FACTOR_KEY,
+    LOAD_S,
+    OVERHEAD_S,
+    Estimate,
+    Item,
+    Timings,
+    describe,
+    timing_key,
+)
 from tests._support import TINY
 
 #: the issue's OpenVINO cell: 100 repetitions (the paper's protocol), batch 1 and 8
@@ -32,6 +41,22 @@ def test_a_batch_size_never_seen_is_priced_at_the_rounds_cap(tmp_path):
     assert inductor - identity >= 40  # inductor's compile allowance
     assert est.known == 0
     assert "0 of them timed on this host before" in describe(est.total_s, est.known, 2)
+
+
+def test_sittings_are_priced_each_to_its_share_of_the_cap_with_the_engine_loaded(tmp_path):
+    """--sittings N: N sittings, each to 1/N of the default cap (the worker's), the engine
+    built once and loaded in each later sitting's fresh workers."""
+    quick = MeasureSettings(warmup=0, repetitions=10, min_duration_s=0.5)
+    items = [("m", "inductor", {}, 1)]
+    one = Estimate.of(items, quick, Timings(tmp_path), retries=0).costs[0]
+    two = Estimate.of(items, quick, Timings(tmp_path), retries=0, sittings=2).costs[0]
+    three = Estimate.of(items, quick, Timings(tmp_path), retries=0, sittings=3).costs[0]
+    assert one < two < three  # a worker start and an engine load more per sitting
+    # not twice the rounds: each sitting has its share of the cap; a start and a load more
+    assert two - one == approx(OVERHEAD_S + LOAD_S)
+    capped = MeasureSettings(warmup=0, repetitions=10, min_duration_s=0.5, max_duration_s=5.0)
+    each = Estimate.of(items, capped, Timings(tmp_path), retries=0, sittings=2).costs[0]
+    assert each - Estimate.of(items, capped, Timings(tmp_path), retries=0).costs[0] >= 5.0
 
 
 def test_slow_requests_are_priced_by_the_repetitions_floor_not_the_cap(tmp_path):
