@@ -288,8 +288,6 @@ class Runner:
         )
 
     def _run(self) -> list[Row]:
-        from mlflow_ngraph.run.environment import environment
-
         self.journal = Journal.for_target(
             self.home, self.tracking_uri, self.spec.experiment, ml.device_name(self.profile.name)
         )
@@ -314,6 +312,19 @@ class Runner:
             for cell in self.plan.cells
             for b in self._pending(cell)
         ]
+        self._start(todo)
+        self._measure()
+        if self._combined_results:
+            self._settle_sittings()
+        self.store.finish(self.host_failures, self.rows)
+        self._order_rows()
+        return self.rows
+
+    def _start(self, todo: list[tuple]) -> None:
+        """Open the store's parent run (the workers' template importing meanwhile) and say
+        what the ``todo`` items will cost."""
+        from mlflow_ngraph.run.environment import environment
+
         try:
             if todo and self.isolation == "process":
                 from mlflow_ngraph.run import template
@@ -334,6 +345,10 @@ class Runner:
             log.info(describe(self.estimate.total_s, self.estimate.known, len(todo)))
         if self.view:
             self.view.start(self.estimate)
+
+    def _measure(self) -> None:
+        """Every model's groups (each sitting of them), the workers stopped however it ends;
+        a store that failed under the run is one line: the journal holds every result."""
         try:
             if self.isolation == "process" and self.policy.sittings > 1:
                 self._run_sittings()
@@ -356,11 +371,6 @@ class Runner:
                 shutdown()  # the spare worker started for a cell that will not come
             if self.view:
                 self.view.stop()
-        if self._combined_results:
-            self._settle_sittings()
-        self.store.finish(self.host_failures, self.rows)
-        self._order_rows()
-        return self.rows
 
     def _order_rows(self) -> None:
         """The rows in the plan's order (cell, then batch size): the cells of a model
