@@ -504,7 +504,8 @@ def aa(args) -> None:
             held = sum(1 for r in rows if r[1] is not None and r[1] <= 1.0 <= r[2])
             marked = sum(1 for r in rows if not r[3])
             width = statistics.median((r[2] - r[1]) / 2 / r[0] for r in rows if r[1])
-            summary.append(f"{compiler}: 1.0 inside the interval {held}/{len(rows)}, "
+            summary.append(f"{compiler}: 1.0 inside the interval {held}/{len(rows)} "
+                           f"(a lead beyond noise called {len(rows) - held}/{len(rows)}), "
                            f"UNSTABLE {marked}/{len(rows)}, median half-width "
                            f"+-{100 * width:.1f}%")  # fmt: skip
     rounds.paired_figures = paired

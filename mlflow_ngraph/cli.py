@@ -247,7 +247,8 @@ def cli() -> None:
     type=int,
     default=1,
     show_default=True,
-    help="Measure each model's group N times, each in fresh workers with the engines loaded "
+    help="Measure each model's group N times, spread over the run (every model's first "
+    "sitting, then every model's second), each in fresh workers with the engines loaded "
     "again (each to a looser target, the default cap shared): every figure is their mean, "
     "and its re-run interval rests on the spread between sittings this run measured.",
 )

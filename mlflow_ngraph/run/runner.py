@@ -22,13 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlflow_ngraph import faultpoint
 from mlflow_ngraph.compilers.base import Compiler
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
 from mlflow_ngraph.env import host_fingerprint
-from mlflow_ngraph.errors import VANISHED, NgraphError, host_errno, host_fault, vanished
-from mlflow_ngraph.measure import metrics as M
+from mlflow_ngraph.errors import NgraphError, host_fault
 from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.plan.cells import Cell, cell_run_name, differing_flags
 from mlflow_ngraph.plan.config import CompilerSpec, ModelSpec, RunPolicy, Spec
@@ -44,6 +42,7 @@ from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.journal import Journal, JournalLock
 from mlflow_ngraph.tracking.session import StoreSession
+from mlflow_ngraph.tracking.sink import ResultSink, Row, row_of
 
 __all__ = ["CHECK_SEED", "Cell", "Plan", "Row", "Runner", "compare_outputs", "plan"]
 
@@ -54,44 +53,6 @@ ISOLATION_MODES = ("process", "none")
 REFERENCE_KEY = "identity-reference"
 #: default of ``--cell-timeout``: generous enough for a TVM tuning of a large model
 DEFAULT_CELL_TIMEOUT_S = 1800.0
-
-
-@dataclass
-class Row:
-    """One line of the summary: a cell at one batch size."""
-
-    model: str
-    compiler: str
-    batch_size: int
-    status: str
-    throughput: float | None = None
-    throughput_std: float | None = None
-    ci_low: float | None = None  # the throughput's 95% interval
-    ci_high: float | None = None
-    latency_p50_ms: float | None = None
-    cpu_percent: float | None = None
-    compile_s: float | None = None
-    speedup: float | None = None
-    max_rel_error: float | None = None
-    note: str = ""
-    skipped: bool = False
-    #: the cell's resolved compiler flags: two settings of one compiler are two rows
-    flags: dict[str, Any] = field(default_factory=dict)
-    #: whether the measurement is STABLE (None: not judged, e.g. FAILED or an old record)
-    stable: bool | None = None
-    speedup_ci_low: float | None = None  # the speedup's 95% interval (paired rounds)
-    speedup_ci_high: float | None = None
-    drift: float | None = None  # the host's drift during the rounds (sd of log rate)
-    #: samples until the compile is paid back against identity (inf: never; None: not
-    #: known, or the engine came from the cache)
-    payback: float | None = None
-    cache_hit: bool = False
-    #: where a re-run on this host is expected to land, 95% (None: the host has no
-    #: measured spread between sittings yet)
-    speedup_rerun_low: float | None = None
-    speedup_rerun_high: float | None = None
-    rerun_low: float | None = None
-    rerun_high: float | None = None
 
 
 @dataclass
@@ -237,7 +198,7 @@ class Runner:
         #: (cell, batch size, its sittings' records, model family) of every combined result
         self._combined_results: list[tuple[Cell, int, list[dict], str]] = []
         self.view = view
-        self.rows: list[Row] = []
+        self.sink: ResultSink | None = None  # once run() started
         #: the experiment was named on the command line (not taken from the spec file)
         self.experiment_explicit = experiment_explicit
         #: a group whose identity cell was measured before gets an identity engine of its
@@ -249,6 +210,12 @@ class Runner:
         self.parent_run = parent_run
         self.store: StoreSession | None = None  # once run() started
         self.estimate: Estimate | None = None  # once run() has planned what is left
+
+    @property
+    def rows(self) -> list[Row]:
+        """The summary's rows: every batch size of every cell, measured, failed or taken
+        from an earlier run."""
+        return self.sink.rows if self.sink is not None else []
 
     @property
     def experiment_name(self) -> str:
@@ -291,8 +258,6 @@ class Runner:
         self.journal = Journal.for_target(
             self.home, self.tracking_uri, self.spec.experiment, ml.device_name(self.profile.name)
         )
-        self.host_failures: list[str] = []
-        self._host_failed: list[tuple[Cell, str]] = []
         self.store = StoreSession(
             self.tracking_uri,
             self.home,
@@ -304,6 +269,10 @@ class Runner:
             experiment_explicit=self.experiment_explicit,
             parent_run=self.parent_run,
         )
+        self.sink = ResultSink(
+            self.journal, self.store, self.home, self.spec.batch_sizes, self.view, self.on_row,
+            self._item_done,
+        )  # fmt: skip
         if self._finished_before():
             self._order_rows()
             return self.rows
@@ -316,7 +285,7 @@ class Runner:
         self._measure()
         if self._combined_results:
             self._settle_sittings()
-        self.store.finish(self.host_failures, self.rows)
+        self.store.finish(self.sink.host_failures, self.rows)
         self._order_rows()
         return self.rows
 
@@ -379,7 +348,7 @@ class Runner:
         sizes = list(self.spec.batch_sizes)
 
         def key(row: Row) -> tuple[int, int]:
-            index = next((i for i, c in enumerate(cells) if _row_of(row, c)), len(cells))
+            index = next((i for i, c in enumerate(cells) if row_of(row, c)), len(cells))
             return index, sizes.index(row.batch_size) if row.batch_size in sizes else len(sizes)
 
         self.rows.sort(key=key)
@@ -400,8 +369,8 @@ class Runner:
             return False
         log.info("every cell was measured and logged by an earlier run: nothing to do")
         for cell in self.plan.cells:
-            self._rows_from_journal(cell)
-            self._set_row_speedups(cell)
+            self.sink.earlier(cell)
+            self.sink.set_speedups(cell)
         return True
 
     # --- one model ------------------------------------------------------------------------
@@ -420,9 +389,9 @@ class Runner:
         log.info("%s: every cell already measured; skipping", model_spec.label)
         for cell in cells:
             self._view("cell_started", cell.title)
-            self._rows_from_journal(cell)
+            self.sink.earlier(cell)
             self.store.relative(cell)  # a baseline measured since may exist
-            self._set_row_speedups(cell)
+            self.sink.set_speedups(cell)
             self._view("cell_done", cell.title)
         return True
 
@@ -441,10 +410,10 @@ class Runner:
         ended (its end time kept)."""
         if self._pending(cell) or not self.journal.cell(cell.key).closed:
             return False
-        self._rows_from_journal(cell)
+        self.sink.earlier(cell)
         self.store.relative(cell)
-        self._set_row_speedups(cell)
-        self._view("cell_done", cell.title, [r for r in self.rows if _row_of(r, cell)])
+        self.sink.set_speedups(cell)
+        self._view("cell_done", cell.title, self.sink.cell_rows(cell))
         return True
 
     def _open_cell(self, cell: Cell) -> list[int] | None:
@@ -458,7 +427,7 @@ class Runner:
         pending = self._pending(cell)  # after the run's stored results were taken
         for b in self.spec.batch_sizes:
             if b not in pending:
-                self._rows_from_journal(cell, only=b)
+                self.sink.earlier(cell, only=b)
         return pending
 
     def _run_cell(self, cell: Cell) -> None:
@@ -476,8 +445,8 @@ class Runner:
             self.store.params(cell, None)
         for b in pending:
             if b not in outcome.seen and outcome.death:
-                self._failed(cell, b, outcome.death)
-        self._close_cell(cell)
+                self.sink.failed(cell, b, outcome.death)
+        self.sink.close(cell)
 
     def _view(self, method: str, *args: Any) -> None:
         if self.view is not None:
@@ -514,16 +483,13 @@ class Runner:
                     records = [*earlier.get(b, []), record]
                     self._combined_results.append((cell, b, records, family))
                     record = self._combined(records, family)
-                self._item_done(cell, b, record)
-                self.journal.measured(cell.key, b, record)
-                faultpoint.point("journal_measured")
-                self._log_record(cell, b, record)
+                self.sink.measured(cell, b, record)
             elif kind == "failed" and not last:
                 log.info("%s bs%d: failed in a sitting: %s", cell.title, *payload)
             elif kind == "failed":
                 b, reason = payload
                 outcome.seen.add(b)
-                self._failed(cell, b, reason)
+                self.sink.failed(cell, b, reason)
 
         return on_event
 
@@ -565,15 +531,9 @@ class Runner:
             record = {**before, "metrics": {**before["metrics"], **{
                 k: record["metrics"][k] for k in S.RERUN_METRICS if k in record["metrics"]
             }}, "rerun": record.get("rerun")}  # fmt: skip
-            self.journal.measured(cell.key, b, record)
-            self.store.to_run(cell, self.store.recorder.rerun, b, record)
-            for i, row in enumerate(self.rows):
-                if _row_of(row, cell) and row.batch_size == b:
-                    new = _row(cell, b, record)
-                    new.speedup, new.payback = row.speedup, row.payback
-                    self.rows[i] = new
+            self.sink.rerun(cell, b, record)
 
-    def _item_done(self, cell: Cell, b: int, record: dict | None) -> None:
+    def _item_done(self, cell: Cell, b: int, record: dict | None) -> None:  # the sink's on_done
         """What a batch size cost goes to the estimate (``record`` None: it failed)."""
         if self.estimate is not None:
             item = Item(cell.model.label, cell.compiler.name, cell.flags, b)
@@ -658,7 +618,7 @@ class Runner:
             if pending is None:
                 continue
             if not pending:
-                self._close_cell(cell)
+                self.sink.close(cell)
                 continue
             task = self._task(cell, pending)
             task.log_file = str(self.store.log_file(cell))
@@ -723,100 +683,6 @@ class Runner:
 
         return GroupCell(REFERENCE_KEY, task, on_event)
 
-    def _close_cell(self, cell: Cell) -> None:
-        host = [r for c, r in self._host_failed if c is cell]
-        self.store.end(cell, host[0] if host else None)
-        self._set_row_speedups(cell)
-        self._view("cell_done", cell.title, [r for r in self.rows if _row_of(r, cell)])
-
-    def _failed(self, cell: Cell, b: int, reason: str) -> None:
-        """A batch size failed: for good when the model or compiler failed; when the host
-        did (a full disk, a read-only home, no memory), it stays pending for a plain re-run
-        and the invocation ends with one line that says so."""
-        status = S.STATUS_FAILED
-        self._item_done(cell, b, None)
-        if vanished(reason, self.home):  # a file of the caches went under it: not the compiler
-            reason = f"{VANISHED} ({reason})"
-        if host_errno(reason) is not None:
-            status = S.STATUS_HOST_FAILED
-            log.warning("%s bs%d not measured, the host failed: %s", cell.title, b, reason)
-            self._host_failed.append((cell, reason))
-            self.host_failures.append(reason)
-        else:
-            self.store.failed(cell, b, reason)
-        self._emit(
-            Row(
-                cell.model.label,
-                cell.compiler.name,
-                b,
-                status,
-                note=reason,
-                flags=dict(cell.flags),
-            )
-        )
-
-    def _log_record(self, cell: Cell, b: int, record: dict) -> None:
-        stability = record.get("stability") or {}
-        if stability.get("stable") is False:
-            log.warning("%s bs%d UNSTABLE: %s", cell.title, b, stability.get("reason", ""))
-        elif record.get("moved"):  # an UNSTABLE one names it in its reason
-            log.warning("%s bs%d: %s", cell.title, b, record["moved"])
-        rerun = record.get("rerun")
-        said = getattr(self, "_rerun_said", None)
-        # once, and again only where the host gets (or loses) a spread: the degrees of
-        # freedom grow with every cell, and a line each time was 35 lines of one run
-        if rerun and (said is None or rerun.startswith("none") != said.startswith("none")):
-            self._rerun_said = rerun
-            log.info("re-run intervals: %s", rerun)
-        self.store.record(cell, b, record)
-        self._emit(_row(cell, b, record))
-
-    def _set_row_speedups(self, cell: Cell) -> None:
-        own, identity = self._throughputs(cell.key), self._identity_throughputs(cell) or {}
-        paired = self.journal.cell(cell.key).paired_speedups()
-        for row in self.rows:
-            if _row_of(row, cell):
-                ratio = M.speedup(own.get(row.batch_size), identity.get(row.batch_size))
-                row.speedup = paired.get(row.batch_size, ratio) if ratio is not None else None
-                if row.compiler != "identity" and not row.cache_hit:
-                    row.payback = M.payback(
-                        row.compile_s, identity.get(row.batch_size), row.speedup, row.batch_size
-                    )
-
-    def _throughputs(self, key: str) -> dict[int, float]:
-        return self.journal.cell(key).throughputs()
-
-    def _identity_throughputs(self, cell: Cell) -> dict[int, float] | None:
-        """Identity's throughputs for this device and model, from this run or an earlier one
-        with the same measurement settings (its cell key is the same)."""
-        return self._throughputs(cell.baseline) or None
-
-    def _rows_from_journal(self, cell: Cell, only: int | None = None) -> None:
-        state = self.journal.cell(cell.key)
-        for b in self.spec.batch_sizes:
-            if only is not None and b != only:
-                continue
-            if b in state.measured:
-                row = _row(cell, b, state.measured[b])
-            elif b in state.failed:
-                row = Row(
-                    cell.model.label,
-                    cell.compiler.name,
-                    b,
-                    S.STATUS_FAILED,
-                    note=state.failed[b],
-                    flags=dict(cell.flags),
-                )
-            else:
-                continue
-            row.skipped = True
-            self._emit(row)
-
-    def _emit(self, row: Row) -> None:
-        self.rows.append(row)
-        self._view("row", row)
-        self.on_row(row)
-
 
 @dataclass
 class _Outcome:
@@ -833,40 +699,3 @@ def _ahead(cells: list[Cell]):
     from mlflow_ngraph.run.isolation import Ahead
 
     return [Ahead(c.model.name, c.compiler.name, dict(c.model.params)) for c in cells]
-
-
-def _row_of(row: Row, cell: Cell) -> bool:
-    return (
-        row.model == cell.model.label
-        and row.compiler == cell.compiler.name
-        and row.flags == cell.flags
-    )
-
-
-def _row(cell: Cell, b: int, record: dict) -> Row:
-    m = record["metrics"]
-    return Row(
-        cell.model.label,
-        cell.compiler.name,
-        b,
-        record["status"],
-        throughput=m.get(S.M_THROUGHPUT),
-        throughput_std=m.get(S.M_THROUGHPUT_STD),
-        ci_low=m.get(S.M_THROUGHPUT_CI_LOW),
-        ci_high=m.get(S.M_THROUGHPUT_CI_HIGH),
-        latency_p50_ms=m.get(S.M_LATENCY_P50),
-        cpu_percent=m.get(S.M_CPU),
-        compile_s=m.get(S.M_COMPILE),
-        max_rel_error=m.get(S.M_MAX_REL_ERROR),
-        note=record.get("note") or ("untuned" if m.get("tuned") == 0.0 else ""),
-        flags=dict(cell.flags),
-        stable=(record.get("stability") or {}).get("stable"),
-        speedup_ci_low=m.get(S.M_SPEEDUP_CI_LOW),
-        speedup_ci_high=m.get(S.M_SPEEDUP_CI_HIGH),
-        drift=m.get(S.M_HOST_DRIFT),
-        cache_hit=bool(m.get(S.M_CACHE_HIT)),
-        speedup_rerun_low=m.get(S.M_SPEEDUP_RERUN_LOW),
-        speedup_rerun_high=m.get(S.M_SPEEDUP_RERUN_HIGH),
-        rerun_low=m.get(S.M_THROUGHPUT_RERUN_LOW),
-        rerun_high=m.get(S.M_THROUGHPUT_RERUN_HIGH),
-    )

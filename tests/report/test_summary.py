@@ -10,7 +10,7 @@ import pytest
 
 from mlflow_ngraph.plan.cells import cell_run_name, differing_flags
 from mlflow_ngraph.report.summary import format_summary
-from mlflow_ngraph.run.runner import Row
+from mlflow_ngraph.tracking.sink import Row
 from tests._support import TINY
 
 LATENCY = "openvino:PERFORMANCE_HINT=LATENCY"

@@ -141,7 +141,7 @@ def test_a_run_records_how_its_workers_started_and_its_runner_never_imports_torc
             "-q"]  # fmt: skip
     code = (
         "import sys\n"
-        "from mlflow_ngraph import template\n"
+        "from mlflow_ngraph.run import template\n"
         "from mlflow_ngraph.cli import main\n"
         "try:\n"
         f"    main({args!r})\n"
