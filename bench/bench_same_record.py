@@ -28,8 +28,12 @@ QUICK = [
     "--spec", "smoke", "--compiler", "identity", "--compiler", "torchscript",
     "--compiler", "onnxruntime", "--compiler", "openvino",
 ]  # fmt: skip
-#: params and tags whose values describe the sitting, not the record's shape
-VOLATILE = ("git", "host", "mlflow.source", "mlflow.user", "mlflow.runName", "ngraph.started")
+#: params and tags whose values describe the sitting, not the record's shape (a reason tag
+#: is there only where that measurement was UNSTABLE)
+VOLATILE = ("git", "host", "mlflow.source", "mlflow.user", "mlflow.runName", "ngraph.started",
+            "ngraph.stability.reason")  # fmt: skip
+#: params compared by presence only: an engine's manifest holds its build's own times
+PRESENCE = ("manifest_sha256",)
 
 
 @contextlib.contextmanager
@@ -83,7 +87,11 @@ def record(uri: str) -> dict[tuple[str, str], dict]:
         tags = run.data.tags
         key = (tags.get("ngraph.role", "-"), run.info.run_name)
         out[key] = {
-            "params": {k: v for k, v in run.data.params.items() if not _volatile(k)},
+            "params": {
+                k: ("(set)" if k.endswith(PRESENCE) else v)
+                for k, v in run.data.params.items()
+                if not _volatile(k)
+            },
             "metrics": sorted(run.data.metrics),
             "tags": sorted(k for k in tags if not _volatile(k)),
             "artifacts": sorted(_artifacts(client, run.info.run_id)),
