@@ -34,6 +34,9 @@ VOLATILE = ("git", "host", "mlflow.source", "mlflow.user", "mlflow.runName", "ng
             "ngraph.stability.reason")  # fmt: skip
 #: params compared by presence only: an engine's manifest holds its build's own times
 PRESENCE = ("manifest_sha256",)
+#: metrics logged only where the measurement made them: p99 from 299 requests on, the
+#: unscreened figure where the screen left windows out
+CONDITIONAL = ("latency_p99", "_unscreened")
 
 
 @contextlib.contextmanager
@@ -92,7 +95,7 @@ def record(uri: str) -> dict[tuple[str, str], dict]:
                 for k, v in run.data.params.items()
                 if not _volatile(k)
             },
-            "metrics": sorted(run.data.metrics),
+            "metrics": sorted(k for k in run.data.metrics if not any(c in k for c in CONDITIONAL)),
             "tags": sorted(k for k in tags if not _volatile(k)),
             "artifacts": sorted(_artifacts(client, run.info.run_id)),
         }
