@@ -453,6 +453,8 @@ def aa(args) -> None:
                 def on_event(kind, payload):
                     if kind == "record":
                         got[name] = payload[1]
+                    elif kind == "failed":  # said, not counted as a missing record
+                        got[name] = {"status": "FAILED", "reason": payload[1]}
 
                 return on_event
 
