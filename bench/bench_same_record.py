@@ -14,13 +14,14 @@ Prints each difference and ``same record: yes`` or ``no``; exits 1 on a differen
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_calibration import checkout  # a revision in a temporary worktree
 
 REPO = Path(__file__).resolve().parent.parent
 #: a spec of seconds with every CPU compiler the default experiment runs
@@ -37,17 +38,6 @@ PRESENCE = ("manifest_sha256",)
 #: metrics logged only where the measurement made them: p99 from 299 requests on, the
 #: unscreened figure where the screen left windows out
 CONDITIONAL = ("latency_p99", "_unscreened")
-
-
-@contextlib.contextmanager
-def checkout(rev: str):
-    path = Path(tempfile.mkdtemp(prefix="same-record-"))
-    subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=REPO, check=True,
-                   capture_output=True)  # fmt: skip
-    try:
-        yield path
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO)
 
 
 def benchmark(checkout_dir: Path, args: list[str], work: Path) -> str:

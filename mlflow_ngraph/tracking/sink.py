@@ -190,9 +190,9 @@ class ResultSink:
     def set_speedups(self, cell: Cell) -> None:
         """Each row of ``cell``: its speedup (the paired one where the rounds made it, else
         the ratio of throughputs) and its payback."""
-        own = self.journal.cell(cell.key).throughputs()
+        state = self.journal.cell(cell.key)
+        own, paired = state.throughputs(), state.paired_speedups()
         identity = self.journal.cell(cell.baseline).throughputs() or {}
-        paired = self.journal.cell(cell.key).paired_speedups()
         for found in self.rows:
             if row_of(found, cell):
                 ratio = M.speedup(own.get(found.batch_size), identity.get(found.batch_size))
