@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import openvino
 import pytest
 
 from mlflow_ngraph.compilers.base import CompileContext
@@ -11,6 +10,8 @@ from mlflow_ngraph.compilers.registry import get_compiler
 from mlflow_ngraph.errors import CompilerUnavailable, NgraphError
 from mlflow_ngraph.models.registry import load_model
 from tests._support import assert_matches
+
+openvino = pytest.importorskip("openvino", reason="OpenVINO is in the cpu extra")
 
 COMPILER = "openvino"
 
