@@ -320,6 +320,7 @@ def _run(
 ) -> None:
     """Validate the merged settings and the run's ``policy`` (how it judges and repeats
     its measurements), run every cell and print the summary."""
+    from mlflow_ngraph.deploy.register import log_cell_engine
     from mlflow_ngraph.plan.config import RunPolicy
     from mlflow_ngraph.run.live import make_view
     from mlflow_ngraph.run.runner import Runner, check_sittings
@@ -334,7 +335,7 @@ def _run(
     runner = Runner(
         work, uri, home, retry_failed=retry_failed, isolation=isolation,
         cell_timeout_s=cell_timeout, policy=policy, view=make_view(len(work.cells), quiet),
-        experiment_explicit=experiment_explicit,
+        experiment_explicit=experiment_explicit, model_logger=log_cell_engine,
     )  # fmt: skip
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
@@ -388,9 +389,10 @@ def _plan(data: dict[str, Any], home: Path):
 
     Raises:
         NgraphError: a bad setting, a home or store that cannot be used."""
-    from mlflow_ngraph.plan.config import build_spec, check_home, check_tracking_uri
+    from mlflow_ngraph.plan.config import build_spec, check_home
     from mlflow_ngraph.run.runner import plan
     from mlflow_ngraph.tracking.mlflow_log import redact, resolve_tracking_uri
+    from mlflow_ngraph.tracking.uri import check_tracking_uri
 
     spec = build_spec(data)
     check_home(home)

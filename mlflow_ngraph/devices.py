@@ -72,29 +72,6 @@ def cuda_status() -> tuple[bool, str]:
     return True, torch.cuda.get_device_name(0)
 
 
-@functools.cache
-def gpu_fingerprint(device_index: int = 0) -> str:
-    """What a GPU engine is tied to: the GPU's name and compute capability, the CUDA runtime
-    and cuDNN PyTorch carries and the driver (NVML), ``name|sm90|cuda13.0|cudnn91300|
-    driver580.159.04``; empty without a CUDA device. A TensorRT plan, an Inductor kernel
-    or a TVM module tuned on one card is another card's engine only by luck: this goes into
-    the engine cache key and the manifest that deploy checks."""
-    ok, _ = cuda_status()
-    if not ok:
-        return ""
-    import torch
-
-    from mlflow_ngraph.measure.nvml import gpu_environment
-
-    major, minor = torch.cuda.get_device_capability(device_index)
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    driver = gpu_environment(device_index).get("driver_version", "unknown")
-    return (
-        f"{torch.cuda.get_device_name(device_index)}|sm{major}{minor}|cuda{torch.version.cuda}"
-        f"|cudnn{cudnn}|driver{driver}"
-    )
-
-
 def check_profile_runs_here(profile: DeviceProfile) -> None:
     """Raise a clear error when the profile's device kind is missing on this host."""
     if profile.kind == "cuda":

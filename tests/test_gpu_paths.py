@@ -257,11 +257,11 @@ def test_engine_builds_on_one_gpu_take_turns(tmp_path):
     ],
 )
 def test_deploy_checks_the_gpu_an_engine_was_built_on(compiler, here, outcome, monkeypatch):
-    from mlflow_ngraph import devices
     from mlflow_ngraph.deploy import engine
     from mlflow_ngraph.errors import NgraphError
+    from mlflow_ngraph.measure import nvml
 
-    monkeypatch.setattr(devices, "gpu_fingerprint", lambda: here)
+    monkeypatch.setattr(nvml, "gpu_fingerprint", lambda: here)
     built = "NVIDIA H100|sm90|cuda13.0|cudnn9|driver580"
     rule = get_compiler(compiler).gpu_rule  # what the compiler declares of its engines
     if outcome == "refused":

@@ -14,8 +14,8 @@ def sync_command(tracking_uri: str | None, home: Path | None) -> None:
     """Send results measured while the tracking store was unreachable, exactly once."""
     from mlflow_ngraph.cluster.sync import sync
     from mlflow_ngraph.console import default_home, setup_logging
-    from mlflow_ngraph.plan.config import check_tracking_uri
     from mlflow_ngraph.tracking.mlflow_log import redact_uri, resolve_tracking_uri
+    from mlflow_ngraph.tracking.uri import check_tracking_uri
 
     setup_logging(0)
     uri = resolve_tracking_uri(tracking_uri)

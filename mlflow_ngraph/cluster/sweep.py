@@ -142,8 +142,8 @@ def sweep_store(tracking_uri: str | None, local: bool, address: str | None) -> s
     Raises:
         NgraphError: a local store for devices that are not all on this machine.
     """
-    from mlflow_ngraph.plan.config import check_tracking_uri
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
+    from mlflow_ngraph.tracking.uri import check_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     check_tracking_uri(uri)

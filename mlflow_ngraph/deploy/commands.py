@@ -118,8 +118,8 @@ def _choose(options: dict):
     """Connect, select, check the choice against its run and print it; returns (client,
     uri, chosen candidate, its run, selection)."""
     from mlflow_ngraph.deploy.select import best, candidates, confirm, creator, describe, rank
-    from mlflow_ngraph.plan.config import check_tracking_uri
     from mlflow_ngraph.tracking.mlflow_log import connect, resolve_tracking_uri
+    from mlflow_ngraph.tracking.uri import check_tracking_uri
 
     if options["max_latency_ms"] is not None and not options["max_latency_ms"] > 0:
         raise NgraphError(f"--max-latency-ms must be > 0, got {options['max_latency_ms']}")
@@ -294,9 +294,9 @@ def serve(model_uri: str, host: str, port: int, tracking_uri: str | None, trust_
 
     from mlflow_ngraph.deploy.registered import fetch_registered
     from mlflow_ngraph.deploy.trust import TRUST_ENV, trusted
-    from mlflow_ngraph.plan.config import check_tracking_uri
     from mlflow_ngraph.scratch import work_folder
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
+    from mlflow_ngraph.tracking.uri import check_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     check_tracking_uri(uri)

@@ -123,10 +123,10 @@ def check_host(manifest: dict[str, Any]) -> list[str]:
 
 
 def _gpu_differs(name: str, policy: str | None, built: str) -> list[str]:
-    """Whether the GPU (``name|smXY|cuda..|cudnn..|driver..``, devices.gpu_fingerprint) the
+    """Whether the GPU (``name|smXY|cuda..|cudnn..|driver..``, measure.nvml.gpu_fingerprint) the
     engine was built on is this host's: another card or capability refuses or warns as the
     compiler declares (``gpu_rule``); another CUDA, cuDNN or driver is a warning."""
-    from mlflow_ngraph.devices import gpu_fingerprint
+    from mlflow_ngraph.measure.nvml import gpu_fingerprint
 
     here = gpu_fingerprint() if built and policy else ""
     if not here or built == here:

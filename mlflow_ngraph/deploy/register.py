@@ -209,6 +209,47 @@ def log_engine_model(
     return info
 
 
+def log_cell_engine(
+    record: dict[str, Any],
+    *,
+    run_id: str,
+    experiment_id: str,
+    device: str,
+    model: str,
+    compiler: str,
+    batch_size: int,
+    tracking_uri: str,
+) -> None:
+    """A benchmark result's engine as a logged model of its cell run (``--log-models``):
+    what the recording layer calls for each result (``tracking.session.ModelLogger``). An
+    engine that runs in-process only (eager, a torch.compile JIT) has no files: nothing to
+    deploy, nothing logged.
+
+    Raises:
+        NgraphError: the engine could not be logged (the result stands).
+    """
+    engine_dir = Path(record["engine_dir"])
+    manifest = json.loads((engine_dir / "manifest.json").read_text())
+    if not manifest.get("files"):
+        return
+    metrics = {
+        k: float(v)
+        for k, v in record["metrics"].items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    candidate = Candidate(
+        run_id=run_id,
+        experiment_id=experiment_id,
+        device=device,
+        model=model,
+        compiler=compiler,
+        flags="",
+        batch_size=batch_size,
+        metrics=metrics,
+    )
+    log_engine_model(engine_dir, candidate, tracking_uri)
+
+
 def _link(client, model_id: str, candidate: Candidate) -> None:
     """The logged model as an output of its cell run, the cell's metrics on it."""
     import mlflow

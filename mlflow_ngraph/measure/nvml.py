@@ -12,6 +12,7 @@ driver does not support is skipped, and GPU utilisation falls back to the integr
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -533,3 +534,26 @@ def _run_tool(command: list[str]) -> str:
         log.debug("%s exited %d: %s", command[0], done.returncode, done.stderr.strip())
         return ""
     return done.stdout
+
+
+@functools.cache
+def gpu_fingerprint(device_index: int = 0) -> str:
+    """What a GPU engine is tied to: the GPU's name and compute capability, the CUDA runtime
+    and cuDNN PyTorch carries and the driver (NVML), ``name|sm90|cuda13.0|cudnn91300|
+    driver580.159.04``; empty without a CUDA device. A TensorRT plan, an Inductor kernel
+    or a TVM module tuned on one card is another card's engine only by luck: this goes into
+    the engine cache key and the manifest that deploy checks."""
+    from mlflow_ngraph.devices import cuda_status
+
+    ok, _ = cuda_status()
+    if not ok:
+        return ""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device_index)
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    driver = gpu_environment(device_index).get("driver_version", "unknown")
+    return (
+        f"{torch.cuda.get_device_name(device_index)}|sm{major}{minor}|cuda{torch.version.cuda}"
+        f"|cudnn{cudnn}|driver{driver}"
+    )

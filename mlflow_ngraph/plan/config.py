@@ -26,7 +26,6 @@ import hashlib
 import json
 import math
 import os
-import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -334,8 +333,6 @@ def build_spec(data: dict[str, Any]) -> Spec:
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise NgraphError(f"{name} must be a finite number >= 0, got {value}")
     experiment = _experiment_name(data)
-    if data.get("tracking_uri"):
-        check_tracking_uri(str(data["tracking_uri"]))
     return Spec(
         models=_expand_sets(models),
         compilers=compilers,
@@ -377,87 +374,7 @@ def _expand_sets(models: list[ModelSpec]) -> list[ModelSpec]:
     return out
 
 
-#: tracking URI schemes MLflow opens itself (databases go through SQLAlchemy)
-_MLFLOW_SCHEMES = ("", "file", "http", "https", "databricks", "databricks-uc", "uc")
-
-
-def check_tracking_uri(uri: str) -> None:
-    """Refuse a URI whose scheme no MLflow tracking store handles (a typo such as
-    ``htp://``), before any run is created.
-
-    Raises:
-        NgraphError: the scheme is unknown.
-    """
-    import importlib.metadata
-
-    scheme = uri.partition("://")[0] if "://" in uri else ""
-    base = scheme.split("+")[0].lower()
-    from mlflow_ngraph.tracking.mlflow_private import database_schemes
-
-    plugins = {e.name for e in importlib.metadata.entry_points(group="mlflow.tracking_store")}
-    known = {*_MLFLOW_SCHEMES, *database_schemes(), *plugins}
-    bare = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):(?!//)", uri)  # ``sqlite:/x.db``
-    if not scheme and bare and bare.group(1).split("+")[0].lower() in known - {""}:
-        raise NgraphError(
-            f"tracking URI {uri!r} is malformed: {bare.group(1)}: is followed by // (e.g. "
-            "sqlite:///mlflow.db for a file here, sqlite:////abs/path.db, "
-            "http://127.0.0.1:5000); fix --tracking-uri / MLFLOW_TRACKING_URI"
-        )
-    if base in database_schemes():
-        _check_database_url(uri)
-    if base not in known:
-        raise NgraphError(
-            f"tracking URI {uri!r} has an unknown scheme {scheme!r} (known: "
-            f"{', '.join(sorted(s for s in known if s))}); fix --tracking-uri / "
-            "MLFLOW_TRACKING_URI"
-        )
-    from mlflow_ngraph.tracking.mlflow_log import local_sqlite
-
-    path = local_sqlite(uri)
-    if path is not None:
-        _check_store_file(path, uri)
-
-
-def _check_database_url(uri: str) -> None:
-    """Raises: NgraphError: a database URI SQLAlchemy cannot read."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        url = make_url(uri)
-        if url.get_backend_name() == "sqlite" and (url.host or not url.database):
-            raise ValueError("a sqlite URI names a file after three slashes, not a host")
-    except (ArgumentError, ValueError) as exc:
-        raise NgraphError(
-            f"tracking URI {uri!r} is malformed ({exc}): e.g. sqlite:///mlflow.db, "
-            "postgresql://user@127.0.0.1:5432/db; fix --tracking-uri / MLFLOW_TRACKING_URI"
-        ) from None
-
-
-def _check_store_file(path: Path, uri: str) -> None:
-    """A local sqlite store must be a file (or not exist yet) in a folder this process can
-    write (sqlite writes its journal beside the file); otherwise MLflow retries the
-    connection for minutes before it gives up."""
-    fix = "point --tracking-uri / MLFLOW_TRACKING_URI at a writable file"
-    if path.is_dir():
-        raise NgraphError(f"tracking store {uri!r} is a folder, not an sqlite file: {fix}")
-    folder = path.parent
-    for parent in (folder, *folder.parents):
-        if parent.exists():
-            if not parent.is_dir():
-                raise NgraphError(
-                    f"tracking store {uri!r} lies under {str(parent)!r}, which is a file: {fix}"
-                )
-            break
-    problem = _unwritable(folder)
-    if problem:
-        raise NgraphError(
-            f"tracking store {uri!r}: its folder {str(folder)!r} cannot be written "
-            f"({problem}): {fix}"
-        )
-
-
-def _unwritable(folder: Path) -> str | None:
+def unwritable(folder: Path) -> str | None:
     """Why ``folder`` cannot be created or written by this process (None: it can)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -478,7 +395,7 @@ def check_home(home: Path) -> None:
     home = Path(home)
     if home.exists() and not home.is_dir():
         raise NgraphError(f"home {str(home)!r} is a file, not a directory: give another --home")
-    problem = _unwritable(home)
+    problem = unwritable(home)
     if problem:
         raise NgraphError(
             f"home {str(home)!r} cannot be written ({problem}): give a writable "

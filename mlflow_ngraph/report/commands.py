@@ -18,10 +18,11 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.errors import NgraphError
-from mlflow_ngraph.plan.config import check_tracking_uri, parse_int_list
+from mlflow_ngraph.plan.config import parse_int_list
 from mlflow_ngraph.report import publish, render, tables
 from mlflow_ngraph.report.query import RunQuery, fetch_cells, parse_where, resolve_experiments
 from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
+from mlflow_ngraph.tracking.uri import check_tracking_uri
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from mlflow_ngraph.run.worker import (
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.journal import Journal, JournalLock
-from mlflow_ngraph.tracking.session import StoreSession
+from mlflow_ngraph.tracking.session import ModelLogger, StoreSession
 from mlflow_ngraph.tracking.sink import ResultSink, Row, row_of
 
 __all__ = ["CHECK_SEED", "Cell", "Plan", "Row", "Runner", "compare_outputs", "plan"]
@@ -177,6 +177,7 @@ class Runner:
         experiment_explicit: bool = False,
         reference: bool = False,
         parent_run: str | None = None,
+        model_logger: ModelLogger | None = None,
     ) -> None:
         if isolation not in ISOLATION_MODES:
             raise NgraphError(f"isolation {isolation!r} is not one of: process, none")
@@ -204,6 +205,8 @@ class Runner:
         #: a group whose identity cell was measured before gets an identity engine of its
         #: own to pair its speedups with (``mlflow-ngraph tune``: every trial is paired)
         self.reference = reference
+        #: logs an engine as a logged model under ``--log-models`` (the command gives it)
+        self.model_logger = model_logger
         #: batch size -> the record of that reference (None: it failed), the last group's
         self.references: dict[int, dict | None] = {}
         #: the run the cells nest under, owned by the caller (a tune), else the benchmark's
@@ -268,6 +271,7 @@ class Runner:
             retry_failed=self.retry_failed,
             experiment_explicit=self.experiment_explicit,
             parent_run=self.parent_run,
+            model_logger=self.model_logger,
         )
         self.sink = ResultSink(
             self.journal, self.store, self.home, self.spec.batch_sizes, self.view, self.on_row,

@@ -184,7 +184,7 @@ class EngineSupply:
 
 
 def gpu_fingerprint() -> str:
-    from mlflow_ngraph.devices import gpu_fingerprint as fingerprint
+    from mlflow_ngraph.measure.nvml import gpu_fingerprint as fingerprint
 
     return fingerprint()
 

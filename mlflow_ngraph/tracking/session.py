@@ -13,7 +13,6 @@ device, or a fresh home) is found by its cell key and its results are taken as d
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -36,6 +35,11 @@ if TYPE_CHECKING:
     from mlflow_ngraph.plan.config import Spec
 
 log = logging.getLogger(__name__)
+
+#: logs one result's engine as an MLflow logged model of its cell run:
+#: ``(record, *, run_id, experiment_id, device, model, compiler, batch_size, tracking_uri)``;
+#: raises NgraphError when it cannot
+ModelLogger = Callable[..., None]
 
 
 #: seconds a Ctrl-C waits at most for the store write it landed in (a commit takes ms)
@@ -96,6 +100,8 @@ class StoreSession:
         retry_failed: FAILED batch sizes are measured again (a cell with one is pending).
         experiment_explicit: the experiment was named on the command line (under
             ``mlflow run`` it then wins over the project run's experiment).
+        model_logger: what logs an engine as a logged model under ``--log-models``
+            (``deploy.register.log_cell_engine``, given by the command).
     """
 
     def __init__(
@@ -109,8 +115,11 @@ class StoreSession:
         retry_failed: bool = False,
         experiment_explicit: bool = False,
         parent_run: str | None = None,
+        model_logger: ModelLogger | None = None,
     ) -> None:
         self.tracking_uri = tracking_uri
+        #: logs a result's engine as a logged model (``--log-models``); None: not logged
+        self.model_logger = model_logger
         #: a run of the caller's (a tune's) that the cells nest under: it is neither
         #: described, indexed nor ended here (its owner does that)
         self.parent_run = parent_run
@@ -341,29 +350,21 @@ class StoreSession:
 
     def _log_model(self, cell: Cell, run_id: str, b: int, record: dict) -> None:
         """The engine as an MLflow logged model of its cell run (``--log-models``), so
-        ``mlflow.search_logged_models`` ranks engines by their metrics."""
-        from mlflow_ngraph.deploy.register import log_engine_model
-        from mlflow_ngraph.deploy.select import Candidate
-
-        manifest = json.loads((Path(record["engine_dir"]) / "manifest.json").read_text())
-        if not manifest.get("files"):
-            return  # runs in-process only (eager, torch.compile JIT): nothing to deploy
-        candidate = Candidate(
-            run_id=run_id,
-            experiment_id=self.experiment_id,
-            device=self.profile.name,
-            model=cell.model.label,
-            compiler=cell.compiler.name,
-            flags="",
-            batch_size=b,
-            metrics={
-                k: float(v)
-                for k, v in record["metrics"].items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
-            },
-        )
+        ``mlflow.search_logged_models`` ranks engines by their metrics; the deploy layer's
+        :data:`ModelLogger` does it (this layer does not know how an engine is loaded)."""
+        if self.model_logger is None:
+            return
         try:
-            log_engine_model(Path(record["engine_dir"]), candidate, self.tracking_uri)
+            self.model_logger(
+                record,
+                run_id=run_id,
+                experiment_id=self.experiment_id,
+                device=self.profile.name,
+                model=cell.model.label,
+                compiler=cell.compiler.name,
+                batch_size=b,
+                tracking_uri=self.tracking_uri,
+            )
         except NgraphError as exc:  # the result stands; only its model is missing
             log.warning("%s bs%d: not logged as a model: %s", cell.title, b, exc)
 

@@ -155,11 +155,11 @@ def _settings(o: dict[str, Any]):
         MeasureSettings,
         ModelSpec,
         check_home,
-        check_tracking_uri,
         parse_batch_sizes,
         split_name_args,
     )
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
+    from mlflow_ngraph.tracking.uri import check_tracking_uri
     from mlflow_ngraph.tune.settings import Constraints, TuneSettings, parse_budget
 
     for option in ("precision", "final_precision"):
