@@ -51,7 +51,7 @@ lint: setup-all
 	$(BIN)/ruff check mlflow_ngraph tests bench entrypoints
 
 # `make gpu-check`: the gpu extra in .venv, the gpu-marked tests, then a tiny benchmark on
-# --device gpu through every GPU compiler with one table (python -m mlflow_ngraph.gpucheck).
+# --device gpu through every GPU compiler with one table (python -m mlflow_ngraph.commands.gpucheck).
 # Without an NVIDIA GPU: one line and exit 1, before anything is installed. In an existing
 # environment: make gpu-check GPU_PYTHON=python3 GPU_SETUP=
 GPU_PYTHON ?= $(BIN)/python
@@ -70,4 +70,4 @@ gpu-check:
 	$(if $(shell nvidia-smi -L 2>/dev/null),,$(error gpu-check: no NVIDIA GPU here (nvidia-smi finds none): run it on a host with an NVIDIA GPU and its driver (docs/gpu.md)))
 	$(if $(GPU_SETUP),@$(MAKE) --no-print-directory $(GPU_SETUP))
 	$(GPU_PYTHON) -m pytest -q -p no:cacheprovider -m gpu -rs tests
-	$(GPU_PYTHON) -m mlflow_ngraph.gpucheck $(GPU_CHECK_ARGS)
+	$(GPU_PYTHON) -m mlflow_ngraph.commands.gpucheck $(GPU_CHECK_ARGS)

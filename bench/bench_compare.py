@@ -37,8 +37,8 @@ from pathlib import Path
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from mlflow_ngraph.commands.report import parse_tables, run_compare
 from mlflow_ngraph.report import render
-from mlflow_ngraph.report.commands import parse_tables, run_compare
 from mlflow_ngraph.report.query import RunQuery
 from mlflow_ngraph.report.tables import DEFAULT_RANGES
 from mlflow_ngraph.tracking import index as results_index
@@ -267,7 +267,7 @@ def time_in_process(uri: str, repeat: int, query: RunQuery, live: bool = False) 
 
 def time_subprocess(uri: str, experiment: str) -> float:
     """Seconds for ``compare`` in a fresh interpreter (imports included)."""
-    code = "from mlflow_ngraph.report.commands import compare; compare.main()"
+    code = "from mlflow_ngraph.commands.report import compare; compare.main()"
     args = [sys.executable, "-c", code, "--tracking-uri", uri, "-e", experiment, "--format", "csv"]
     start = time.perf_counter()
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL)

@@ -30,7 +30,7 @@ LAYERS = (
     ("record", ("tracking",)),
     ("run", ("run",)),
     ("use", ("report", "deploy", "tune")),
-    ("commands", ("cli", "calibrate", "gpucheck", "entrypoints", "__main__", "cluster", "")),
+    ("commands", ("commands", "__main__", "cluster", "")),
 )  # fmt: skip
 
 

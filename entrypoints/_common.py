@@ -1,5 +1,5 @@
 """Shared by the MLproject entry points: run ``mlflow-ngraph <command>`` with MLproject's
-string params as its options (:func:`mlflow_ngraph.entrypoints.command_line`)."""
+string params as its options (:func:`mlflow_ngraph.commands.entrypoints.command_line`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 def run_cli(command: str, argv: list[str]) -> None:
     """Call ``mlflow-ngraph <command>`` with the non-empty options of ``argv``."""
-    from mlflow_ngraph.cli import main
-    from mlflow_ngraph.entrypoints import command_line
+    from mlflow_ngraph.commands.cli import main
+    from mlflow_ngraph.commands.entrypoints import command_line
 
     main(command_line(command, argv))
 

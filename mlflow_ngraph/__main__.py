@@ -1,3 +1,3 @@
-from mlflow_ngraph.cli import main
+from mlflow_ngraph.commands.cli import main
 
 main()

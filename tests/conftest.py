@@ -245,7 +245,7 @@ def tracking_uri(tmp_path: Path, empty_store: Path) -> str:
 @pytest.fixture
 def run_cli(home: Path, capsys, monkeypatch):
     """Run ``mlflow-ngraph ARGS`` in-process; returns (exit code, stdout, stderr)."""
-    from mlflow_ngraph.cli import main
+    from mlflow_ngraph.commands.cli import main
 
     monkeypatch.setenv("MLFLOW_NGRAPH_HOME", str(home))
 

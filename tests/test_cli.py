@@ -143,7 +143,7 @@ def test_failing_compiler_marks_cell_failed_and_run_goes_on(run_cli, tracking_ur
 def test_blocks_runs_the_depth_width_grid():
     """The grid ``blocks`` plans: every kind x width x depth, one cell each, into
     ``ngraph-blocks`` (the plan the runner measures; ``--small`` below runs one for real)."""
-    from mlflow_ngraph.cli import spec_of
+    from mlflow_ngraph.commands.cli import spec_of
     from mlflow_ngraph.plan.config import build_spec
     from mlflow_ngraph.run.runner import plan
 
@@ -191,9 +191,9 @@ def test_compare_is_listed_with_its_own_help_without_importing_it():
     code = (
         "import sys\n"
         "from click.testing import CliRunner\n"
-        "from mlflow_ngraph.cli import cli\n"
+        "from mlflow_ngraph.commands.cli import cli\n"
         "out = CliRunner().invoke(cli, ['--help']).output\n"
-        "print('compare-imported' if 'mlflow_ngraph.report.commands' in sys.modules else '')\n"
+        "print('compare-imported' if 'mlflow_ngraph.commands.report' in sys.modules else '')\n"
         "print('mlflow-imported' if 'mlflow' in sys.modules else '')\n"
         "print(out)\n"
     )
@@ -204,8 +204,8 @@ def test_compare_is_listed_with_its_own_help_without_importing_it():
 
     from click.testing import CliRunner
 
-    from mlflow_ngraph.cli import cli
-    from mlflow_ngraph.report.commands import compare
+    from mlflow_ngraph.commands.cli import cli
+    from mlflow_ngraph.commands.report import compare
 
     eager = CliRunner().invoke(cli, ["compare", "--help"])  # imports and registers the real one
     assert eager.exit_code == 0 and "--experiment" in eager.output
@@ -259,7 +259,7 @@ def test_block_params_are_checked_without_building_the_block():
 
 
 def test_ctrl_c_promises_a_resume_only_where_a_rerun_resumes():
-    from mlflow_ngraph.cli import _interrupted
+    from mlflow_ngraph.commands.cli import _interrupted
 
     assert _interrupted(["benchmark", "--spec", "smoke"]).endswith("run the same command to resume")
     assert _interrupted(["-v", "sweep", "s.yaml"]).endswith("resume")
@@ -272,7 +272,7 @@ def test_ctrl_c_inside_a_finalizer_ends_the_run_without_a_traceback(capsys):
     raised again where it ends the run, not printed as "Exception ignored" and dropped."""
     import signal
 
-    from mlflow_ngraph.cli import _interrupts_end_the_run
+    from mlflow_ngraph.commands.cli import _interrupts_end_the_run
 
     class Finalized:
         def __del__(self):

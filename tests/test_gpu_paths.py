@@ -115,7 +115,7 @@ def test_tvm_on_cuda_returns_every_output(tmp_path):
 @pytest.mark.gpu
 @needs_gpu
 def test_the_harness_waits_for_the_device_and_would_catch_one_that_does_not():
-    from mlflow_ngraph import gpucheck
+    from mlflow_ngraph.commands import gpucheck
 
     lines: list[str] = []
     assert gpucheck._harness_check(lines), "\n".join(lines)
@@ -147,7 +147,7 @@ def test_a_worker_group_on_the_gpu_measures_and_logs_gpu_figures(run_cli, tracki
 def test_gpu_check_without_cuda_is_one_line_and_exit_1(capsys):
     if CUDA_OK:
         pytest.skip("this host has a CUDA device")
-    from mlflow_ngraph import gpucheck
+    from mlflow_ngraph.commands import gpucheck
 
     assert gpucheck.main([]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -156,7 +156,7 @@ def test_gpu_check_without_cuda_is_one_line_and_exit_1(capsys):
 
 def test_the_gpu_check_table_reads_a_benchmark_store(run_cli, tracking_uri):
     """The table's rows from a store (here a CPU run of the same experiment name)."""
-    from mlflow_ngraph import gpucheck
+    from mlflow_ngraph.commands import gpucheck
 
     code, _, err = run_cli(
         "benchmark", "--model", "conv_block:width=8,depth=1,image_size=16",

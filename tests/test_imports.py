@@ -9,7 +9,7 @@ HEAVY = ("openvino", "onnxruntime", "tvm", "tensorrt", "pynvml", "ray")
 
 def test_importing_the_package_and_cli_imports_no_compiler_runtime():
     code = (
-        "import sys, mlflow_ngraph, mlflow_ngraph.cli, mlflow_ngraph.compilers.registry, "
+        "import sys, mlflow_ngraph, mlflow_ngraph.commands.cli, mlflow_ngraph.compilers.registry, "
         "mlflow_ngraph.run.runner\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])"
     )
@@ -59,7 +59,7 @@ def test_a_rerun_with_every_cell_journaled_imports_no_runtime(tmp_path):
     ]
     code = (
         "import sys\n"
-        "from mlflow_ngraph.cli import main\n"
+        "from mlflow_ngraph.commands.cli import main\n"
         "try:\n"
         f"    main({args!r})\n"
         "except SystemExit as exc:\n"

@@ -59,11 +59,12 @@ def test_the_reader_sees_a_cycle_through_an_import_inside_a_function(house):
     tree = ast.parse(
         "from mlflow_ngraph import faultpoint\n"
         "from mlflow_ngraph.report import tables\n"
-        "def f():\n    from mlflow_ngraph.cli import main\n    from mlflow_ngraph.x import _y\n"
+        "def f():\n    from mlflow_ngraph.commands.cli import main\n"
+        "    from mlflow_ngraph.x import _y\n"
     )
     found, inside = house.imports(tree, here, False)
     assert {"mlflow_ngraph.faultpoint", "mlflow_ngraph.report.tables"} <= found
-    assert "mlflow_ngraph.cli" in found and inside == 2
+    assert "mlflow_ngraph.commands.cli" in found and inside == 2
     assert "mlflow_ngraph" not in found and "mlflow_ngraph.report" not in found
     assert house.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert house.private_imports(tree, here) == [f"{here} imports mlflow_ngraph.x._y"]

@@ -143,7 +143,7 @@ def entry_command(project, entry_point: str, params: dict[str, str]) -> list[str
     Raises:
         NgraphError: an entry point that does not measure on a device, or ``-P device``.
     """
-    from mlflow_ngraph.entrypoints import command_line
+    from mlflow_ngraph.commands.entrypoints import command_line
 
     if "device" in params:
         raise NgraphError(
@@ -205,9 +205,9 @@ def plan_job(
     from mlflow.projects.utils import fetch_and_validate_project, load_project
     from mlflow.tracking import MlflowClient
 
-    from mlflow_ngraph.cli import spec_of
     from mlflow_ngraph.cluster.spec import parse_sweep
     from mlflow_ngraph.cluster.sweep import sweep_key, sweep_store
+    from mlflow_ngraph.commands.cli import spec_of
     from mlflow_ngraph.tracking.mlflow_log import experiment_mismatch
 
     work_dir = fetch_and_validate_project(project_uri, version, entry_point, params)

@@ -1,2 +1,2 @@
 """Compare benchmark runs across devices and experiments: tables, figures, reports (the
-``compare`` command is :func:`mlflow_ngraph.report.commands.compare`)."""
+``compare`` command is :func:`mlflow_ngraph.commands.report.compare`)."""

@@ -28,7 +28,8 @@ SPEC = {
 
 #: the sweep command, with ``import ray`` failing as it does where Ray is not installed
 WITHOUT_RAY = (
-    "import sys; sys.modules['ray'] = None; from mlflow_ngraph.cli import main; main(sys.argv[1:])"
+    "import sys; sys.modules['ray'] = None; "
+    "from mlflow_ngraph.commands.cli import main; main(sys.argv[1:])"
 )
 
 

@@ -35,7 +35,7 @@ def compare_cli(store, monkeypatch, tmp_path: Path):
     """Run ``compare ARGS`` against the store; returns click's Result."""
     from click.testing import CliRunner
 
-    from mlflow_ngraph.report.commands import compare
+    from mlflow_ngraph.commands.report import compare
 
     uri, _ = store
     monkeypatch.chdir(tmp_path)  # anything MLflow writes by default lands in tmp_path

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 from report_data import one, records_of
 
-from mlflow_ngraph.report.commands import compare
+from mlflow_ngraph.commands.report import compare
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.journal import Journal
 from mlflow_ngraph.tracking.recorder import CellRecorder

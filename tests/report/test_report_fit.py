@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 from report_data import Cell, log_benchmark, model_cells, new_store
 
-from mlflow_ngraph.report.commands import compare
+from mlflow_ngraph.commands.report import compare
 
 WIDTH = 100
 

@@ -59,7 +59,7 @@ def _cell_filters(seen: list[str]) -> list[str]:
 def _compare(uri: str, *args: str) -> list[dict]:
     from click.testing import CliRunner
 
-    from mlflow_ngraph.report.commands import compare
+    from mlflow_ngraph.commands.report import compare
 
     result = CliRunner().invoke(
         compare, ["--tracking-uri", uri, "--format", "json", *args], catch_exceptions=False

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from report_data import Cell, log_benchmark, new_store, one, records_of
 
-from mlflow_ngraph.report.commands import compare
+from mlflow_ngraph.commands.report import compare
 from mlflow_ngraph.report.tables import tau_interval
 
 A, B, C, D = "resnet18", "resnet50", "efficientnet_b3", "convnext_tiny"

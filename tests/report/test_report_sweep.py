@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from report_data import R18, log_benchmark, model_cells, new_store, records_of
 
-from mlflow_ngraph.report.commands import compare
+from mlflow_ngraph.commands.report import compare
 
 
 @pytest.fixture(scope="module")

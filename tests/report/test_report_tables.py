@@ -23,7 +23,7 @@ def cells(store):
     """The per-cell JSON over both experiments (one compare for the whole module)."""
     from click.testing import CliRunner
 
-    from mlflow_ngraph.report.commands import compare
+    from mlflow_ngraph.commands.report import compare
 
     uri, _ = store
     result = CliRunner().invoke(compare, ["--tracking-uri", uri, "--format", "json"])
@@ -34,7 +34,7 @@ def cells(store):
 def all_tables(store):
     from click.testing import CliRunner
 
-    from mlflow_ngraph.report.commands import compare
+    from mlflow_ngraph.commands.report import compare
 
     uri, _ = store
     result = CliRunner().invoke(

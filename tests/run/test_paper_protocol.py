@@ -19,7 +19,7 @@ WARMUP = 3
 
 
 def _benchmark(uri: str, home, experiment: str, *extra: str) -> None:
-    from mlflow_ngraph.cli import main
+    from mlflow_ngraph.commands.cli import main
 
     args = ["benchmark", "--model", MODEL, "--batch-sizes", "1,2", "--compiler", "identity"]
     args += ["--compiler", "onnxruntime", "--warmup", str(WARMUP), "--min-duration", "0"]
@@ -100,7 +100,7 @@ def test_a_rounds_run_beside_it_measures_cells_of_its_own(paper_runs):
 
 
 def test_the_paper_protocol_with_batched_engines_is_one_line(tmp_path, capsys):
-    from mlflow_ngraph.cli import main
+    from mlflow_ngraph.commands.cli import main
 
     with pytest.raises(SystemExit) as done:
         main(["benchmark", "--model", MODEL, "--protocol", "paper", "--home", str(tmp_path)])

@@ -17,7 +17,7 @@ MODELS = ["conv_block:width=8,depth=1,image_size=32", "mha_block:width=32,depth=
 
 @pytest.fixture(scope="module")
 def two_sittings(tmp_path_factory):
-    from mlflow_ngraph.cli import main
+    from mlflow_ngraph.commands.cli import main
 
     tmp = tmp_path_factory.mktemp("sittings")
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
@@ -100,7 +100,7 @@ def test_the_rerun_interval_rests_on_this_runs_spread_settled_over_the_whole_run
     ],
 )
 def test_sittings_that_cannot_be_are_one_line(tmp_path, capsys, extra, says):
-    from mlflow_ngraph.cli import main
+    from mlflow_ngraph.commands.cli import main
 
     with pytest.raises(SystemExit) as done:
         main(["benchmark", "--model", MODELS[0], "--home", str(tmp_path / "h"), *extra])

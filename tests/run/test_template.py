@@ -142,7 +142,7 @@ def test_a_run_records_how_its_workers_started_and_its_runner_never_imports_torc
     code = (
         "import sys\n"
         "from mlflow_ngraph.run import template\n"
-        "from mlflow_ngraph.cli import main\n"
+        "from mlflow_ngraph.commands.cli import main\n"
         "try:\n"
         f"    main({args!r})\n"
         "except SystemExit as exc:\n"

@@ -22,7 +22,7 @@ ENGINE_FILES = {
 @pytest.fixture(scope="module")
 def benchmarked(tmp_path_factory):
     """One real benchmark run shared by the contract tests below."""
-    from mlflow_ngraph.cli import main
+    from mlflow_ngraph.commands.cli import main
 
     tmp = tmp_path_factory.mktemp("bench")
     uri = f"sqlite:///{tmp / 'mlflow.db'}"

@@ -76,31 +76,31 @@ class LazyGroup(click.Group):
 #: commands of other modules of the package: name -> (import path, first paragraph of help)
 LAZY_COMMANDS = {
     "compare": (
-        "mlflow_ngraph.report.commands:compare",
+        "mlflow_ngraph.commands.report:compare",
         "Compare benchmark results across devices, compilers and experiments.",
     ),
     "pull": (
-        "mlflow_ngraph.deploy.commands:pull",
+        "mlflow_ngraph.commands.deploy:pull",
         "Fetch the fastest verified engine of a device and model into a directory.",
     ),
     "run-engine": (
-        "mlflow_ngraph.deploy.commands:run_engine",
+        "mlflow_ngraph.commands.deploy:run_engine",
         "Run a pulled engine: output shape, a checksum and latency.",
     ),
     "register": (
-        "mlflow_ngraph.deploy.commands:register",
+        "mlflow_ngraph.commands.deploy:register",
         "Log the fastest verified engine as an MLflow model and alias it per device.",
     ),
     "serve": (
-        "mlflow_ngraph.deploy.commands:serve",
+        "mlflow_ngraph.commands.deploy:serve",
         "Serve a registered engine after checking it against its registered version.",
     ),
     "sync": (
-        "mlflow_ngraph.cluster.commands:sync_command",
+        "mlflow_ngraph.commands.cluster:sync_command",
         "Send results measured while the tracking store was unreachable, exactly once.",
     ),
     "calibrate": (
-        "mlflow_ngraph.calibrate:calibrate",
+        "mlflow_ngraph.commands.calibrate:calibrate",
         "Measure this host's spread between sittings into the home (for re-run intervals).",
     ),
     "cache": (
@@ -108,11 +108,11 @@ LAZY_COMMANDS = {
         "Show the size of the engine and export caches, or prune them.",
     ),
     "tune": (
-        "mlflow_ngraph.tune.commands:tune",
+        "mlflow_ngraph.commands.tune:tune",
         "Find the fastest verified configuration of a model across compilers and knobs.",
     ),
     "sweep": (
-        "mlflow_ngraph.cluster.commands:sweep_command",
+        "mlflow_ngraph.commands.cluster:sweep_command",
         "Benchmark every device of a sweep spec on a Ray cluster; compare them at the end.",
     ),
 }

@@ -1,6 +1,6 @@
 """``make gpu-check``: the GPU paths checked end to end on a host with an NVIDIA GPU.
 
-``python -m mlflow_ngraph.gpucheck`` (the Makefile target installs the ``gpu`` extra and
+``python -m mlflow_ngraph.commands.gpucheck`` (the Makefile target installs the ``gpu`` extra and
 runs the ``gpu``-marked tests first):
 
 1. **The harness waits for the device.** A kernel of known length (``torch.cuda._sleep``,
@@ -51,7 +51,7 @@ KERNEL_MS = 2.0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mlflow_ngraph.gpucheck")
+    parser = argparse.ArgumentParser(prog="python -m mlflow_ngraph.commands.gpucheck")
     parser.add_argument("--out", type=Path, help="also write the report to this file")
     parser.add_argument("--keep", type=Path, help="keep the home and store here")
     args = parser.parse_args(argv)

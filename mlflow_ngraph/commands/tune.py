@@ -294,7 +294,7 @@ def _say_run(job) -> None:
 
 def _register(job, result, name: str) -> None:
     """``--register``: the existing ``register`` on the winner's cell run and batch size."""
-    from mlflow_ngraph.deploy.commands import register
+    from mlflow_ngraph.commands.deploy import register
 
     winner = result.winner
     if not winner.run_id:
