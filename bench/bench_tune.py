@@ -228,8 +228,8 @@ def grid(args) -> None:
         batch = [Trial(i + j, 1, n, f, None, i // 2) for j, (n, f) in enumerate(points[i : i + 2])]
         job.trials += batch
         began = time.perf_counter()
-        job._run_benchmark(batch, 1, i // 2, job.settings.measure, job.precision)
-        job._read_results(batch, 1)
+        job.bench.measure(batch, 1, i // 2, job.settings.measure, job.precision)
+        job.bench.read(batch, 1)
         job.journal.append("spent", seconds=time.perf_counter() - began, group=i // 2)
     grid_s = time.perf_counter() - t0
     value = {t.config(): t.speedup for t in job.trials if t.status == "OK" and t.speedup}
@@ -281,8 +281,8 @@ def _head_to_head(work: Path, args, value: dict, picks: list) -> None:
     before = load()
     t0 = time.perf_counter()
     measure = replace(job.settings.measure, max_duration_s=FINAL_MAX_S)
-    job._run_benchmark(batch, 1, 0, measure, FINAL_PRECISION)
-    job._read_results(batch, 1)
+    job.bench.measure(batch, 1, 0, measure, FINAL_PRECISION)
+    job.bench.read(batch, 1)
     seconds = time.perf_counter() - t0
     ok = [t for t in batch if t.status == "OK" and t.speedup and t.interval]
     if not ok:
@@ -324,7 +324,7 @@ def _cost(job, label: str) -> None:
     own = sum(float(t.metrics.get("duration_s") or 0.0) for t in trials)
     reference = sum(
         float((r.get("metrics") or {}).get("duration_s") or 0.0)
-        for (group, _), r in job.references.items()
+        for (group, _), r in job.bench.references.items()
         if group in groups
     )
     n = max(len(trials), 1)

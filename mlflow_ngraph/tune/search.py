@@ -26,9 +26,7 @@ How a tune runs:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -41,14 +39,13 @@ from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.devices import check_profile_runs_here, get_profile
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.measure import metrics as M
-from mlflow_ngraph.measure.settings import MeasureSettings
 from mlflow_ngraph.models.registry import validate_model_spec
-from mlflow_ngraph.plan.config import CompilerSpec, RunPolicy, Spec
 from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tune.groups import GroupBenchmark
+from mlflow_ngraph.tune.parent_run import open_parent_run
 from mlflow_ngraph.tune.settings import OBJECTIVE_METRICS, OBJECTIVES, TuneSettings
 from mlflow_ngraph.tune.space import COMPILER_PARAM, SearchSpace, build_space
-from mlflow_ngraph.tune.trials import Trial, TuneJournal
-from mlflow_ngraph.variables import ENV_PARENT_RUN, ENV_TUNE_RUN, environment
+from mlflow_ngraph.tune.trials import Trial, TuneJournal, flags_key
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +98,6 @@ class Tune:
         self.run_id: str | None = None
         self.started = time.monotonic()
         self.spent_before = 0.0
-        #: the identity cells the trials' speedups rest on (search and final settings)
-        self.identity_keys: set[str] = set()
-        self.references: dict[tuple[int, int], dict] = {}  # (group, b) -> identity's record
         self.live: dict[int, Any] = {}  # trial number -> the Optuna trial asked for it
         self.exhausted: set[int] = set()  # batch sizes whose space Optuna has exhausted
         self.stop_reason = ""
@@ -160,7 +154,7 @@ class Tune:
             self.prepare()
         self._open_run()
         asked, self.spent_before, _ = self.journal.load()
-        self.references.update(self.journal.references())
+        self.bench.references.update(self.journal.references())
         self.studies = {b: self._study(b) for b in self.settings.batch_sizes}
         self._resume(asked)
         group = max((t.group for t in self.trials), default=-1) + 1
@@ -174,43 +168,22 @@ class Tune:
         return self.trials
 
     def _open_run(self) -> None:
-        from mlflow_ngraph.tracking import mlflow_log as ml
-
-        s = self.settings
-        self.client = ml.connect(self.uri)
-        self.experiment_id, self.experiment_name = ml.run_experiment(
-            self.client, s.experiment, self.experiment_explicit
-        )
-        tags = {S.T_ROLE: "tune", S.T_TUNE_KEY: s.key(), S.T_DEVICE: ml.device_name(s.device)}
-        project_run = os.environ.get("MLFLOW_RUN_ID")  # `mlflow run . -e tune`
-        if project_run:
-            self.run_id = project_run
-            ml.log_batch(self.client, project_run, tags=tags)
-        else:
-            name = f"tune {s.model.label} on {ml.device_name(s.device)}"
-            self.run_id = ml.find_or_create_run(self.client, self.experiment_id, tags, name)
-        self.client.update_run(self.run_id, status="RUNNING")
-        ml.log_params_once(self.client, self.run_id, self._params())
+        """The tune's run (found again on a resume), and the benchmark of its groups, their
+        cells children of that run."""
+        run = open_parent_run(self.settings, self.space, self.uri, self.experiment_explicit)
+        self.client, self.experiment_id, self.experiment_name, self.run_id = run
         self.journal.append("run", run_id=self.run_id)
-
-    def _params(self) -> dict[str, Any]:
-        s = self.settings
-        c = s.constraints
-        return {
-            "model": s.model.label,
-            "device": s.device,
-            "compilers": ",".join(self.space.compilers),
-            "batch_sizes": ",".join(map(str, s.batch_sizes)),
-            "objective": ",".join(s.objectives),
-            "scenario": s.scenario,
-            "max_latency_ms": c.max_latency_ms,
-            "min_throughput": c.min_throughput,
-            "max_compile_s": c.max_compile_s,
-            "allow_precision": s.allow_precision,
-            "search_space_size": self.space.size(),
-            "sampler": "optuna.TPESampler(multivariate, group)",
-            "seed": s.seed,
-        }
+        self.bench = GroupBenchmark(
+            self.settings,
+            self.home,
+            self.uri,
+            self.experiment_name,
+            self.run_id,
+            self.journal,
+            max_interval=self.max_interval,
+            stable_retries=self.stable_retries,
+            final_max_s=self.final_max_s,
+        )
 
     def _study(self, b: int):
         import optuna
@@ -239,16 +212,16 @@ class Tune:
             b = members[0].batch_size
             if members[0].stage == "final":
                 continue  # the finalists are chosen and measured again at the end
-            complete = self._read_results(members, b)
+            complete = self.bench.read(members, b)
             # a kill between the group's last result and its reference line: the group's
             # benchmark again measures nothing and takes identity's record from its journal
-            unpaired = (group, b) not in self.references and any(
+            unpaired = (group, b) not in self.bench.references and any(
                 t.status == S.STATUS_OK for t in members
             )
             if not complete or unpaired:
                 began = time.monotonic()
-                self._run_benchmark(members, b, group, self.settings.measure, self.precision)
-                self._read_results(members, b)
+                self.bench.measure(members, b, group, self.settings.measure, self.precision)
+                self.bench.read(members, b)
                 self._spent(group, time.monotonic() - began)
             for trial in members:
                 self._tell_new(trial)
@@ -264,7 +237,7 @@ class Tune:
         known = {t.config(): t for t in self.trials if t.batch_size == b and t.stage == "search"}
         batch: list[Trial] = []
         for name, flags, params in self.space.defaults():  # all in one group: the yardstick
-            if (name, _key(flags)) not in known and not self._trial_cap(len(batch)):
+            if (name, flags_key(flags)) not in known and not self._trial_cap(len(batch)):
                 batch.append(self._new_trial(b, name, flags, params, group, offset=len(batch)))
         asks = 0
         while len(batch) < self.settings.per_group and not self._trial_cap(len(batch)):
@@ -279,7 +252,7 @@ class Tune:
                 study.tell(live, state=optuna.trial.TrialState.FAIL)
                 log.debug("excluded: %s", exc)
                 continue
-            config = (name, _key(flags))
+            config = (name, flags_key(flags))
             if config in {t.config() for t in batch}:
                 study.tell(live, state=optuna.trial.TrialState.FAIL)
                 continue
@@ -290,22 +263,9 @@ class Tune:
             self.live[trial.number] = live
             batch.append(trial)
         for trial in batch:
-            self._record(trial)
+            self.journal.record(trial)
         self.trials.extend(batch)
         return batch
-
-    def _record(self, trial: Trial) -> None:
-        """The tune journal's line for an asked trial (before it is measured)."""
-        self.journal.append(
-            "trial",
-            number=trial.number,
-            batch_size=trial.batch_size,
-            compiler=trial.compiler,
-            flags=trial.flags,
-            params=trial.params,
-            group=trial.group,
-            stage=trial.stage,
-        )
 
     def _new_trial(self, b, name, flags, params, group, stage="search", offset=0) -> Trial:
         """A trial numbered after every trial so far (``offset``: those of its own group
@@ -319,8 +279,8 @@ class Tune:
 
     def _measure_group(self, batch: list[Trial], b: int, group: int) -> None:
         began = time.monotonic()
-        self._run_benchmark(batch, b, group, self.settings.measure, self.precision)
-        self._read_results(batch, b)
+        self.bench.measure(batch, b, group, self.settings.measure, self.precision)
+        self.bench.read(batch, b)
         for trial in batch:
             self._tell_new(trial)
         self._spent(group, time.monotonic() - began)
@@ -331,106 +291,6 @@ class Tune:
         self.journal.append("spent", seconds=seconds, group=group)
         self.spent_before += seconds
         self.started = time.monotonic()
-
-    def _run_benchmark(self, batch, b, group, measure: MeasureSettings, precision) -> None:
-        """The group's cells measured as one benchmark of the model at ``b``, nested under
-        the tune's run, each paired with identity in the same rounds."""
-        from mlflow_ngraph.run.runner import Runner, plan
-
-        unique: dict[tuple[str, str], Trial] = {}
-        for trial in batch:
-            unique.setdefault(trial.config(), trial)
-        compilers = [CompilerSpec("identity")] + [
-            CompilerSpec(t.compiler, {k: v for k, v in t.flags.items() if v is not None})
-            for t in unique.values()
-        ]
-        work = plan(self._spec(compilers, b, measure), self.home)
-        if batch and batch[0].stage == "final":  # its own cells: the run names say so
-            for cell in work.cells:
-                cell.run_name = f"{cell.run_name} final"
-        runner = Runner(
-            work,
-            self.uri,
-            self.home,
-            policy=RunPolicy(
-                max_interval=self.max_interval,
-                stable_retries=self.stable_retries,
-                precision=precision,
-            ),
-            experiment_explicit=True,
-            reference=True,
-            parent_run=self.run_id,
-        )
-        with environment({ENV_TUNE_RUN: self.run_id, ENV_PARENT_RUN: None, "MLFLOW_RUN_ID": None}):
-            runner.run()
-        identity = work.cells[0]
-        self.identity_keys.add(identity.key)
-        keys = {(c.compiler.name, _key(c.flags)): c.key for c in work.cells[1:]}
-        for trial in batch:
-            trial.cell_key = keys.get(trial.config(), "")
-        reference = runner.references.get(b) or runner.journal.cell(identity.key).measured.get(b)
-        if reference:
-            self.references[(group, b)] = reference
-            metrics = reference.get("metrics") or {}
-            self.journal.append("reference", group=group, batch_size=b, metrics=metrics)
-        self._journal = runner.journal
-
-    def _spec(self, compilers: list[CompilerSpec], b: int, measure: MeasureSettings) -> Spec:
-        """The benchmark spec of a group (or of one trial, for its cell key): the model at
-        ``b`` in the tune's scenario, into the tune's experiment."""
-        return Spec(
-            models=[self.settings.model],
-            compilers=compilers,
-            batch_sizes=[b],
-            device=self.settings.device,
-            experiment=self.experiment_name,
-            measure=replace(measure, scenario=self.settings.scenario),
-            tracking_uri=self.uri,
-        )
-
-    def _read_results(self, batch: list[Trial], b: int) -> bool:
-        """Each trial's figures from the benchmark journal; False when one is missing (a
-        group a kill cut short)."""
-        from mlflow_ngraph.tracking.journal import Journal
-
-        journal = getattr(self, "_journal", None) or Journal.for_target(
-            self.home, self.uri, self.experiment_name, _device_name(self.settings.device)
-        )
-        self._journal = journal
-        complete = True
-        for trial in batch:
-            if not trial.cell_key:
-                trial.cell_key = self._cell_key(trial)
-            state = journal.cell(trial.cell_key)
-            if b in state.measured:
-                record = state.measured[b]
-                trial.status = record["status"]
-                trial.metrics = dict(record["metrics"])
-                trial.stable = (record.get("stability") or {}).get("stable")
-                trial.run_id = state.run_id
-            elif b in state.failed:
-                trial.status, trial.reason = S.STATUS_FAILED, state.failed[b]
-                trial.run_id = state.run_id
-            else:
-                complete = False
-        return complete
-
-    def _cell_key(self, trial: Trial) -> str:
-        """The cell key a trial's benchmark gives its cell (without running it)."""
-        from mlflow_ngraph.run.runner import plan
-
-        measure = self.settings.measure
-        if trial.stage == "final":
-            measure = replace(measure, max_duration_s=self.final_max_s)
-        spec = self._spec(
-            [CompilerSpec(trial.compiler, {k: v for k, v in trial.flags.items() if v is not None})],
-            trial.batch_size,
-            measure,
-        )
-        work = plan(spec, self.home)
-        cell = next(c for c in work.cells if c.compiler.name == trial.compiler)
-        self.identity_keys.add(cell.baseline)
-        return cell.key
 
     # --- what Optuna is told ----------------------------------------------------------------
     def _tell_new(self, trial: Trial) -> None:
@@ -497,7 +357,7 @@ class Tune:
         out = []
         for objective in self.settings.objectives:
             if objective == "latency_p99_ms":
-                reference = self.references.get((trial.group, trial.batch_size)) or {}
+                reference = self.bench.references.get((trial.group, trial.batch_size)) or {}
                 mine = trial.metrics.get(S.M_LATENCY_P99)
                 theirs = (reference.get("metrics") or {}).get(S.M_LATENCY_P99)
                 if not mine or not theirs:
@@ -607,13 +467,13 @@ class Tune:
                     for i, t in enumerate(chosen)
                 ]
                 for trial in batch:
-                    self._record(trial)
+                    self.journal.record(trial)
                 self.trials.extend(batch)
             measure = replace(self.settings.measure, max_duration_s=self.final_max_s)
-            if not self._read_results(batch, b):
+            if not self.bench.read(batch, b):
                 self.say(f"[tune] bs{b}: measuring the {len(batch)} finalist(s) again, together")
-                self._run_benchmark(batch, b, group, measure, self.final_precision)
-                self._read_results(batch, b)
+                self.bench.measure(batch, b, group, measure, self.final_precision)
+                self.bench.read(batch, b)
             for trial in batch:
                 trial.values = self.values_of(trial)
                 trial.feasible = (
@@ -641,7 +501,7 @@ class Tune:
         # paired with its own group's identity, minutes from another's, and a default that
         # read low there must still be beaten head to head (the tune never ends worse than
         # the defaults it measured)
-        defaults = {(name, _key(flags)) for name, flags, _ in self.space.defaults()}
+        defaults = {(name, flags_key(flags)) for name, flags, _ in self.space.defaults()}
         for trial in pool:
             if trial.config() in defaults and trial.config() not in {t.config() for t in out}:
                 out.append(trial)
@@ -650,11 +510,7 @@ class Tune:
     def cell_runs(self) -> list[str]:
         """The runs of every trial's cell and of the identity cells they rest on: what the
         tune's results index holds (``compare`` needs the baseline with the trials)."""
-        runs = {t.run_id for t in self.trials if t.run_id}
-        journal = getattr(self, "_journal", None)
-        if journal is not None:
-            runs |= {journal.cell(k).run_id for k in self.identity_keys} - {None}
-        return sorted(runs)
+        return self.bench.cell_runs(self.trials)
 
     def final_value(self, trial: Trial) -> float | None:
         """The figure a finalist is judged on across batch sizes: the objective's own
@@ -680,7 +536,7 @@ class Tune:
             )
             if compiled is None:
                 return None
-        reference = self.references.get((trial.group, trial.batch_size)) or {}
+        reference = self.bench.references.get((trial.group, trial.batch_size)) or {}
         identity = (reference.get("metrics") or {}).get(S.M_THROUGHPUT)
         return M.payback(
             compiled.metrics.get(S.M_COMPILE), identity, trial.speedup, trial.batch_size
@@ -704,16 +560,6 @@ def describe_figure(trial: Trial) -> str:
     if trial.stable is False:
         text += " UNSTABLE"
     return text
-
-
-def _key(flags: dict[str, Any]) -> str:
-    return json.dumps(flags, sort_keys=True, default=str)
-
-
-def _device_name(device: str) -> str:
-    from mlflow_ngraph.tracking.mlflow_log import device_name
-
-    return device_name(device)
 
 
 def _duration(seconds: float | None) -> str:

@@ -70,7 +70,12 @@ class Trial:
         return (low, high) if low is not None and high is not None else None
 
     def config(self) -> tuple[str, str]:
-        return self.compiler, json.dumps(self.flags, sort_keys=True, default=str)
+        return self.compiler, flags_key(self.flags)
+
+
+def flags_key(flags: dict[str, Any]) -> str:
+    """The flags as one comparable string: a configuration is ``(compiler, flags_key)``."""
+    return json.dumps(flags, sort_keys=True, default=str)
 
 
 def short_flags(flags: dict[str, Any], compiler: str) -> str:
@@ -114,6 +119,20 @@ class TuneJournal:
             handle.write(json.dumps(record) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+
+    def record(self, trial: Trial) -> None:
+        """The line of an asked trial, written before it is measured (:meth:`load` reads
+        it back)."""
+        self.append(
+            "trial",
+            number=trial.number,
+            batch_size=trial.batch_size,
+            compiler=trial.compiler,
+            flags=trial.flags,
+            params=trial.params,
+            group=trial.group,
+            stage=trial.stage,
+        )
 
     def records(self) -> list[dict[str, Any]]:
         if not self.path.exists():
