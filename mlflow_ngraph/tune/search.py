@@ -30,7 +30,6 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +37,20 @@ from mlflow_ngraph.compilers.base import HostLimits
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.devices import check_profile_runs_here, get_profile
 from mlflow_ngraph.errors import NgraphError
-from mlflow_ngraph.measure import metrics as M
 from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tune.book import TrialBook
+from mlflow_ngraph.tune.figures import paired_values, payback
+from mlflow_ngraph.tune.finalists import FinalRound
 from mlflow_ngraph.tune.groups import GroupBenchmark
 from mlflow_ngraph.tune.parent_run import open_parent_run
 from mlflow_ngraph.tune.settings import OBJECTIVE_METRICS, OBJECTIVES, TuneSettings
 from mlflow_ngraph.tune.space import COMPILER_PARAM, SearchSpace, build_space
+from mlflow_ngraph.tune.stop import Budget, reason_to_stop
 from mlflow_ngraph.tune.trials import Trial, TuneJournal, flags_key
 
 log = logging.getLogger(__name__)
 
-#: an improvement smaller than this share of the best is not one (patience counts on)
-IMPROVEMENT = 0.01
 #: the finalists' rounds by default (--final-precision, --final-max-duration): a tighter
 #: stop rule and a longer cap than the search's
 FINAL_PRECISION = 0.01
@@ -60,7 +60,10 @@ MAX_ASKS = 30
 
 
 class Tune:
-    """One tune of ``settings`` into the store at ``tracking_uri``, caches under ``home``.
+    """One tune of ``settings`` into the store at ``tracking_uri``, caches under ``home``:
+    it measures (:class:`.groups.GroupBenchmark`), keeps its trials
+    (:class:`.book.TrialBook`) and its clock (:class:`.stop.Budget`), and ends with the
+    finalists (:class:`.finalists.FinalRound`).
 
     Args:
         say: where the live lines go (trials done, the best so far, the time left).
@@ -94,13 +97,21 @@ class Tune:
         #: project run's)
         self.experiment_explicit = experiment_explicit
         self.profile = get_profile(settings.device)
-        self.trials: list[Trial] = []
+        self.book = TrialBook(settings)
         self.run_id: str | None = None
-        self.started = time.monotonic()
-        self.spent_before = 0.0
+        self.budget = Budget(settings.budget_s)
         self.live: dict[int, Any] = {}  # trial number -> the Optuna trial asked for it
         self.exhausted: set[int] = set()  # batch sizes whose space Optuna has exhausted
         self.stop_reason = ""
+
+    @property
+    def trials(self) -> list[Trial]:
+        """Every trial asked, in order: the search's, then the finalists'."""
+        return self.book.trials
+
+    @trials.setter
+    def trials(self, trials: list[Trial]) -> None:
+        self.book.trials = trials
 
     # --- checks before anything runs ------------------------------------------------------
     def prepare(self) -> SearchSpace:
@@ -153,18 +164,27 @@ class Tune:
         if not hasattr(self, "space"):
             self.prepare()
         self._open_run()
-        asked, self.spent_before, _ = self.journal.load()
+        asked, self.budget.spent_before, _ = self.journal.load()
         self.bench.references.update(self.journal.references())
         self.studies = {b: self._study(b) for b in self.settings.batch_sizes}
         self._resume(asked)
-        group = max((t.group for t in self.trials), default=-1) + 1
+        group = self.book.next_group()
         while not self._should_stop():
             b = self.settings.batch_sizes[group % len(self.settings.batch_sizes)]
             batch = [] if b in self.exhausted else self._ask(b, group)
             if batch:
                 self._measure_group(batch, b, group)
             group += 1
-        self._finalists(group)
+        defaults = {(name, flags_key(flags)) for name, flags, _ in self.space.defaults()}
+        final = FinalRound(
+            self.book,
+            self.bench,
+            self.journal,
+            self.say,
+            precision=self.final_precision,
+            max_s=self.final_max_s,
+        )
+        final.run(group, defaults)
         return self.trials
 
     def _open_run(self) -> None:
@@ -222,7 +242,7 @@ class Tune:
                 began = time.monotonic()
                 self.bench.measure(members, b, group, self.settings.measure, self.precision)
                 self.bench.read(members, b)
-                self._spent(group, time.monotonic() - began)
+                self.budget.charge(self.journal, group, time.monotonic() - began)
             for trial in members:
                 self._tell_new(trial)
 
@@ -234,13 +254,13 @@ class Tune:
         import optuna
 
         study = self.studies[b]
-        known = {t.config(): t for t in self.trials if t.batch_size == b and t.stage == "search"}
+        known = self.book.known(b)
         batch: list[Trial] = []
         for name, flags, params in self.space.defaults():  # all in one group: the yardstick
-            if (name, flags_key(flags)) not in known and not self._trial_cap(len(batch)):
-                batch.append(self._new_trial(b, name, flags, params, group, offset=len(batch)))
+            if (name, flags_key(flags)) not in known and not self.book.cap_reached(len(batch)):
+                batch.append(self.book.new(b, name, flags, params, group, offset=len(batch)))
         asks = 0
-        while len(batch) < self.settings.per_group and not self._trial_cap(len(batch)):
+        while len(batch) < self.settings.per_group and not self.book.cap_reached(len(batch)):
             asks += 1
             if asks > MAX_ASKS:
                 self.exhausted.add(b)
@@ -259,23 +279,11 @@ class Tune:
             if config in known:  # measured before: its figure, without measuring it again
                 self._tell(live, known[config])
                 continue
-            trial = self._new_trial(b, name, flags, dict(live.params), group, offset=len(batch))
+            trial = self.book.new(b, name, flags, dict(live.params), group, offset=len(batch))
             self.live[trial.number] = live
             batch.append(trial)
-        for trial in batch:
-            self.journal.record(trial)
-        self.trials.extend(batch)
+        self.book.add(batch, self.journal)
         return batch
-
-    def _new_trial(self, b, name, flags, params, group, stage="search", offset=0) -> Trial:
-        """A trial numbered after every trial so far (``offset``: those of its own group
-        not added yet)."""
-        return Trial(len(self.trials) + offset, b, name, flags, params, group, stage)
-
-    def _trial_cap(self, in_batch: int) -> bool:
-        cap = self.settings.max_trials
-        done = sum(t.stage == "search" for t in self.trials)
-        return cap is not None and done + in_batch >= cap
 
     def _measure_group(self, batch: list[Trial], b: int, group: int) -> None:
         began = time.monotonic()
@@ -283,14 +291,8 @@ class Tune:
         self.bench.read(batch, b)
         for trial in batch:
             self._tell_new(trial)
-        self._spent(group, time.monotonic() - began)
+        self.budget.charge(self.journal, group, time.monotonic() - began)
         self._say_progress(batch, b)
-
-    def _spent(self, group: int, seconds: float) -> None:
-        """The group's seconds into the journal, counted once in the budget."""
-        self.journal.append("spent", seconds=seconds, group=group)
-        self.spent_before += seconds
-        self.started = time.monotonic()
 
     # --- what Optuna is told ----------------------------------------------------------------
     def _tell_new(self, trial: Trial) -> None:
@@ -349,78 +351,18 @@ class Tune:
             out[name] = CategoricalDistribution(list(choices))
         return out
 
-    def values_of(self, trial: Trial) -> list[float] | None:
-        """The paired figure of each objective (``None``: nothing to rank: failed, invalid,
-        or no identity paired with it)."""
-        if trial.status != S.STATUS_OK:
-            return None
-        out = []
-        for objective in self.settings.objectives:
-            if objective == "latency_p99_ms":
-                reference = self.bench.references.get((trial.group, trial.batch_size)) or {}
-                mine = trial.metrics.get(S.M_LATENCY_P99)
-                theirs = (reference.get("metrics") or {}).get(S.M_LATENCY_P99)
-                if not mine or not theirs:
-                    return None
-                out.append(mine / theirs)
-            else:
-                if trial.speedup is None:
-                    return None
-                out.append(trial.speedup)
-        return out
-
     # --- when to stop -----------------------------------------------------------------------
     def spent(self) -> float:
-        return self.spent_before + (time.monotonic() - self.started)
+        return self.budget.spent()
 
     def left(self) -> float | None:
-        budget = self.settings.budget_s
-        return None if budget is None else budget - self.spent()
-
-    def _group_cost(self) -> float:
-        """What one more group is expected to take: the mean of the groups so far."""
-        seconds = list(self.journal.group_seconds().values())
-        return sum(seconds) / len(seconds) if seconds else 0.0
+        return self.budget.left()
 
     def _should_stop(self) -> bool:
-        s = self.settings
-        searched = [t for t in self.trials if t.stage == "search"]
-        if s.max_trials is not None and len(searched) >= s.max_trials:
-            self.stop_reason = "trials"
-            return True
-        left = self.left()
-        # the next group, then the finalists: about one group per batch size
-        if left is not None and left < self._group_cost() * (1 + len(s.batch_sizes)):
-            self.stop_reason = "budget"
-            return True
-        if self.exhausted >= set(s.batch_sizes):
-            self.stop_reason = "space_exhausted"
-            return True
-        if self._stale() >= s.patience:
-            self.stop_reason = "no_improvement"
-            return True
-        self.stop_reason = ""
-        return False
-
-    def _stale(self) -> int:
-        """Trials in a row (in the order measured) that improved no batch size's best."""
-        best: dict[int, float] = {}
-        stale = 0
-        for trial in self.trials:
-            if trial.stage != "search" or trial.status is None:
-                continue
-            value = trial.values[0] if trial.values and trial.feasible else None
-            higher = OBJECTIVES[self.settings.objectives[0]] == "maximize"
-            score = None if value is None else (value if higher else -value)
-            previous = best.get(trial.batch_size)
-            if score is not None and (
-                previous is None or score > previous + IMPROVEMENT * abs(previous)
-            ):
-                best[trial.batch_size] = score
-                stale = 0
-            else:
-                stale += 1
-        return stale
+        self.stop_reason = reason_to_stop(
+            self.settings, self.trials, self.exhausted, self.budget, self.journal
+        )
+        return bool(self.stop_reason)
 
     def _say_progress(self, batch: list[Trial], b: int) -> None:
         searched = [t for t in self.trials if t.stage == "search" and t.status is not None]
@@ -436,76 +378,15 @@ class Tune:
             + (f" | {when}" if when else "")
         )
 
+    # --- what the tune's end reads ----------------------------------------------------------
     def best(self, b: int, stage: str = "search") -> Trial | None:
         """The best feasible trial at ``b`` by the first objective's paired figure."""
-        higher = OBJECTIVES[self.settings.objectives[0]] == "maximize"
-        pool = [
-            t
-            for t in self.trials
-            if t.batch_size == b and t.stage == stage and t.feasible and t.values
-        ]
-        if not pool:
-            return None
-        return (max if higher else min)(pool, key=lambda t: t.values[0])
+        return self.book.best(b, stage)
 
-    # --- the finalists ----------------------------------------------------------------------
-    def _finalists(self, group: int) -> None:
-        """The best few distinct configurations per batch size measured again together,
-        longer and to a tighter precision (their own cells: a longer cap is another
-        measurement setting)."""
-        finals = [t for t in self.trials if t.stage == "final"]
-        for b in self.settings.batch_sizes:
-            chosen = self._top(b)
-            if not chosen:
-                continue
-            done = [t for t in finals if t.batch_size == b]
-            if done and {t.config() for t in done} == {t.config() for t in chosen}:
-                batch = done  # a resumed tune: the same finalists
-            else:
-                batch = [
-                    self._new_trial(b, t.compiler, t.flags, t.params, group, "final", i)
-                    for i, t in enumerate(chosen)
-                ]
-                for trial in batch:
-                    self.journal.record(trial)
-                self.trials.extend(batch)
-            measure = replace(self.settings.measure, max_duration_s=self.final_max_s)
-            if not self.bench.read(batch, b):
-                self.say(f"[tune] bs{b}: measuring the {len(batch)} finalist(s) again, together")
-                self.bench.measure(batch, b, group, measure, self.final_precision)
-                self.bench.read(batch, b)
-            for trial in batch:
-                trial.values = self.values_of(trial)
-                trial.feasible = (
-                    trial.status == S.STATUS_OK
-                    and trial.values is not None
-                    and self.settings.constraints.miss(trial.metrics) is None
-                )
-            group += 1
-
-    def _top(self, b: int) -> list[Trial]:
-        higher = OBJECTIVES[self.settings.objectives[0]] == "maximize"
-        pool = [
-            t
-            for t in self.trials
-            if t.batch_size == b and t.stage == "search" and t.feasible and t.values
-        ]
-        pool.sort(key=lambda t: t.values[0], reverse=higher)
-        out: list[Trial] = []
-        for trial in pool:
-            if trial.config() not in {t.config() for t in out}:
-                out.append(trial)
-            if len(out) == self.settings.finalists:
-                break
-        # every compiler's defaults go on to the final round too: a search figure was
-        # paired with its own group's identity, minutes from another's, and a default that
-        # read low there must still be beaten head to head (the tune never ends worse than
-        # the defaults it measured)
-        defaults = {(name, flags_key(flags)) for name, flags, _ in self.space.defaults()}
-        for trial in pool:
-            if trial.config() in defaults and trial.config() not in {t.config() for t in out}:
-                out.append(trial)
-        return out
+    def values_of(self, trial: Trial) -> list[float] | None:
+        """The paired figure of each objective (``None``: nothing to rank: failed, invalid,
+        or no identity paired with it)."""
+        return paired_values(trial, self.settings.objectives, self.bench.references)
 
     def cell_runs(self) -> list[str]:
         """The runs of every trial's cell and of the identity cells they rest on: what the
@@ -521,26 +402,7 @@ class Tune:
     def payback(self, trial: Trial) -> float | None:
         """Samples until ``trial``'s compile is paid back against the identity of its group;
         a finalist (its engine from the cache) takes the compile of its search trial."""
-        compiled = trial
-        if trial.metrics.get(S.M_CACHE_HIT):
-            compiled = next(
-                (
-                    t
-                    for t in self.trials
-                    if t.stage == "search"
-                    and t.batch_size == trial.batch_size
-                    and t.config() == trial.config()
-                    and not t.metrics.get(S.M_CACHE_HIT)
-                ),
-                None,
-            )
-            if compiled is None:
-                return None
-        reference = self.bench.references.get((trial.group, trial.batch_size)) or {}
-        identity = (reference.get("metrics") or {}).get(S.M_THROUGHPUT)
-        return M.payback(
-            compiled.metrics.get(S.M_COMPILE), identity, trial.speedup, trial.batch_size
-        )
+        return payback(trial, self.book.compiled(trial), self.bench.references)
 
 
 def describe_figure(trial: Trial) -> str:

@@ -160,6 +160,11 @@ class TuneSettings:
     def scenario(self) -> str:
         return "throughput" if self.objectives[0] == "throughput" else "latency"
 
+    @property
+    def higher(self) -> bool:
+        """Whether a higher figure of the first objective (the one ranked on) is better."""
+        return OBJECTIVES[self.objectives[0]] == "maximize"
+
     def key(self) -> str:
         """What the tune searches (not how long): a re-run with the same key resumes it,
         a longer budget included."""

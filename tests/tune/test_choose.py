@@ -194,48 +194,55 @@ def test_the_winner_as_a_spec_fragment_is_a_spec_the_benchmark_accepts(tmp_path)
     assert spec.models[0].params == {"width": 8}
 
 
-def stop_rules(trials, **kw):
-    from mlflow_ngraph.tune.search import Tune
+class GroupsOf30s:
+    """A tune journal whose groups took 30 s each."""
 
-    tune = Tune.__new__(Tune)
-    tune.settings = settings(**kw)
-    tune.trials = trials
-    tune.exhausted = set()
-    tune.spent_before = 0.0
-    import time
+    def group_seconds(self):
+        return {0: 30.0}
 
-    tune.started = time.monotonic()
 
-    class Journal:
-        def group_seconds(self):
-            return {0: 30.0}
+def stop_rules(trials, spent=0.0, **kw) -> str:
+    """Why a search stops with ``trials`` measured and ``spent`` seconds gone ("": it goes
+    on)."""
+    from mlflow_ngraph.tune.stop import Budget, reason_to_stop
 
-    tune.journal = Journal()
-    return tune
+    s = settings(**kw)
+    budget = Budget(s.budget_s)
+    budget.spent_before = spent
+    return reason_to_stop(s, trials, set(), budget, GroupsOf30s())
 
 
 def test_patience_counts_trials_in_a_row_that_improved_nothing():
+    from mlflow_ngraph.tune.stop import stale
+
     rising = [trial(i, 1.0 + i / 10, 0, 0, stage="search") for i in range(5)]
-    tune = stop_rules(rising, patience=3)
-    assert tune._stale() == 0 and not tune._should_stop()
+    assert stale(rising, higher=True) == 0 and stop_rules(rising, patience=3) == ""
     flat = rising + [trial(9 + i, 1.3, 0, 0, stage="search") for i in range(3)]
-    tune = stop_rules(flat, patience=3)
-    assert tune._stale() == 3 and tune._should_stop() and tune.stop_reason == "no_improvement"
+    assert stale(flat, higher=True) == 3 and stop_rules(flat, patience=3) == "no_improvement"
     # within 1% of the best is no improvement either; a failed trial counts as stale
     tiny = rising + [
         trial(20, 1.404, 0, 0, stage="search"),
         trial(21, 9, 0, 0, status="FAILED", stage="search"),
     ]
-    assert stop_rules(tiny, patience=3)._stale() == 2
+    assert stale(tiny, higher=True) == 2
 
 
 def test_the_budget_stops_the_search_before_the_finalists_would_overrun_it():
-    tune = stop_rules([], budget_s=600)
-    assert not tune._should_stop()
-    tune.spent_before = 545.0  # a group costs 30 s here, and the finalists one more
-    assert tune._should_stop() and tune.stop_reason == "budget"
-    tune = stop_rules([trial(i, 1, 0, 0, stage="search") for i in range(4)], max_trials=4)
-    assert tune._should_stop() and tune.stop_reason == "trials"
+    assert stop_rules([], budget_s=600) == ""
+    # a group costs 30 s here, and the finalists one more
+    assert stop_rules([], spent=545.0, budget_s=600) == "budget"
+    searched = [trial(i, 1, 0, 0, stage="search") for i in range(4)]
+    assert stop_rules(searched, max_trials=4) == "trials"
+
+
+def finalists(pool, space):
+    """The finalists at batch size 1 of a search that measured ``pool`` in ``space``."""
+    from mlflow_ngraph.tune.book import TrialBook
+    from mlflow_ngraph.tune.trials import flags_key
+
+    book = TrialBook(settings(finalists=1))
+    book.trials = pool
+    return book.top(1, {(name, flags_key(flags)) for name, flags, _ in space.defaults()})
 
 
 def test_every_compilers_defaults_join_the_finalists_however_low_their_search_figure():
@@ -257,10 +264,7 @@ def test_every_compilers_defaults_join_the_finalists_however_low_their_search_fi
         trial(2, 1.69, 1.6, 1.7, stage="search", flags=tuned[0]),
         trial(3, 1.50, 1.4, 1.6, stage="search", flags=tuned[1]),
     ]
-    tune = stop_rules(pool, finalists=1)
-    tune.space = space
-    chosen = tune._top(1)
+    chosen = finalists(pool, space)
     assert [t.number for t in chosen] == [2, 1]  # the best, then the default it must beat
-    tune = stop_rules(pool[1:], finalists=1)  # a default not measured is not invented
-    tune.space = space
-    assert [t.number for t in tune._top(1)] == [2]
+    # a default not measured is not invented
+    assert [t.number for t in finalists(pool[1:], space)] == [2]
