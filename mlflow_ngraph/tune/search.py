@@ -31,12 +31,10 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from mlflow_ngraph.compilers.base import HostLimits
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.devices import check_profile_runs_here, get_profile
-from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tune.book import TrialBook
@@ -44,9 +42,10 @@ from mlflow_ngraph.tune.figures import paired_values, payback
 from mlflow_ngraph.tune.finalists import FinalRound
 from mlflow_ngraph.tune.groups import GroupBenchmark
 from mlflow_ngraph.tune.parent_run import open_parent_run
-from mlflow_ngraph.tune.settings import OBJECTIVE_METRICS, OBJECTIVES, TuneSettings
-from mlflow_ngraph.tune.space import COMPILER_PARAM, SearchSpace, build_space
+from mlflow_ngraph.tune.settings import OBJECTIVE_METRICS, TuneSettings
+from mlflow_ngraph.tune.space import SearchSpace, build_space
 from mlflow_ngraph.tune.stop import Budget, reason_to_stop
+from mlflow_ngraph.tune.studies import Studies
 from mlflow_ngraph.tune.trials import Trial, TuneJournal, flags_key
 
 log = logging.getLogger(__name__)
@@ -55,15 +54,13 @@ log = logging.getLogger(__name__)
 #: stop rule and a longer cap than the search's
 FINAL_PRECISION = 0.01
 FINAL_MAX_S = 12.0
-#: proposals in a row that were all measured before: the space is exhausted
-MAX_ASKS = 30
 
 
 class Tune:
     """One tune of ``settings`` into the store at ``tracking_uri``, caches under ``home``:
-    it measures (:class:`.groups.GroupBenchmark`), keeps its trials
-    (:class:`.book.TrialBook`) and its clock (:class:`.stop.Budget`), and ends with the
-    finalists (:class:`.finalists.FinalRound`).
+    it asks (:class:`.studies.Studies`), measures (:class:`.groups.GroupBenchmark`),
+    keeps its trials (:class:`.book.TrialBook`) and its clock (:class:`.stop.Budget`),
+    and ends with the finalists (:class:`.finalists.FinalRound`).
 
     Args:
         say: where the live lines go (trials done, the best so far, the time left).
@@ -100,8 +97,6 @@ class Tune:
         self.book = TrialBook(settings)
         self.run_id: str | None = None
         self.budget = Budget(settings.budget_s)
-        self.live: dict[int, Any] = {}  # trial number -> the Optuna trial asked for it
-        self.exhausted: set[int] = set()  # batch sizes whose space Optuna has exhausted
         self.stop_reason = ""
 
     @property
@@ -166,12 +161,12 @@ class Tune:
         self._open_run()
         asked, self.budget.spent_before, _ = self.journal.load()
         self.bench.references.update(self.journal.references())
-        self.studies = {b: self._study(b) for b in self.settings.batch_sizes}
+        self.studies = Studies(self.settings, self.space)
         self._resume(asked)
         group = self.book.next_group()
         while not self._should_stop():
             b = self.settings.batch_sizes[group % len(self.settings.batch_sizes)]
-            batch = [] if b in self.exhausted else self._ask(b, group)
+            batch = [] if b in self.studies.exhausted else self._ask(b, group)
             if batch:
                 self._measure_group(batch, b, group)
             group += 1
@@ -205,19 +200,6 @@ class Tune:
             final_max_s=self.final_max_s,
         )
 
-    def _study(self, b: int):
-        import optuna
-
-        directions = [OBJECTIVES[o] for o in self.settings.objectives]
-        sampler = optuna.samplers.TPESampler(
-            seed=self.settings.seed + b,
-            multivariate=True,
-            group=True,
-            constant_liar=True,  # the trials of one group are asked before any is told
-            n_startup_trials=min(8, max(2, self.space.size() // 4)),
-        )
-        return optuna.create_study(directions=directions, sampler=sampler)
-
     def _resume(self, asked: list[Trial]) -> None:
         """The trials of earlier invocations: measured ones told to Optuna again, the group
         a kill cut short measured first (its measured cells are not measured again)."""
@@ -244,43 +226,26 @@ class Tune:
                 self.bench.read(members, b)
                 self.budget.charge(self.journal, group, time.monotonic() - began)
             for trial in members:
-                self._tell_new(trial)
+                self.studies.tell_new(trial, self.bench.references)
 
     # --- one group --------------------------------------------------------------------------
     def _ask(self, b: int, group: int) -> list[Trial]:
         """The group's configurations: the defaults not measured yet at ``b`` first, then
         Optuna's. A configuration measured before is told its known figure at once and not
         measured again; when Optuna keeps proposing only those, the space is exhausted."""
-        import optuna
-
-        study = self.studies[b]
         known = self.book.known(b)
         batch: list[Trial] = []
         for name, flags, params in self.space.defaults():  # all in one group: the yardstick
             if (name, flags_key(flags)) not in known and not self.book.cap_reached(len(batch)):
                 batch.append(self.book.new(b, name, flags, params, group, offset=len(batch)))
-        asks = 0
+        proposals = self.studies.proposals(b, known, batch)
         while len(batch) < self.settings.per_group and not self.book.cap_reached(len(batch)):
-            asks += 1
-            if asks > MAX_ASKS:
-                self.exhausted.add(b)
+            proposal = next(proposals, None)
+            if proposal is None:  # the space is exhausted at b
                 break
-            live = study.ask()
-            try:
-                name, flags = self.space.suggest(live)
-            except NgraphError as exc:  # the compiler's own rules refuse the combination
-                study.tell(live, state=optuna.trial.TrialState.FAIL)
-                log.debug("excluded: %s", exc)
-                continue
-            config = (name, flags_key(flags))
-            if config in {t.config() for t in batch}:
-                study.tell(live, state=optuna.trial.TrialState.FAIL)
-                continue
-            if config in known:  # measured before: its figure, without measuring it again
-                self._tell(live, known[config])
-                continue
+            name, flags, live = proposal
             trial = self.book.new(b, name, flags, dict(live.params), group, offset=len(batch))
-            self.live[trial.number] = live
+            self.studies.live[trial.number] = live
             batch.append(trial)
         self.book.add(batch, self.journal)
         return batch
@@ -290,66 +255,9 @@ class Tune:
         self.bench.measure(batch, b, group, self.settings.measure, self.precision)
         self.bench.read(batch, b)
         for trial in batch:
-            self._tell_new(trial)
+            self.studies.tell_new(trial, self.bench.references)
         self.budget.charge(self.journal, group, time.monotonic() - began)
         self._say_progress(batch, b)
-
-    # --- what Optuna is told ----------------------------------------------------------------
-    def _tell_new(self, trial: Trial) -> None:
-        """Judge a measured trial and tell Optuna: the trial it asked for, or (a default,
-        a trial of an earlier invocation) a trial added with its params."""
-        import optuna
-
-        if trial.status is None or trial.stage != "search":
-            return
-        trial.values = self.values_of(trial)
-        trial.constraints = self.settings.constraints.violations(
-            trial.metrics, trial.status == S.STATUS_OK
-        )
-        trial.feasible = trial.values is not None and all(c <= 0 for c in trial.constraints)
-        live = self.live.pop(trial.number, None)
-        if live is not None:
-            self._tell(live, trial)
-            return
-        if trial.params is None:
-            return  # a default outside the searched values: compared, not told
-        state = optuna.trial.TrialState.COMPLETE if trial.values else optuna.trial.TrialState.FAIL
-        frozen = optuna.trial.create_trial(
-            params=trial.params,
-            distributions=self._distributions(trial.params),
-            values=trial.values or None,
-            state=state,
-            user_attrs={"cell_key": trial.cell_key},
-            # constrained TPE (Optuna 5): a trial with a value > 0 is infeasible
-            constraints={f"c{i}": value for i, value in enumerate(trial.constraints)},
-        )
-        self.studies[trial.batch_size].add_trial(frozen)
-
-    def _tell(self, live, trial: Trial) -> None:
-        """Tell Optuna's asked trial ``live`` the figures of ``trial``."""
-        import optuna
-
-        study = self.studies[trial.batch_size]
-        if not trial.values:
-            study.tell(live, state=optuna.trial.TrialState.FAIL)
-            return
-        for i, value in enumerate(trial.constraints or []):
-            live.set_constraint(f"c{i}", value)
-        study.tell(live, trial.values)
-
-    def _distributions(self, params: dict[str, Any]):
-        from optuna.distributions import CategoricalDistribution
-
-        out = {}
-        for name in params:
-            if name == COMPILER_PARAM:
-                out[name] = CategoricalDistribution(self.space.compilers)
-                continue
-            compiler, _, knob = name.partition(".")
-            space = self.space.spaces[compiler]
-            choices = next(k.choices for k in space.knobs if k.name == knob)
-            out[name] = CategoricalDistribution(list(choices))
-        return out
 
     # --- when to stop -----------------------------------------------------------------------
     def spent(self) -> float:
@@ -360,7 +268,7 @@ class Tune:
 
     def _should_stop(self) -> bool:
         self.stop_reason = reason_to_stop(
-            self.settings, self.trials, self.exhausted, self.budget, self.journal
+            self.settings, self.trials, self.studies.exhausted, self.budget, self.journal
         )
         return bool(self.stop_reason)
 
