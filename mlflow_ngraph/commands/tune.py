@@ -148,43 +148,21 @@ def tune(**o: Any) -> None:
 
 
 def _settings(o: dict[str, Any]):
-    from mlflow_ngraph.console import default_home, split_multi
+    """The tune's settings, home and store URI from the command's options (a bad one is
+    one line before anything runs)."""
+    from mlflow_ngraph.console import default_home
     from mlflow_ngraph.devices import get_profile
-    from mlflow_ngraph.plan.config import (
-        CompilerSpec,
-        MeasureSettings,
-        ModelSpec,
-        check_home,
-        parse_batch_sizes,
-        split_name_args,
-    )
+    from mlflow_ngraph.plan.config import ModelSpec, check_home, parse_batch_sizes, split_name_args
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
     from mlflow_ngraph.tracking.uri import check_tracking_uri
     from mlflow_ngraph.tune.settings import Constraints, TuneSettings, parse_budget
 
-    for option in ("precision", "final_precision"):
-        if not (math.isfinite(o[option]) and 0 < o[option] < 1):
-            flag = "--" + option.replace("_", "-")
-            raise NgraphError(f"{flag} must be a fraction in (0, 1), got {o[option]}")
-    if not (math.isfinite(o["final_max_duration"]) and o["final_max_duration"] > 0):
-        raise NgraphError(
-            f"--final-max-duration must be seconds > 0, got {o['final_max_duration']}"
-        )
-    profile = get_profile(o["device"])
-    names = split_multi(o["compilers"])
-    if names:
-        compilers = [CompilerSpec(*split_name_args(text, "compiler")) for text in names]
-    else:
-        compilers = _installed(profile)
+    _check_rounds(o)
+    compilers = _compilers(o["compilers"], get_profile(o["device"]))
     model = ModelSpec(*split_name_args(o["model"], "model"))
     home = o["home"] or default_home()
     check_home(home)
-    from mlflow_ngraph.measure.harness import P99_MIN_SAMPLES
-
     objectives = list(o["objectives"]) or ["throughput"]
-    # a p99 is reported from P99_MIN_SAMPLES requests (no distribution-free interval below):
-    # a tune that ranks or caps on it measures at least that many of each trial
-    p99 = "latency_p99_ms" in objectives or o["max_latency_ms"] is not None
     uri = resolve_tracking_uri(o["tracking_uri"])
     check_tracking_uri(uri)
     settings = TuneSettings(
@@ -205,15 +183,50 @@ def _settings(o: dict[str, Any]):
         seed=o["seed"],
         per_group=o["per_group"],
         finalists=o["finalists"],
-        measure=MeasureSettings(
-            warmup=3,
-            repetitions=P99_MIN_SAMPLES if p99 else 10,
-            min_duration_s=o["min_duration"],
-            max_duration_s=o["max_duration"],
-        ),
+        measure=_measure(o, objectives),
     )
     settings.measure.validate()  # --min-duration / --max-duration: one line before anything runs
     return settings, home, uri
+
+
+def _check_rounds(o: dict[str, Any]) -> None:
+    """The stop rules of the trials' and the finalists' rounds: one line for a bad one."""
+    for option in ("precision", "final_precision"):
+        if not (math.isfinite(o[option]) and 0 < o[option] < 1):
+            flag = "--" + option.replace("_", "-")
+            raise NgraphError(f"{flag} must be a fraction in (0, 1), got {o[option]}")
+    if not (math.isfinite(o["final_max_duration"]) and o["final_max_duration"] > 0):
+        raise NgraphError(
+            f"--final-max-duration must be seconds > 0, got {o['final_max_duration']}"
+        )
+
+
+def _measure(o: dict[str, Any], objectives: list[str]):
+    """How each trial is measured (its cells' settings)."""
+    from mlflow_ngraph.measure.harness import P99_MIN_SAMPLES
+    from mlflow_ngraph.plan.config import MeasureSettings
+
+    # a p99 is reported from P99_MIN_SAMPLES requests (no distribution-free interval below):
+    # a tune that ranks or caps on it measures at least that many of each trial
+    p99 = "latency_p99_ms" in objectives or o["max_latency_ms"] is not None
+    return MeasureSettings(
+        warmup=3,
+        repetitions=P99_MIN_SAMPLES if p99 else 10,
+        min_duration_s=o["min_duration"],
+        max_duration_s=o["max_duration"],
+    )
+
+
+def _compilers(texts: tuple[str, ...], profile) -> list:
+    """The compilers to search: those of ``--compiler`` (NAME[:flag=value,...]), else every
+    compiler of the profile installed here."""
+    from mlflow_ngraph.console import split_multi
+    from mlflow_ngraph.plan.config import CompilerSpec, split_name_args
+
+    names = split_multi(texts)
+    if names:
+        return [CompilerSpec(*split_name_args(text, "compiler")) for text in names]
+    return _installed(profile)
 
 
 def _installed(profile) -> list:
