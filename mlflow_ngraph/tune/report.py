@@ -208,6 +208,14 @@ def log_tune(tune: Tune, verdict: Verdict | None, miss: str | None, fragment: st
     tags["mlflow.note.content"] = desc
     metric_list = [(k, v, 0) for k, v in metrics.items() if v == v]
     ml.log_batch(client, run_id, metrics=metric_list, tags=tags)
+    _log_files(tune, fragment)
+    index.write(client, run_id, index.snapshot(client, tune.cell_runs()))
+    ml.finish(client, run_id, "FINISHED")
+
+
+def _log_files(tune: Tune, fragment: str | None) -> None:
+    """The tune run's files: its trials, its tables, the winner as a spec (``fragment``)
+    and the Pareto front's plot."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         trials = [_trial_record(tune, t) for t in tune.trials]
@@ -219,9 +227,7 @@ def log_tune(tune: Tune, verdict: Verdict | None, miss: str | None, fragment: st
             (folder / "winner.yaml").write_text(fragment)
         plot_front(tune, folder / "pareto_front.png")
         for path in folder.iterdir():
-            client.log_artifact(run_id, str(path))
-    index.write(client, run_id, index.snapshot(client, tune.cell_runs()))
-    ml.finish(client, run_id, "FINISHED")
+            tune.client.log_artifact(tune.run_id, str(path))
 
 
 def _trial_record(tune: Tune, t: Trial) -> dict[str, Any]:
