@@ -253,10 +253,6 @@ def _group_hooks(conn, task: CellTask):
     """The gate and measurer of a worker in an interleaved group: it prepares a batch size
     when the coordinator says so, then warms up, runs windows and judges its figures on
     command (:func:`run_group`)."""
-    from mlflow_ngraph.measure.harness import Meter, finish
-    from mlflow_ngraph.measure.paper import measure_paper
-    from mlflow_ngraph.run.worker import judge, one_line
-
     gpu = task.device_kind == "cuda"
 
     def gate(b: int) -> bool:
@@ -265,41 +261,52 @@ def _group_hooks(conn, task: CellTask):
         return command == "prepare"
 
     def measurer(task_: CellTask, engine, b: int):
-        conn.send(("ready", b))
-        meter = result = stability = None
-        attempts = 0
-        while True:
-            command, arg = conn.recv()
-            if command in ("warm", "window"):
+        return _measure_on_command(conn, task_, engine, b, gpu)
+
+    return gate, measurer
+
+
+def _measure_on_command(conn, task: CellTask, engine, b: int, gpu: bool):
+    """A group worker's batch size, measured as the coordinator commands: a warm-up, each
+    window and the verdict on the figures (or the paper's protocol, all at once), until it
+    says which attempt to keep. Returns (measurement, stability, attempts)."""
+    from mlflow_ngraph.measure.harness import Meter, finish
+    from mlflow_ngraph.measure.paper import measure_paper
+    from mlflow_ngraph.run.worker import judge, one_line
+
+    conn.send(("ready", b))
+    meter = result = stability = None
+    attempts = 0
+    while True:
+        command, arg = conn.recv()
+        if command in ("warm", "window"):
+            try:
+                if command == "warm":
+                    meter = Meter(engine, b, task.measure, gpu)
+                    attempts += 1
+                    conn.send(("warmed", b))
+                else:
+                    conn.send(("window", meter.window(arg)))
+            except Exception as exc:  # the batch size fails; the coordinator drops it
+                conn.send(("window_error", one_line(exc)))
+                raise
+        elif command in ("judge", "paper"):
+            if command == "paper":  # warm-up and every timed request here, at once
                 try:
-                    if command == "warm":
-                        meter = Meter(engine, b, task_.measure, gpu)
-                        attempts += 1
-                        conn.send(("warmed", b))
-                    else:
-                        conn.send(("window", meter.window(arg)))
+                    result = measure_paper(engine, b, task.measure, gpu)
                 except Exception as exc:  # the batch size fails; the coordinator drops it
                     conn.send(("window_error", one_line(exc)))
                     raise
-            elif command in ("judge", "paper"):
-                if command == "paper":  # warm-up and every timed request here, at once
-                    try:
-                        result = measure_paper(engine, b, task_.measure, gpu)
-                    except Exception as exc:  # the batch size fails; the coordinator drops it
-                        conn.send(("window_error", one_line(exc)))
-                        raise
-                    attempts, paired = 1, False
-                else:
-                    figures, paired = arg
-                    result = finish(meter, figures)
-                stability = judge(task_, result, paired)
-                conn.send(("judged", (stability.stable, stability.reason, stability.retry)))
-            elif command == "keep":
-                return result, stability, attempts
+                attempts, paired = 1, False
             else:
-                raise RuntimeError("the run stopped before this batch size was measured")
-
-    return gate, measurer
+                figures, paired = arg
+                result = finish(meter, figures)
+            stability = judge(task, result, paired)
+            conn.send(("judged", (stability.stable, stability.reason, stability.retry)))
+        elif command == "keep":
+            return result, stability, attempts
+        else:
+            raise RuntimeError("the run stopped before this batch size was measured")
 
 
 def _count_warnings() -> list[int]:
@@ -448,6 +455,38 @@ class _Group:
         self.cells = cells
         self.timeout_s = timeout_s
 
+    # --- the workers --------------------------------------------------------------------
+    def start(self) -> None:
+        """A worker for each cell (a spare where one waits), sent the cell's task."""
+        for cell in self.cells:
+            cell.worker = _take_spare(cell.task)
+            cell.deadline = time.monotonic() + self.timeout_s
+            try:
+                cell.worker.conn.send(cell.task)
+            except OSError:
+                self._died(cell)
+
+    def end_done(self) -> None:
+        """Kill the workers that sent their cell's last event (with their children): their
+        teardown has nothing left to give."""
+        for cell in self.cells:
+            if cell.state == "done":
+                _kill_tree(cell.worker.proc.pid)
+                cell.worker.proc.join()
+
+    def kill(self) -> None:
+        """Kill every worker started, with its children (a group that failed or was
+        stopped)."""
+        for cell in self.cells:
+            if cell.worker is not None:
+                _kill_tree(cell.worker.proc.pid)
+                cell.worker.proc.join()
+
+    def close(self) -> None:
+        for cell in self.cells:
+            if cell.worker is not None:
+                cell.worker.conn.close()
+
     # --- messages -----------------------------------------------------------------------
     def _receive(self, cell: GroupCell) -> tuple[str, Any] | None:
         """One message of ``cell``'s worker, handled; the message if the coordinator waits
@@ -568,49 +607,47 @@ def run_group(
         raise ValueError(f"a group measures each cell once; given twice: {names}")
     group = _Group(cells, timeout_s)
     try:
-        for cell in cells:
-            cell.worker = _take_spare(cell.task)
-            cell.deadline = time.monotonic() + timeout_s
-            try:
-                cell.worker.conn.send(cell.task)
-            except OSError:
-                group._died(cell)
+        group.start()
         _start_spares(ahead or [])
-        while True:
-            group.settle(cells, ("gate",))
-            gated = [c for c in cells if c.state == "gate"]
-            if not gated:
-                break
-            b = min((c.at for c in gated), key=lambda v: order.index(v) if v in order else v)
-            members = [c for c in gated if c.at == b]
-            for cell in members:
-                cell.state = "busy"
-                group.send(cell, ("prepare", b))
-            group.settle(members, ("ready", "gate"))
-            ready = [c for c in members if c.state == "ready" and c.at == b]
-            if ready:
-                began = time.monotonic()
-                _measure_group(group, ready, b, baseline, settings, policy, retries, run_rounds)
-                group.extend(time.monotonic() - began)
-        for cell in cells:
-            if cell.state == "done":
-                _kill_tree(cell.worker.proc.pid)
-                cell.worker.proc.join()
+        for ready, b in _gates(group, order):
+            _measure_group(group, ready, b, baseline, settings, policy, retries, run_rounds)
+        group.end_done()
     except BaseException:
-        for cell in cells:
-            if cell.worker is not None:
-                _kill_tree(cell.worker.proc.pid)
-                cell.worker.proc.join()
+        group.kill()
         shutdown()
         raise
     finally:
         _resume_spares()
-        for cell in cells:
-            if cell.worker is not None:
-                cell.worker.conn.close()
+        group.close()
+
+
+def _gates(group: _Group, order: list[int]):
+    """Each batch size as the group's workers reach it, as (the workers ready, the batch
+    size): those at the gate of the earliest batch size in ``order`` prepare it together.
+    The time the caller takes to measure them extends every cell's time limit
+    (:meth:`_Group.extend`)."""
+    while True:
+        group.settle(group.cells, ("gate",))
+        gated = [c for c in group.cells if c.state == "gate"]
+        if not gated:
+            return
+        b = min((c.at for c in gated), key=lambda v: order.index(v) if v in order else v)
+        members = [c for c in gated if c.at == b]
+        for cell in members:
+            cell.state = "busy"
+            group.send(cell, ("prepare", b))
+        group.settle(members, ("ready", "gate"))
+        ready = [c for c in members if c.state == "ready" and c.at == b]
+        if ready:
+            began = time.monotonic()
+            yield ready, b
+            group.extend(time.monotonic() - began)
 
 
 def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rounds) -> None:
+    """Batch size ``b`` of the workers ``ready``: warmed up, measured in rounds and judged,
+    all of them again while a figure is UNSTABLE and retries are left; then each keeps its
+    last attempt."""
     if settings.protocol == "paper":
         _measure_paper_group(group, ready)
         return
@@ -618,13 +655,7 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
     while True:
         attempt += 1
         _pause_spares()
-        warmed = []
-        for cell in ready:
-            kind, _ = group.ask(cell, ("warm", None), ("warmed", "window_error"))
-            if kind == "warmed":
-                warmed.append(cell)
-            else:
-                cell.state = "busy"  # its batch size failed: it goes on to its next gate
+        warmed = _warm(group, ready)
         names = {cell.name: cell for cell in warmed}
         base = baseline if baseline in names else None
         if _freeze_idle():
@@ -638,19 +669,7 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
                 cell.worker.resume()
         _log_windows(proxies, b, base, attempt)
         _resume_spares()
-        judged, unstable = [], []
-        for name, cell in names.items():
-            if name not in figures:  # its window failed: the worker reports the batch size
-                cell.state = "busy"
-                continue
-            paired = base is not None and name != base
-            kind, verdict = group.ask(cell, ("judge", (figures[name], paired)), ("judged",))
-            if kind != "judged":
-                continue
-            judged.append(cell)
-            if not verdict[0]:
-                unstable.append((cell, verdict[1], verdict[2]))
-        ready = judged
+        ready, unstable = _judge(group, names, figures, base)
         if not any(retry for _, _, retry in unstable) or attempt > retries:
             break
         log.info(
@@ -666,6 +685,38 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
     for cell in ready:
         cell.state = "busy"
         group.send(cell, ("keep", None))
+
+
+def _warm(group: _Group, ready: list[GroupCell]) -> list[GroupCell]:
+    """Each of ``ready`` warmed up in turn; returns those that did (a failed one goes on to
+    its next gate)."""
+    warmed = []
+    for cell in ready:
+        kind, _ = group.ask(cell, ("warm", None), ("warmed", "window_error"))
+        if kind == "warmed":
+            warmed.append(cell)
+        else:
+            cell.state = "busy"  # its batch size failed: it goes on to its next gate
+    return warmed
+
+
+def _judge(group: _Group, names: dict[str, GroupCell], figures: dict, base: str | None):
+    """Each worker's verdict on its figures of the rounds (paired with ``base``'s where it
+    is not ``base``). Returns the cells judged, and (cell, reason, whether a retry may
+    help) of each UNSTABLE one."""
+    judged, unstable = [], []
+    for name, cell in names.items():
+        if name not in figures:  # its window failed: the worker reports the batch size
+            cell.state = "busy"
+            continue
+        paired = base is not None and name != base
+        kind, verdict = group.ask(cell, ("judge", (figures[name], paired)), ("judged",))
+        if kind != "judged":
+            continue
+        judged.append(cell)
+        if not verdict[0]:
+            unstable.append((cell, verdict[1], verdict[2]))
+    return judged, unstable
 
 
 def _measure_paper_group(group: _Group, ready: list[GroupCell]) -> None:
