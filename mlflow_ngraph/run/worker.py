@@ -106,23 +106,16 @@ def measure_cell(
     size's work starts (the group's coordinator lets every worker prepare at once, never
     while another measures); ``False`` stops the cell there."""
     measurer = measurer or measure_alone
-    from mlflow_ngraph.compilers.registry import get_compiler
     from mlflow_ngraph.measure.memory import keep_freed_memory
     from mlflow_ngraph.run.supply import EngineSupply
 
     keep_freed_memory()  # a spawned worker did at its start; ``--isolation none`` does here
 
     pending = list(task.batch_sizes)
-    try:
-        emit("phase", (pending[0], "build"))
-        model = load_cell_model(task.model_name, task.model_params)
-        emit("model", model_info(model))
-        compiler = get_compiler(task.compiler)
-    except Exception as exc:  # the model or compiler cannot be had: every batch fails
-        reason = one_line(exc)
-        for b in pending:
-            emit("failed", (b, reason))
+    built = _build(task, pending, emit)
+    if built is None:
         return
+    model, compiler = built
     supply = EngineSupply(
         task.home, task.device, task.device_kind, task.measure.scenario, task.math
     )
@@ -138,33 +131,58 @@ def measure_cell(
                 task, supply, compiler, model, b, engine, emit, measurer
             )
         except Exception as exc:  # one failing batch size never stops the others
-            reason = one_line(exc)
-            log.warning("%s bs%d FAILED: %s", task.name, b, reason)
-            if engine is not None:
-                engine.close()
+            _failed(task, b, exc, engine, emit)
             engine = None
-            emit("failed", (b, reason))
             continue
         emit("record", (b, record))
     if engine is not None:
         engine.close()
 
 
+def _failed(task: CellTask, b: int, exc: Exception, engine, emit: Emit) -> None:
+    """Batch size ``b`` failed with ``exc``: said, its engine (if any) closed, and a
+    ``failed`` event sent."""
+    reason = one_line(exc)
+    log.warning("%s bs%d FAILED: %s", task.name, b, reason)
+    if engine is not None:
+        engine.close()
+    emit("failed", (b, reason))
+
+
+def _build(task: CellTask, pending: list[int], emit: Emit):
+    """The cell's model (built, or kept from the cell before) and compiler, the model said
+    in a ``model`` event; ``None`` when either cannot be had: every batch size failed."""
+    from mlflow_ngraph.compilers.registry import get_compiler
+
+    try:
+        emit("phase", (pending[0], "build"))
+        model = load_cell_model(task.model_name, task.model_params)
+        emit("model", model_info(model))
+        return model, get_compiler(task.compiler)
+    except Exception as exc:  # the model or compiler cannot be had: every batch fails
+        reason = one_line(exc)
+        for b in pending:
+            emit("failed", (b, reason))
+        return None
+
+
+def _engine(task: CellTask, supply, compiler, model, b: int, engine):
+    """The engine of batch size ``b`` as (engine, compile seconds, cache hit, engine
+    directory): from the supply, or ``engine`` when it serves every batch size."""
+    if engine is None:
+        got = supply.get(compiler, task.flags, model, b, task.name)
+        return got.engine, got.compile_s, got.cache_hit, got.engine_dir
+    # a batch-agnostic engine (eager) serves this batch too: its own manifest
+    return engine, 0.0, False, supply.save(compiler, task.flags, model, engine, b, 0.0)
+
+
 def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit, measurer):
+    """Batch size ``b`` of the cell: its reference outputs, its engine, the output check, a
+    first inference and the measurement. Returns (the engine, the batch size's record)."""
     emit("phase", (b, "reference"))
     x_ref, y_ref, reference = reference_outputs(model, supply, b)
     emit("phase", (b, "engine"))
-    if engine is None:
-        got = supply.get(compiler, task.flags, model, b, task.name)
-        engine, compile_s, cache_hit, engine_dir = (
-            got.engine,
-            got.compile_s,
-            got.cache_hit,
-            got.engine_dir,
-        )
-    else:  # a batch-agnostic engine (eager) serves this batch too: its own manifest
-        compile_s, cache_hit = 0.0, False
-        engine_dir = supply.save(compiler, task.flags, model, engine, b, 0.0)
+    engine, compile_s, cache_hit, engine_dir = _engine(task, supply, compiler, model, b, engine)
     emit("phase", (b, "check"))
     check = compare_outputs(engine.outputs(x_ref), y_ref, task.tolerance, task.atol, task.rtol)
     engine.prepare(model.random_input(b))
@@ -612,30 +630,10 @@ def compare_outputs(
     per_output, failures = [], []
     for i, (output, reference) in enumerate(zip(outs, refs)):
         name = f"output {i}" if len(outs) > 1 else "output"
-        if output.size != reference.size:
-            per_output.append((float("inf"), float("inf"), 0.0))
-            failures.append(f"{name} shape {output.shape} != reference {reference.shape}")
-            continue
-        out = output.astype(np.float64).ravel()
-        ref = reference.astype(np.float64).ravel()
-        if not np.all(np.isfinite(out)):
-            per_output.append((float("inf"), float("inf"), 0.0))
-            failures.append(f"{name} has NaN or Inf")
-            continue
-        diff = np.abs(out - ref)
-        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-        max_abs = float(np.max(diff)) if out.size else 0.0
-        max_rel = max_abs / max(scale, 1e-12)
-        norms = float(np.linalg.norm(out) * np.linalg.norm(ref))
-        cosine = float(np.dot(out, ref) / norms) if norms > 0 else float(max_abs == 0)
-        per_output.append((max_abs, max_rel, cosine))
-        bound = (tolerance * scale if atol is None else atol) + rtol * np.abs(ref)
-        within = bool(np.all(diff <= bound)) if out.size else True
-        if not within or cosine < 1 - tolerance:
-            failures.append(
-                f"{name} differs from the reference: max abs error {max_abs:.2e}, max rel "
-                f"error {max_rel:.2e}, cosine {cosine:.6f}"
-            )
+        errors, failure = _check_output(name, output, reference, tolerance, atol, rtol)
+        per_output.append(errors)
+        if failure is not None:
+            failures.append(failure)
     settings = f"tolerance {tolerance:g}" + (f", atol {atol:g}" if atol is not None else "")
     settings += f", rtol {rtol:g}" if rtol else ""
     return OutputCheck(
@@ -646,6 +644,33 @@ def compare_outputs(
         "; ".join(failures) + f" ({settings})" if failures else "",
         per_output if len(per_output) > 1 else [],
     )
+
+
+def _check_output(name: str, output, reference, tolerance: float, atol: float | None, rtol: float):
+    """One output against the reference's (:func:`compare_outputs`). Returns its (max abs
+    error, max rel error, cosine), and why it fails the check (``None``: it passes)."""
+    if output.size != reference.size:
+        return (float("inf"), float("inf"), 0.0), (
+            f"{name} shape {output.shape} != reference {reference.shape}"
+        )
+    out = output.astype(np.float64).ravel()
+    ref = reference.astype(np.float64).ravel()
+    if not np.all(np.isfinite(out)):
+        return (float("inf"), float("inf"), 0.0), f"{name} has NaN or Inf"
+    diff = np.abs(out - ref)
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    max_abs = float(np.max(diff)) if out.size else 0.0
+    max_rel = max_abs / max(scale, 1e-12)
+    norms = float(np.linalg.norm(out) * np.linalg.norm(ref))
+    cosine = float(np.dot(out, ref) / norms) if norms > 0 else float(max_abs == 0)
+    bound = (tolerance * scale if atol is None else atol) + rtol * np.abs(ref)
+    within = bool(np.all(diff <= bound)) if out.size else True
+    if not within or cosine < 1 - tolerance:
+        return (max_abs, max_rel, cosine), (
+            f"{name} differs from the reference: max abs error {max_abs:.2e}, max rel "
+            f"error {max_rel:.2e}, cosine {cosine:.6f}"
+        )
+    return (max_abs, max_rel, cosine), None
 
 
 def one_line(exc: BaseException) -> str:
