@@ -160,3 +160,9 @@ def make_view(total_cells: int, quiet: bool) -> PlainView:
     if not quiet and sys.stderr.isatty():
         return LiveView(total_cells)
     return PlainView(total_cells)
+
+
+def notify(view: PlainView | None, method: str, *args: Any) -> None:
+    """``view.method(*args)`` where the run has a view (``None``: it shows nothing)."""
+    if view is not None:
+        getattr(view, method)(*args)

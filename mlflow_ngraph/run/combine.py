@@ -1,0 +1,74 @@
+"""The combining of a group's sittings (``--sittings N``): each result from the records of
+its sittings (:func:`mlflow_ngraph.measure.sittings.combine`), with the spread between
+sittings this run measured so far; at the run's end every combined result is settled again
+on the whole run's spread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlflow_ngraph.plan.cells import Cell
+from mlflow_ngraph.plan.config import RunPolicy
+from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tracking.journal import Journal
+from mlflow_ngraph.tracking.sink import ResultSink
+
+
+class SittingsCombiner:
+    """A run's results combined from their sittings, and the spread between sittings the
+    run itself measured (per kind of figure and model family)."""
+
+    def __init__(self, home: Path, policy: RunPolicy) -> None:
+        self.home = Path(home)
+        self.policy = policy
+        #: per kind of figure and model family, this run's engines measured in every
+        #: sitting (the spread between sittings the run itself measured)
+        self._sat: dict[str, dict[str, list]] = {"throughput": {}, "speedup": {}}
+        #: (cell, batch size, its sittings' records, model family) of every combined result
+        self.results: list[tuple[Cell, int, list[dict], str]] = []
+
+    def combine(self, cell: Cell, b: int, records: list[dict], family: str) -> dict:
+        """The record of ``cell`` at batch size ``b`` from its sittings' ``records`` (in
+        order), kept to be settled at the run's end (:meth:`settle`)."""
+        self.results.append((cell, b, records, family))
+        return self.combined(records, family)
+
+    def combined(self, records: list[dict], family: str, settled: bool = False) -> dict:
+        """The record of a batch size measured in ``records`` (its sittings, in order):
+        :func:`mlflow_ngraph.measure.sittings.combine`, with the spread between sittings
+        this run measured so far (this engine's sittings included; ``settled``: the whole
+        run's, every engine already in it), else the host's."""
+        from mlflow_ngraph.measure import history
+        from mlflow_ngraph.measure import sittings as sit
+
+        if len(records) < 2:
+            return records[-1]
+        spreads = {}
+        for what, by_family in self._sat.items():
+            own = sit.engine_sittings(records, what)
+            if own is not None and not settled:
+                by_family.setdefault(family, []).append(own)
+            spreads[what] = sit.run_spread(by_family, family, self.policy.sittings)
+            if spreads[what] is None:
+                spreads[what] = history.given_or_measured(
+                    self.home, what, family, self.policy.rerun_sd
+                )
+        return sit.combine(records, spreads, self.policy.max_interval)
+
+    def settle(self, journal: Journal, sink: ResultSink) -> None:
+        """Every combined result's re-run interval again, from the spread between sittings
+        of the whole run (a group measured early had only the engines before it): where it
+        changed, journaled and sent to the cell's run, and its row shows it."""
+        for cell, b, records, family in self.results:
+            record = self.combined(records, family, settled=True)
+            before = journal.cell(cell.key).measured.get(b)
+            if before is None or before.get("status") != record["status"]:
+                continue
+            if record.get("rerun") == before.get("rerun") and all(
+                record["metrics"].get(k) == before["metrics"].get(k) for k in S.RERUN_METRICS
+            ):
+                continue
+            record = {**before, "metrics": {**before["metrics"], **{
+                k: record["metrics"][k] for k in S.RERUN_METRICS if k in record["metrics"]
+            }}, "rerun": record.get("rerun")}  # fmt: skip
+            sink.rerun(cell, b, record)
