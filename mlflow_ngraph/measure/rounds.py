@@ -461,9 +461,44 @@ def run_rounds(
     ``settings`` is the :class:`~mlflow_ngraph.measure.settings.MeasureSettings`: its repetitions
     (requests) and min_duration_s are floors, its max_duration_s caps an engine's seconds.
     """
+    cap = _cap(settings, policy)
+    windows, failed, reasons, view = _take_rounds(meters, settings, baseline, policy, cap, on_round)
+    interleaved = len(windows) > 1
+    # ``view`` is the last round's: no window has been taken since
+    base = view.get(baseline) if baseline and baseline not in failed else None
+    drift = drift_of(base) if base is not None else None
+    out: dict[str, Figures] = {}
+    for name in windows:
+        if name in failed:
+            continue
+        figures = _own_figures(
+            view[name],
+            windows[name],
+            reasons.get(name) or "max_duration",
+            policy,
+            cap,
+            interleaved=interleaved,
+            drift=drift if name != baseline else drift_of(view[name]),
+        )
+        if base is not None and name != baseline:
+            _add_speedup(figures, view[name], base, windows[name], windows[baseline])
+        out[name] = figures
+    return out
+
+
+def _cap(settings, policy: RoundPolicy) -> float:
+    """The seconds an engine is measured for at most: the policy's, else the settings'
+    max_duration_s, else :data:`MAX_S` (twice min_duration_s where that is longer)."""
     cap = policy.max_s
     if cap is None:
         cap = settings.max_duration_s or max(MAX_S, 2 * settings.min_duration_s)
+    return cap
+
+
+def _take_rounds(meters, settings, baseline, policy, cap, on_round):
+    """Take rounds until every engine is done: (each engine's windows as taken, ``None``
+    where it took none; the engines whose window raised; each engine's stop reason; the
+    windows as the figures see them after the last round)."""
     names = list(meters)
     windows: dict[str, list] = {name: [] for name in names}
     failed: dict[str, BaseException] = {}
@@ -474,63 +509,93 @@ def run_rounds(
         live = _taking_turns(names, failed, reasons, baseline)
         if not live:
             break
-        for name in order(live, r):
-            try:
-                windows[name].append(meters[name].window(policy.window_s))
-            except Exception as exc:  # noqa: BLE001 - the engine's failure, reported by the caller
-                failed[name] = exc
+        _take_round(meters, order(live, r), windows, failed, policy.window_s)
         r += 1
-        for name in names:
-            if name in failed:
-                continue
-            # a window lost to a failure, or not taken (the engine was done), leaves a
-            # hole; pairing skips it
-            while len(windows[name]) < r:
-                windows[name].append(None)
+        _fill_holes(windows, failed, r)
         if on_round is not None:
             on_round(r)
         view = _view(windows, failed, policy)
         for name in names:
             if name not in failed and not reasons.get(name):
                 reasons[name] = _stop(name, view, windows[name], baseline, settings, policy, cap)
-    interleaved = len(names) > 1
-    # ``view`` is the last round's: no window has been taken since
-    base = view.get(baseline) if baseline and baseline not in failed else None
-    drift = drift_of(base) if base is not None else None
-    out: dict[str, Figures] = {}
-    for name in names:
+    return windows, failed, reasons, view
+
+
+def _take_round(meters, turn: list[str], windows, failed, seconds: float) -> None:
+    """One round: each engine of ``turn``, in that order, takes a window of ``seconds``;
+    one whose window raises goes into ``failed`` instead."""
+    for name in turn:
+        try:
+            windows[name].append(meters[name].window(seconds))
+        except Exception as exc:  # noqa: BLE001 - the engine's failure, reported by the caller
+            failed[name] = exc
+
+
+def _fill_holes(windows, failed, rounds: int) -> None:
+    """Pad each engine that has not failed to ``rounds`` windows with ``None``: a window
+    lost to a failure, or not taken (the engine was done), leaves a hole; pairing skips it."""
+    for name, taken in windows.items():
         if name in failed:
             continue
-        own = [w for w in view[name] if w is not None]
-        taken = [w for w in windows[name] if w is not None]
-        throughput, ci, halfwidth, cv, autocorr = throughput_details(own)
-        figures = Figures(
-            throughput,
-            ci,
-            halfwidth,
-            cv,
-            reasons.get(name) or "max_duration",
-            policy.window_s,
-            interleaved=interleaved,
-            drift=drift if name != baseline else drift_of(view[name]),
-            rounds=len(own),
-            stretched=sum(w.seconds for w in taken[:-1]) >= cap,
-            disturbed=sum(disturbed_marks(windows[name])) if policy.screen else 0,
-            throughput_autocorr=autocorr,
-            kept=[i for i, w in enumerate(taken_of(view[name], windows[name])) if w is not None],
-        )
-        if len(own) < len(taken):
-            figures.throughput_unscreened = throughput_details(taken)[0]
-        if base is not None and name != baseline:
-            logs = _log_ratios(view[name], base)
-            figures.speedup, figures.speedup_ci, figures.speedup_halfwidth = _speedup_of(logs)
-            figures.speedup_autocorr = lag1(logs)
-            figures.moved = moved_between_halves(view[name], base)
-            figures.drift_checked = len(logs) >= DRIFT_MIN_ROUNDS
-            if len(own) < len(taken) or any(w is None for w in base):
-                figures.speedup_unscreened = paired_figures(windows[name], windows[baseline])[0]
-        out[name] = figures
-    return out
+        while len(taken) < rounds:
+            taken.append(None)
+
+
+def _screened_out(seen: list, measured: list) -> bool:
+    """Whether the screen left out any of an engine's windows: ``seen`` is the screened
+    list, ``measured`` the one as taken."""
+    own = [w for w in seen if w is not None]
+    taken = [w for w in measured if w is not None]
+    return len(own) < len(taken)
+
+
+def _own_figures(
+    seen: list,
+    measured: list,
+    reason: str,
+    policy: RoundPolicy,
+    cap: float,
+    interleaved: bool,
+    drift: float | None,
+) -> Figures:
+    """An engine's figures from its own windows (``seen`` the screened list, ``measured`` the
+    one as taken), before any pairing (:func:`_add_speedup`)."""
+    own = [w for w in seen if w is not None]
+    taken = [w for w in measured if w is not None]
+    throughput, ci, halfwidth, cv, autocorr = throughput_details(own)
+    figures = Figures(
+        throughput,
+        ci,
+        halfwidth,
+        cv,
+        reason,
+        policy.window_s,
+        interleaved=interleaved,
+        drift=drift,
+        rounds=len(own),
+        stretched=sum(w.seconds for w in taken[:-1]) >= cap,
+        disturbed=sum(disturbed_marks(measured)) if policy.screen else 0,
+        throughput_autocorr=autocorr,
+        kept=[i for i, w in enumerate(taken_of(seen, measured)) if w is not None],
+    )
+    if len(own) < len(taken):
+        figures.throughput_unscreened = throughput_details(taken)[0]
+    return figures
+
+
+def _add_speedup(
+    figures: Figures, seen: list, base: list, measured: list, base_measured: list
+) -> None:
+    """Add to ``figures`` the speedup over the baseline, paired by round: ``seen`` and
+    ``base`` the engine's and the baseline's windows as the figures see them, ``measured``
+    and ``base_measured`` as taken (the speedup with the disturbed windows kept in)."""
+    logs = _log_ratios(seen, base)
+    figures.speedup, figures.speedup_ci, figures.speedup_halfwidth = _speedup_of(logs)
+    figures.speedup_autocorr = lag1(logs)
+    figures.moved = moved_between_halves(seen, base)
+    figures.drift_checked = len(logs) >= DRIFT_MIN_ROUNDS
+    if _screened_out(seen, measured) or any(w is None for w in base):
+        figures.speedup_unscreened = paired_figures(measured, base_measured)[0]
 
 
 def taken_of(seen: list, measured: list) -> list:
