@@ -103,33 +103,63 @@ def combine(
     metrics = out.setdefault("metrics", {})
     metrics["sittings"] = float(n)
     said, halfwidths = [], {}
-    for what, (name, (low_name, high_name), half_name, rerun_names) in FIELDS.items():
+    for what, (_, _, _, rerun_names) in FIELDS.items():
         for key in rerun_names:
             metrics.pop(key, None)  # the last sitting's, from the history: replaced below
         got = [figure(r, what) for r in records]
         if any(g is None for g in got):
             continue
-        centre = sum(math.log(v) for v, _ in got) / n
-        h = None if any(g[1] is None for g in got) else math.sqrt(sum(g[1] ** 2 for g in got)) / n
-        value = math.exp(centre)
-        metrics[name] = value
-        if what == "throughput":
-            metrics["throughput_overall"] = value
-        metrics[low_name] = value * math.exp(-h) if h is not None else None
-        metrics[high_name] = value * math.exp(h) if h is not None else None
-        metrics[half_name] = math.expm1(h) if h is not None else None
+        value, h = _mean_of_sittings(metrics, what, got)
         halfwidths[what] = h
         unit = "/s" if what == "throughput" else "x"
         said.append(f"{what} " + ", ".join(f"{v:.4g}{unit}" for v, _ in got))
-        spread = spreads.get(what)
-        if spread is not None and h is not None:
-            one = Spread(spread.sd / math.sqrt(n), spread.df, spread.source)
-            interval = rerun_interval(value, h, one)
-            if interval is not None:
-                metrics[rerun_names[0]], metrics[rerun_names[1]] = interval[:2]
+        _rerun_of_mean(metrics, rerun_names, value, h, spreads.get(what), n)
     out["sittings_text"] = "; ".join(said)
     paired = "speedup" in halfwidths
-    chosen = spreads.get("speedup" if paired else "throughput")
+    compared = "speedup" if paired else "throughput"
+    _rerun_source(out, spreads.get(compared))
+    limit = max_interval if paired else THROUGHPUT_WIDER * max_interval
+    out["stability"] = _stability(records, halfwidths.get(compared), limit, compared)
+    return out
+
+
+def _mean_of_sittings(
+    metrics: dict, what: str, got: list[tuple[float, float | None]]
+) -> tuple[float, float | None]:
+    """(value, log half-width or None) of the geometric mean of the sittings' figures
+    ``got`` of ``what`` (each its value and log half-width), written into ``metrics`` with
+    its sitting interval: the sittings' own half-widths in quadrature, over their number."""
+    n = len(got)
+    name, (low_name, high_name), half_name, _ = FIELDS[what]
+    centre = sum(math.log(v) for v, _ in got) / n
+    h = None if any(g[1] is None for g in got) else math.sqrt(sum(g[1] ** 2 for g in got)) / n
+    value = math.exp(centre)
+    metrics[name] = value
+    if what == "throughput":
+        metrics["throughput_overall"] = value
+    metrics[low_name] = value * math.exp(-h) if h is not None else None
+    metrics[high_name] = value * math.exp(h) if h is not None else None
+    metrics[half_name] = math.expm1(h) if h is not None else None
+    return value, h
+
+
+def _rerun_of_mean(
+    metrics: dict, names, value: float, h: float | None, spread: Spread | None, n: int
+) -> None:
+    """Write into ``metrics`` (under ``names``) the re-run interval of the mean ``value`` of
+    ``n`` sittings (log half-width ``h``), from ``spread``, the spread of one sitting;
+    nothing where either is missing."""
+    if spread is not None and h is not None:
+        one = Spread(spread.sd / math.sqrt(n), spread.df, spread.source)
+        interval = rerun_interval(value, h, one)
+        if interval is not None:
+            metrics[names[0]], metrics[names[1]] = interval[:2]
+
+
+def _rerun_source(out: dict, chosen: Spread | None) -> None:
+    """Say in ``out`` which spread between sittings its re-run intervals rest on
+    (``rerun_sd``, ``rerun_df`` in its metrics, ``rerun`` in words), or why there is none."""
+    metrics = out["metrics"]
     if chosen is not None:
         metrics["rerun_sd"], metrics["rerun_df"] = chosen.sd, float(min(chosen.df, 10**6))
         out["rerun"] = f"sd {100 * chosen.sd:.2f}% ({chosen.df} df) from {chosen.source}"
@@ -140,10 +170,6 @@ def combine(
             f"none: fewer than {MIN_DF} degrees of freedom between sittings so far, in this "
             "run and in this host's history"
         )
-    out["stability"] = _stability(records, halfwidths.get("speedup" if paired else "throughput"),
-                                  max_interval if paired else THROUGHPUT_WIDER * max_interval,
-                                  "speedup" if paired else "throughput")  # fmt: skip
-    return out
 
 
 def _stability(records: Sequence[Mapping], h: float | None, limit: float, what: str) -> dict:
