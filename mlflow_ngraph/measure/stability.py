@@ -87,33 +87,10 @@ def assess(
     (:func:`mlflow_ngraph.measure.history.check`); ``screen_moved`` the change leaving the
     disturbed windows out made to the figure, where it exceeds the figure's interval. A
     host quantity that was not measured (None/NaN) is not held against it."""
-    causes = []
-    if not _given(halfwidth):
-        causes.append(f"too few windows for a {what} interval")
-    elif halfwidth > max_interval:
-        causes.append(
-            f"{what} interval +-{100 * halfwidth:.1f}% is wider than +-{100 * max_interval:.3g}%"
-        )
+    causes = _width_causes(halfwidth, max_interval, what)
     width = len(causes)
-    if _given(other_cpu_percent) and other_cpu_percent > other_cpu_threshold:
-        causes.append(
-            f"other processes used {other_cpu_percent:.1f}% of the CPU (> {other_cpu_threshold:g}%)"
-        )
-    if disturbed and disturbed[1] > 0 and disturbed[0] > MAX_DISTURBED * disturbed[1]:
-        causes.append(
-            f"the host was contended: the process's threads waited for a core in "
-            f"{disturbed[0]} of {disturbed[1]} windows (> {100 * MAX_DISTURBED:g}%)"
-        )
-    if _given(moved):
-        causes.append(
-            f"the host drifted beyond what the rounds cover: the {what} moved "
-            f"{100 * moved:+.1f}% between the first and second half of the rounds"
-        )
-    if _given(screen_moved):
-        causes.append(
-            f"leaving out the disturbed windows moved the {what} {100 * screen_moved:+.1f}%, "
-            "more than its interval"
-        )
+    causes += _contention_causes(other_cpu_percent, other_cpu_threshold, disturbed)
+    causes += _move_causes(moved, screen_moved, what)
     if history:
         causes.append(history)
     if not causes:
@@ -125,3 +102,53 @@ def assess(
         not (wide_only and stretched),
         width_only=len(causes) == width,
     )
+
+
+def _width_causes(halfwidth: float | None, max_interval: float, what: str) -> list[str]:
+    """What makes the interval of ``what`` fail the check: missing, or wider than
+    ``max_interval``."""
+    if not _given(halfwidth):
+        return [f"too few windows for a {what} interval"]
+    if halfwidth > max_interval:
+        return [
+            f"{what} interval +-{100 * halfwidth:.1f}% is wider than +-{100 * max_interval:.3g}%"
+        ]
+    return []
+
+
+def _contention_causes(
+    other_cpu_percent: float | None,
+    other_cpu_threshold: float,
+    disturbed: tuple[int, int] | None,
+) -> list[str]:
+    """How other processes took the host from the measurement: more than
+    ``other_cpu_threshold`` percent of its CPU, or a core in more than :data:`MAX_DISTURBED`
+    of the windows."""
+    causes = []
+    if _given(other_cpu_percent) and other_cpu_percent > other_cpu_threshold:
+        causes.append(
+            f"other processes used {other_cpu_percent:.1f}% of the CPU (> {other_cpu_threshold:g}%)"
+        )
+    if disturbed and disturbed[1] > 0 and disturbed[0] > MAX_DISTURBED * disturbed[1]:
+        causes.append(
+            f"the host was contended: the process's threads waited for a core in "
+            f"{disturbed[0]} of {disturbed[1]} windows (> {100 * MAX_DISTURBED:g}%)"
+        )
+    return causes
+
+
+def _move_causes(moved: float | None, screen_moved: float | None, what: str) -> list[str]:
+    """How the figure moved beyond its interval: between the halves of the rounds, or when
+    the disturbed windows were left out."""
+    causes = []
+    if _given(moved):
+        causes.append(
+            f"the host drifted beyond what the rounds cover: the {what} moved "
+            f"{100 * moved:+.1f}% between the first and second half of the rounds"
+        )
+    if _given(screen_moved):
+        causes.append(
+            f"leaving out the disturbed windows moved the {what} {100 * screen_moved:+.1f}%, "
+            "more than its interval"
+        )
+    return causes
