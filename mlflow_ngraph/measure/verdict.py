@@ -19,45 +19,57 @@ def winners(rows) -> list[dict[str, Any]]:
     Rows are ranked, and the lead is a ratio, on the paired speedups where every valid row
     of the group has one (identity's is 1): those come from the same rounds, so the host's
     drift cancels, and they are what ``beyond`` judges. Otherwise on the throughputs."""
+    out = []
+    for (model, b), valid in _valid_groups(rows).items():
+        won = _winner(model, b, valid)
+        if won is not None:
+            out.append(won)
+    return out
+
+
+def _valid_groups(rows) -> dict[tuple[str, int], list[Any]]:
+    """The valid rows (status OK, a throughput) by model and batch size, in their order."""
     groups: dict[tuple[str, int], list[Any]] = {}
     for r in rows:
         if r.status == "OK" and r.throughput is not None:
             groups.setdefault((r.model, r.batch_size), []).append(r)
-    out = []
-    for (model, b), valid in groups.items():
-        paired = all(_paired(r) is not None for r in valid)
-        score = _paired if paired else (lambda r: r.throughput)
-        ranked = sorted(valid, key=score, reverse=True)
-        candidates = [r for r in ranked if r.compiler != "identity"]
-        if not candidates:
-            continue
-        best = candidates[0]
-        rest = [r for r in ranked if r is not best]
-        second = rest[0] if rest else None
-        baseline = next((r for r in ranked if r.compiler == "identity"), None)
-        beyond = _beyond(best, second)
-        unstable = [
-            role
-            for role, r in (("own", best), ("next", second), ("baseline", baseline))
-            if r is not None and getattr(r, "stable", None) is False
-        ]
-        out.append(
-            {
-                "model": model,
-                "batch_size": b,
-                "label": best.label,
-                "throughput": best.throughput,
-                "speedup": best.speedup,
-                "next": second.label if second is not None else None,
-                "lead": score(best) / score(second)
-                if second is not None and score(second)
-                else None,
-                "beyond": beyond,
-                "stable": getattr(best, "stable", None),
-                "unstable": unstable,
-            }
-        )
-    return out
+    return groups
+
+
+def _winner(model: str, b: int, valid: list[Any]) -> dict[str, Any] | None:
+    """The verdict of :func:`winners` for one model and batch size from its ``valid`` rows
+    (``None`` where only the baseline is among them)."""
+    paired = all(_paired(r) is not None for r in valid)
+    score = _paired if paired else (lambda r: r.throughput)
+    ranked = sorted(valid, key=score, reverse=True)
+    candidates = [r for r in ranked if r.compiler != "identity"]
+    if not candidates:
+        return None
+    best = candidates[0]
+    rest = [r for r in ranked if r is not best]
+    second = rest[0] if rest else None
+    baseline = next((r for r in ranked if r.compiler == "identity"), None)
+    return {
+        "model": model,
+        "batch_size": b,
+        "label": best.label,
+        "throughput": best.throughput,
+        "speedup": best.speedup,
+        "next": second.label if second is not None else None,
+        "lead": score(best) / score(second) if second is not None and score(second) else None,
+        "beyond": _beyond(best, second),
+        "stable": getattr(best, "stable", None),
+        "unstable": _unstable_roles(best, second, baseline),
+    }
+
+
+def _unstable_roles(best, second, baseline) -> list[str]:
+    """Which of the winner (``own``), the next row and the baseline were judged UNSTABLE."""
+    return [
+        role
+        for role, r in (("own", best), ("next", second), ("baseline", baseline))
+        if r is not None and getattr(r, "stable", None) is False
+    ]
 
 
 def _paired(row) -> float | None:
