@@ -96,43 +96,13 @@ def format_summary(rows, spec, experiment: str | None = None, width: int | None 
     a row is one line (what a log file or a pipe wants).
     """
     _label(rows)
-    math = getattr(spec, "math", "fp32")
-    tolerance = getattr(spec, "tolerance", None)
-    within = f" (output check within {tolerance:g})" if tolerance else ""
     paper = getattr(spec.measure, "protocol", "rounds") == "paper"
-    protocol = (
-        f"protocol paper ({spec.measure.repetitions} single inferences timed), " if paper else ""
-    )
-    title = (
-        f"device {spec.device}, scenario {spec.measure.scenario}, {protocol}"
-        f"math {_MATH_WORDS.get(math, math)}{within}, "
-        f"experiment {experiment or spec.experiment!r}"
-    )
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r.status] = counts.get(r.status, 0) + 1
-    footer = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    title = _title(spec, experiment, paper)
+    footer = _status_counts(rows)
     table = format_table(SUMMARY_HEADERS, [_summary_row(r) for r in rows], width=width, keep=3)
     out = [title, table, footer]
     if any(r.throughput is not None for r in rows):
-        rerun = any(_rerun(r) != "-" for r in rows)
-        sitting = (
-            "95% CI: this run's, of the mean of b/t over the timed inferences (no speedup CI: "
-            "the engines were timed one after the other, unpaired)"
-            if paper
-            else "95% CI and speedup CI: this run's (its rounds on this host now)"
-        )
-        out.append(
-            sitting + "; re-run CI: where "
-            "a re-run on this host is expected to land, from the spread between sittings this "
-            "host has shown"
-            + (
-                ""
-                if rerun
-                else " (none yet: the same engines need measuring in a second run, or "
-                "give --rerun-sd)"
-            )
-        )
+        out.append(_intervals_note(rows, paper))
     unstable = sum(1 for r in rows if getattr(r, "stable", None) is False)
     if unstable:
         out.append(
@@ -141,23 +111,81 @@ def format_summary(rows, spec, experiment: str | None = None, width: int | None 
             "drifted; the log says which): read their numbers, and the speedups built on "
             "them, as noise; measure again on a quiet host"
         )
-    best = winners(rows)
-    if best:
-        out += [
-            "",
-            "fastest valid compiler per model and batch size:",
-            _winners_table(best, width),
-            "(lead: over the next-fastest valid row, the ratio of their speedups over identity "
-            + ("(T_c / T_identity, timed one after the other)" if paper else "from the same rounds")
-            + "; beyond noise when the two 95% intervals separate: the re-run intervals where "
-            "this host has measured its spread between sittings, else this run's own)",
-        ]
+    out += _winners_part(rows, width, paper)
     if width is not None:  # the sentences too
-        out = [
-            line if "\n" in line or len(line) <= width else textwrap.fill(line, width)
-            for line in out
-        ]
+        out = _wrap(out, width)
     return "\n".join(out)
+
+
+def _title(spec, experiment: str | None, paper: bool) -> str:
+    """The summary's first line: device, scenario, the protocol where it is the paper's,
+    the arithmetic, the output check and the experiment."""
+    arithmetic = getattr(spec, "math", "fp32")
+    tolerance = getattr(spec, "tolerance", None)
+    within = f" (output check within {tolerance:g})" if tolerance else ""
+    protocol = (
+        f"protocol paper ({spec.measure.repetitions} single inferences timed), " if paper else ""
+    )
+    return (
+        f"device {spec.device}, scenario {spec.measure.scenario}, {protocol}"
+        f"math {_MATH_WORDS.get(arithmetic, arithmetic)}{within}, "
+        f"experiment {experiment or spec.experiment!r}"
+    )
+
+
+def _status_counts(rows) -> str:
+    """The summary's footer: how many rows ended in each status (``1 FAILED, 4 OK``)."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+
+def _intervals_note(rows, paper: bool) -> str:
+    """What the interval columns say: this run's own, and where a re-run is expected to
+    land (or why none of the rows has that yet)."""
+    rerun = any(_rerun(r) != "-" for r in rows)
+    sitting = (
+        "95% CI: this run's, of the mean of b/t over the timed inferences (no speedup CI: "
+        "the engines were timed one after the other, unpaired)"
+        if paper
+        else "95% CI and speedup CI: this run's (its rounds on this host now)"
+    )
+    return (
+        sitting + "; re-run CI: where "
+        "a re-run on this host is expected to land, from the spread between sittings this "
+        "host has shown"
+        + (
+            ""
+            if rerun
+            else " (none yet: the same engines need measuring in a second run, or give --rerun-sd)"
+        )
+    )
+
+
+def _winners_part(rows, width: int | None, paper: bool) -> list[str]:
+    """The summary's lines naming the fastest valid compiler per model and batch size (none
+    where no group has one), with what its lead means."""
+    best = winners(rows)
+    if not best:
+        return []
+    return [
+        "",
+        "fastest valid compiler per model and batch size:",
+        _winners_table(best, width),
+        "(lead: over the next-fastest valid row, the ratio of their speedups over identity "
+        + ("(T_c / T_identity, timed one after the other)" if paper else "from the same rounds")
+        + "; beyond noise when the two 95% intervals separate: the re-run intervals where "
+        "this host has measured its spread between sittings, else this run's own)",
+    ]
+
+
+def _wrap(lines: list[str], width: int) -> list[str]:
+    """``lines`` with each sentence longer than ``width`` filled to it (a table, which has
+    its own line breaks, as it is)."""
+    return [
+        line if "\n" in line or len(line) <= width else textwrap.fill(line, width) for line in lines
+    ]
 
 
 #: how the summary names the run's arithmetic (compilers/precision.py)
