@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlflow_ngraph import faultpoint
-from mlflow_ngraph.env import host_fingerprint
 from mlflow_ngraph.errors import HostFault, NgraphError, StoreAway, host_fix
 from mlflow_ngraph.tracking import index, ui
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tracking.description import CellDescription
 from mlflow_ngraph.tracking.journal import Journal
 from mlflow_ngraph.tracking.recorder import CellRecorder
-from mlflow_ngraph.variables import ENV_SWEEP_ID, ENV_TUNE_RUN
 
 if TYPE_CHECKING:
     from mlflow_ngraph.devices import DeviceProfile
@@ -147,7 +145,6 @@ class StoreSession:
         Raises:
             NgraphError: the store is unreachable or refuses (one line).
         """
-        self.env = env
         self.client = ml.connect(self.tracking_uri)
         self.experiment_id, self.experiment_name = ml.run_experiment(
             self.client, self.spec.experiment, self.experiment_explicit
@@ -167,6 +164,9 @@ class StoreSession:
         self.journal.ensure_store_recorded()
         self.recorder = CellRecorder(
             self.client, self.experiment_id, self.parent_id, self.spec.log_engines
+        )
+        self.description = CellDescription(
+            self.spec, self.profile, self.journal, env, self.parent_id
         )
 
     # --- the store, reachable or not -------------------------------------------------------
@@ -264,33 +264,17 @@ class StoreSession:
                 len(failed),
             )
 
-    def describe(self, cell: Cell, params: dict[str, Any] | None = None) -> None:
-        """Journal what the cell's run needs, for a store that cannot be written now
-        (``params`` None: the params described before, if any)."""
-        if params is None:
-            params = (self.journal.cell(cell.key).description or {}).get("params", {})
-        self.journal.describe(
-            cell.key,
-            cell.run_name or cell.name,
-            params,
-            self.cell_tags(),
-            self.parent_id,
-            batch_sizes=list(self.spec.batch_sizes),
-            baseline=cell.baseline,
-            log_engines=self.spec.log_engines,
-        )
-
     def begin(self, cell: Cell) -> None:
         """``cell`` is measured next: describe it and open its run with its tags."""
         self.open_cells[cell.key] = cell
-        self.describe(cell)
-        self.to_run(cell, self.recorder.tags, self.cell_tags())
+        self.description.describe(cell)
+        self.to_run(cell, self.recorder.tags, self.description.tags())
         faultpoint.point("cell_begun")
 
     def params(self, cell: Cell, info: dict[str, Any] | None) -> None:
         """The cell's params (``info``: what the worker says of the built model)."""
-        params = self.cell_params(cell, info)
-        self.describe(cell, params)
+        params = self.description.params(cell, info)
+        self.description.describe(cell, params)
         self.to_run(cell, self.recorder.params, params)
 
     def record(self, cell: Cell, b: int, record: dict) -> None:
@@ -367,63 +351,6 @@ class StoreSession:
             )
         except NgraphError as exc:  # the result stands; only its model is missing
             log.warning("%s bs%d: not logged as a model: %s", cell.title, b, exc)
-
-    # --- what a cell's run says of itself ---------------------------------------------------
-    def cell_params(self, cell: Cell, info: dict[str, Any] | None) -> dict[str, Any]:
-        """The cell's params; ``info`` (what the worker says of the built model) adds the
-        model's family, size and hash."""
-        m = self.spec.measure
-        params = {
-            S.P_DEVICE: ml.device_name(self.profile.name),
-            "device_profile": self.profile.name,
-            S.P_MODEL: info["name"] if info else cell.model.name,
-            S.P_COMPILER: cell.compiler.name,
-            S.P_SCENARIO: m.scenario,
-            "warmup": m.warmup,
-            "repetitions": m.repetitions,
-            "min_duration_s": m.min_duration_s,
-            "max_duration_s": m.max_duration_s,
-            "protocol": m.protocol,
-            "tolerance": self.spec.tolerance,
-            "math": self.spec.math,
-            "atol": "default" if self.spec.atol is None else self.spec.atol,
-            "rtol": self.spec.rtol,
-            "compiler_version": cell.compiler.version(),
-            "device_kind": self.profile.kind,
-        }
-        if info:
-            params.update(
-                {
-                    S.P_FAMILY: info["family"],
-                    S.P_PARAMETER_COUNT: info["parameter_count"],
-                    "model_sha256": info["content_hash"],
-                }
-            )
-        model_params = info["params"] if info else cell.model.params
-        params.update({f"{S.P_MODEL_PARAM_PREFIX}{k}": v for k, v in model_params.items()})
-        params.update({f"{S.P_FLAG_PREFIX}{k}": v for k, v in cell.flags.items()})
-        return params
-
-    def cell_tags(self) -> dict[str, str]:
-        """Where and with what a cell was measured (the latest invocation's values)."""
-        tags = {
-            S.T_LAST_PARENT: self.parent_id,
-            S.T_DEVICE: ml.device_name(self.profile.name),
-            "ngraph.device_profile": self.profile.name,
-            S.T_DEVICE_KIND: self.profile.kind,
-            S.T_HOST: self.env["host"],
-            "ngraph.device_fingerprint": host_fingerprint(),
-            S.T_SPEC_HASH: self.spec.spec_hash,
-        }
-        versions = {k: v for k, v in self.env.items() if k.startswith("version.")}
-        tags.update({f"ngraph.{k}": str(v) for k, v in versions.items()})
-        sweep = os.environ.get(ENV_SWEEP_ID)
-        if sweep:
-            tags[S.T_SWEEP] = sweep
-        tune = os.environ.get(ENV_TUNE_RUN)
-        if tune:
-            tags[S.T_TUNE] = tune
-        return tags
 
     # --- the invocation's end ----------------------------------------------------------------
     def publish(self, rows: Sequence[Any]) -> None:
