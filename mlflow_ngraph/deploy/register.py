@@ -221,7 +221,7 @@ def log_cell_engine(
     tracking_uri: str,
 ) -> None:
     """A benchmark result's engine as a logged model of its cell run (``--log-models``):
-    what the recording layer calls for each result (``tracking.session.ModelLogger``). An
+    what the recording layer calls for each result (``tracking.catchup.ModelLogger``). An
     engine that runs in-process only (eager, a torch.compile JIT) has no files: nothing to
     deploy, nothing logged.
 

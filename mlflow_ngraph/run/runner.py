@@ -40,8 +40,9 @@ from mlflow_ngraph.run.worker import (
     one_line,
 )
 from mlflow_ngraph.tracking import mlflow_log as ml
+from mlflow_ngraph.tracking.catchup import ModelLogger
 from mlflow_ngraph.tracking.journal import Journal, JournalLock
-from mlflow_ngraph.tracking.session import ModelLogger, StoreSession
+from mlflow_ngraph.tracking.session import StoreSession
 from mlflow_ngraph.tracking.sink import ResultSink, Row, row_of
 
 __all__ = ["CHECK_SEED", "Cell", "Plan", "Row", "Runner", "compare_outputs", "plan"]

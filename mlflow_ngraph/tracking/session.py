@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlflow_ngraph import faultpoint
-from mlflow_ngraph.errors import HostFault, NgraphError, StoreAway, host_fix
+from mlflow_ngraph.errors import HostFault, StoreAway, host_fix
 from mlflow_ngraph.tracking import index, ui
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tracking.catchup import CatchUp, ModelLogger
 from mlflow_ngraph.tracking.description import CellDescription
 from mlflow_ngraph.tracking.journal import Journal
 from mlflow_ngraph.tracking.recorder import CellRecorder
@@ -33,12 +34,6 @@ if TYPE_CHECKING:
     from mlflow_ngraph.plan.config import Spec
 
 log = logging.getLogger(__name__)
-
-#: logs one result's engine as an MLflow logged model of its cell run:
-#: ``(record, *, run_id, experiment_id, device, model, compiler, batch_size, tracking_uri)``;
-#: raises NgraphError when it cannot
-ModelLogger = Callable[..., None]
-
 
 #: seconds a Ctrl-C waits at most for the store write it landed in (a commit takes ms)
 LATEST_S = 2.0
@@ -131,8 +126,8 @@ class StoreSession:
         #: where the results go (under ``mlflow run``: the project run's experiment)
         self.experiment_name = spec.experiment
         self.link = ml.StoreLink(tracking_uri)
-        #: the cell being measured: the catch-up does not end its run
-        #: the cells whose runs are open (the cells of one model are measured together)
+        #: the cells whose runs are open (the cells of one model are measured together):
+        #: the catch-up does not end their runs
         self.open_cells: dict[str, Cell] = {}
         self.parent_id: str | None = None
         self._runs: dict[str, str] = {}  # cell key -> its run, once opened here
@@ -167,6 +162,14 @@ class StoreSession:
         )
         self.description = CellDescription(
             self.spec, self.profile, self.journal, env, self.parent_id
+        )
+        self.catchup = CatchUp(
+            self.journal,
+            self.recorder,
+            self.spec,
+            self.profile,
+            self.tracking_uri,
+            self.model_logger,
         )
 
     # --- the store, reachable or not -------------------------------------------------------
@@ -205,14 +208,7 @@ class StoreSession:
         return True
 
     def _send_unsent(self, run_id: str, cell: Cell) -> None:
-        def send(run: str, b: int, record: dict) -> None:
-            self._send_record(run, cell, b, record)
-
-        sent = self.recorder.replay(self.journal, cell.key, run_id, send)
-        if sent:
-            log.info(
-                "%s: %d result(s) measured while the store was unreachable sent", cell.title, sent
-            )
+        self.catchup.unsent(run_id, cell)
         if cell.key not in self.open_cells and not self.pending(cell):
             self._close(run_id, cell)
 
@@ -240,29 +236,9 @@ class StoreSession:
         run_id = self.recorder.open(cell.key, cell.run_name or cell.name, state.run_id)
         self.journal.set_run(cell.key, run_id)
         if fresh:
-            self._take_stored(cell, run_id)
+            self.catchup.take_stored(cell, run_id)
         self._runs[cell.key] = run_id
         return run_id
-
-    def _take_stored(self, cell: Cell, run_id: str) -> None:
-        """Journal the results run ``run_id`` already holds as measured and logged (FAILED
-        batch sizes as failed): they are not measured, nor logged, again."""
-        measured, failed = ml.stored_results(self.client, run_id, self.spec.batch_sizes)
-        for b, record in measured.items():
-            if record.pop("torn", False):  # its metrics landed, its tags did not
-                ml.log_batch(self.client, run_id, tags={f"{S.T_STATUS}.bs{b}": record["status"]})
-            self.journal.measured(cell.key, b, record)
-            self.journal.logged(cell.key, b)
-        for b, reason in failed.items():
-            self.journal.failed(cell.key, b, reason)
-        if measured or failed:
-            log.info(
-                "%s: the store already holds %d result(s) and %d failure(s) of this cell "
-                "(an earlier run on this device): not measured again",
-                cell.title,
-                len(measured),
-                len(failed),
-            )
 
     def begin(self, cell: Cell) -> None:
         """``cell`` is measured next: describe it and open its run with its tags."""
@@ -279,7 +255,7 @@ class StoreSession:
 
     def record(self, cell: Cell, b: int, record: dict) -> None:
         """One measured batch size, journaled first by the caller."""
-        self.to_run(cell, self._send_unlogged, cell, b, record)
+        self.to_run(cell, self.catchup.unlogged, cell, b, record)
 
     def failed(self, cell: Cell, b: int, reason: str) -> None:
         self.journal.failed(cell.key, b, reason)
@@ -309,48 +285,6 @@ class StoreSession:
     def log_file(self, cell: Cell) -> Path:
         """Where the cell's worker writes its log (an artifact of the cell's run)."""
         return self.home / "logs" / cell.key / "worker.log"
-
-    def _send_unlogged(self, run_id: str, cell: Cell, b: int, record: dict) -> None:
-        """:meth:`_send_record` unless the result is logged already: asked inside the write,
-        because the write itself may find the store back and send what the journal holds
-        first, this result included."""
-        if b not in self.journal.cell(cell.key).logged:
-            self._send_record(run_id, cell, b, record)
-
-    def _send_record(self, run_id: str, cell: Cell, b: int, record: dict) -> None:
-        """One result to the cell's run (and its engine as a logged model), then marked
-        logged in the journal."""
-        self.recorder.record(run_id, b, record)
-        faultpoint.point("record_sent")
-        if (
-            self.spec.log_models
-            and self.spec.log_engines
-            and record.get("engine_dir")
-            and record["status"] == S.STATUS_OK
-        ):
-            self._log_model(cell, run_id, b, record)
-        self.journal.logged(cell.key, b)
-        faultpoint.point("record_logged")
-
-    def _log_model(self, cell: Cell, run_id: str, b: int, record: dict) -> None:
-        """The engine as an MLflow logged model of its cell run (``--log-models``), so
-        ``mlflow.search_logged_models`` ranks engines by their metrics; the deploy layer's
-        :data:`ModelLogger` does it (this layer does not know how an engine is loaded)."""
-        if self.model_logger is None:
-            return
-        try:
-            self.model_logger(
-                record,
-                run_id=run_id,
-                experiment_id=self.experiment_id,
-                device=self.profile.name,
-                model=cell.model.label,
-                compiler=cell.compiler.name,
-                batch_size=b,
-                tracking_uri=self.tracking_uri,
-            )
-        except NgraphError as exc:  # the result stands; only its model is missing
-            log.warning("%s bs%d: not logged as a model: %s", cell.title, b, exc)
 
     # --- the invocation's end ----------------------------------------------------------------
     def publish(self, rows: Sequence[Any]) -> None:
