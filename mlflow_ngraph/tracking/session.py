@@ -8,6 +8,12 @@ unreachable is said once and later writes are skipped (the journal holds them) u
 store answers a probe again; then what it lacks is sent first, each result once. A cell's
 run the store already holds while the journal knows nothing of it (another host of the same
 device, or a fresh home) is found by its cell key and its results are taken as done.
+
+The session decides when a write may go to the store; what is written comes from its
+collaborators: :class:`~mlflow_ngraph.tracking.description.CellDescription` (a cell run's
+params and tags), :class:`~mlflow_ngraph.tracking.catchup.CatchUp` (each result once, and
+what the journal holds and the store lacks) and
+:class:`~mlflow_ngraph.tracking.parent.ParentRun` (the parent run, opened and ended).
 """
 
 from __future__ import annotations
@@ -20,12 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from mlflow_ngraph import faultpoint
 from mlflow_ngraph.errors import HostFault, StoreAway, host_fix
-from mlflow_ngraph.tracking import index, ui
 from mlflow_ngraph.tracking import mlflow_log as ml
-from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.catchup import CatchUp, ModelLogger
 from mlflow_ngraph.tracking.description import CellDescription
 from mlflow_ngraph.tracking.journal import Journal
+from mlflow_ngraph.tracking.parent import ParentRun
 from mlflow_ngraph.tracking.recorder import CellRecorder
 
 if TYPE_CHECKING:
@@ -93,6 +98,8 @@ class StoreSession:
         retry_failed: FAILED batch sizes are measured again (a cell with one is pending).
         experiment_explicit: the experiment was named on the command line (under
             ``mlflow run`` it then wins over the project run's experiment).
+        parent_run: a run of the caller's (a tune's) that the cells nest under (see
+            :class:`~mlflow_ngraph.tracking.parent.ParentRun`).
         model_logger: what logs an engine as a logged model under ``--log-models``
             (``deploy.register.log_cell_engine``, given by the command).
     """
@@ -113,9 +120,6 @@ class StoreSession:
         self.tracking_uri = tracking_uri
         #: logs a result's engine as a logged model (``--log-models``); None: not logged
         self.model_logger = model_logger
-        #: a run of the caller's (a tune's) that the cells nest under: it is neither
-        #: described, indexed nor ended here (its owner does that)
-        self.parent_run = parent_run
         self.home = Path(home)
         self.spec = spec
         self.profile = profile
@@ -129,10 +133,18 @@ class StoreSession:
         #: the cells whose runs are open (the cells of one model are measured together):
         #: the catch-up does not end their runs
         self.open_cells: dict[str, Cell] = {}
-        self.parent_id: str | None = None
+        self.parent = ParentRun(tracking_uri, spec, profile, journal, cells, parent_run)
         self._runs: dict[str, str] = {}  # cell key -> its run, once opened here
-        #: the share key of the designed view (tracking/ui.py), once written
-        self.view_key: str | None = None
+
+    @property
+    def parent_id(self) -> str | None:
+        """The run the cells nest under, once :meth:`start` opened it."""
+        return self.parent.run_id
+
+    @property
+    def view_key(self) -> str | None:
+        """The share key of the designed view (tracking/ui.py), once written."""
+        return self.parent.view_key
 
     def start(self, env: dict[str, Any]) -> None:
         """Connect, find or create the experiment, and open the parent run.
@@ -144,17 +156,7 @@ class StoreSession:
         self.experiment_id, self.experiment_name = ml.run_experiment(
             self.client, self.spec.experiment, self.experiment_explicit
         )
-        if self.parent_run:
-            self.parent_id = self.parent_run
-        else:
-            self.parent_id = ml.parent_run(
-                self.client,
-                self.experiment_id,
-                self.spec,
-                self.profile,
-                env,
-                {S.T_HOST: env["host"]},
-            )
+        self.parent.open(self.client, self.experiment_id, env)
         faultpoint.point("parent_started")
         self.journal.ensure_store_recorded()
         self.recorder = CellRecorder(
@@ -287,33 +289,6 @@ class StoreSession:
         return self.home / "logs" / cell.key / "worker.log"
 
     # --- the invocation's end ----------------------------------------------------------------
-    def publish(self, rows: Sequence[Any]) -> None:
-        """The shared view, the descriptions and the run colors (``view_key`` once written).
-        Cosmetic: a store that refuses them (a user who may not edit the experiment) is said
-        in one warning; a store that went away is the caller's to handle."""
-        cells = {
-            run_id: (c.model.label, c.compiler.name, c.flags)
-            for c in self.cells
-            if (run_id := self.journal.cell(c.key).run_id)
-        }
-        device = ml.device_name(self.profile.name)
-        try:
-            self.view_key = ui.publish(
-                self.client,
-                self.experiment_id,
-                self.parent_id,
-                self.spec,
-                device,
-                rows,
-                cells,
-            )
-        except Exception as exc:
-            if ml.is_store_error(exc) and not ml.store_answers(self.tracking_uri):
-                raise
-            text = str(exc).strip()
-            first = text.splitlines()[0][:300] if text else type(exc).__name__
-            log.warning("the MLflow view of this run was not written: %s", first)
-
     def killed(self) -> None:
         """Mark the open cells' runs and the parent KILLED (not while the store is
         unreachable: that would only wait for it)."""
@@ -329,9 +304,8 @@ class StoreSession:
 
     def finish(self, host_failures: Sequence[str] = (), rows: Sequence[Any] = ()) -> None:
         """The designed view of ``rows`` (the summary's rows, :mod:`..ui`), the results
-        index and the parent's end, once the store holds every cell. The
-        journal's ``indexed`` record comes last: a kill before it leaves a re-run that opens
-        the store and ends the parent, never a parent RUNNING for good.
+        index and the parent's end, once the store holds every cell
+        (:meth:`ParentRun.close <mlflow_ngraph.tracking.parent.ParentRun.close>`).
 
         Raises:
             StoreAway: the store is still unreachable: how many results wait in the
@@ -346,18 +320,12 @@ class StoreSession:
                 f"not the compiler ({host_failures[0]}); every result measured is kept: "
                 f"{host_fix(host_failures[0])}, then run the same command again to measure them"
             )
-        if self.parent_run and self.ready(force=True):
+        caller_run = self.parent.caller_run
+        if caller_run and self.ready(force=True):
             return  # every cell's results are in the store; the parent is its owner's
-        if self.ready(force=True) and not self.parent_run:
+        if self.ready(force=True) and not caller_run:
             try:
-                run_ids = [r for r in (self.journal.cell(c.key).run_id for c in self.cells) if r]
-                self.publish(rows)
-                index.write(self.client, self.parent_id, index.snapshot(self.client, run_ids))
-                faultpoint.point("index_written")
-                ml.finish(self.client, self.parent_id, "FINISHED", announce=True)
-                faultpoint.point("parent_finished")
-                self.journal.indexed(self.spec.spec_hash, self.parent_id)
-                faultpoint.point("indexed")
+                self.parent.close(rows)
                 return
             except Exception as exc:
                 if not self.link.lost(exc):
