@@ -178,18 +178,7 @@ def log_engine_model(
     client = mlflow.MlflowClient(tracking_uri)
     run_params = client.get_run(candidate.run_id).data.params
     digest = file_sha256(Path(engine_dir) / MANIFEST)
-    model = mlflow.initialize_logged_model(
-        name=logged_model_name(candidate),
-        source_run_id=candidate.run_id,
-        params=model_params(candidate, manifest, digest, run_params),
-        model_type=MODEL_TYPE,
-        tags={
-            "ngraph.compiler": candidate.compiler,
-            "ngraph.device": candidate.device,
-            T_WRITER: _writer(),
-        },
-        experiment_id=candidate.experiment_id,
-    )
+    model = _initialize_model(candidate, manifest, digest, run_params)
     faultpoint.point("register_model_initialized")
     # data only: the engine folder, loaded by the installed loader module, never code
     engine_dir = Path(engine_dir)
@@ -207,6 +196,27 @@ def log_engine_model(
     faultpoint.point("register_model_logged")
     _link(client, model.model_id, candidate)
     return info
+
+
+def _initialize_model(
+    candidate: Candidate, manifest: dict[str, Any], digest: str, run_params: dict[str, str]
+):
+    """The candidate's logged model, created empty (:func:`log_engine_model` fills it): its
+    name, params (:func:`model_params`), tags (its writer among them) and source run."""
+    import mlflow
+
+    return mlflow.initialize_logged_model(
+        name=logged_model_name(candidate),
+        source_run_id=candidate.run_id,
+        params=model_params(candidate, manifest, digest, run_params),
+        model_type=MODEL_TYPE,
+        tags={
+            "ngraph.compiler": candidate.compiler,
+            "ngraph.device": candidate.device,
+            T_WRITER: _writer(),
+        },
+        experiment_id=candidate.experiment_id,
+    )
 
 
 def log_cell_engine(
