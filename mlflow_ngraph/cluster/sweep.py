@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -459,39 +460,78 @@ def run_sweep(
     Raises:
         NgraphError: the cluster does not answer, or (``every_device``) a device has no node.
     """
-    import ray
-
     sweep_id = sweep_key(sweep, tracking_uri)
     outcome = SweepOutcome(sweep_id, {d.name: DeviceState(d) for d in sweep.devices})
+    pending: dict = {}
+
+    def cancel() -> None:  # the tasks submitted by the time of the Ctrl-C
+        _stop(pending, outcome, echo)
+
+    with _joined(sweep.devices, local, address, node_homes, on_interrupt=cancel):
+        echo(f"sweep {sweep_id}: {len(sweep.devices)} device(s) -> {redact_uri(tracking_uri)}")
+        present = _present_devices(sweep, outcome, wait_s, every_device, address, echo)
+        pending = _submit(sweep, present, outcome, tracking_uri, parent_run)
+        if on_started is not None:
+            on_started(outcome)
+        rejoin_s = REJOIN_WAIT_S if wait_s is None else wait_s
+        _watch(pending, outcome, tracking_uri, sweep, echo, refresh_s, rejoin_s, tty)
+    return outcome
+
+
+@contextmanager
+def _joined(
+    devices: list[SweepDevice],
+    local: bool,
+    address: str | None,
+    homes: Path | None,
+    on_interrupt: Callable[[], None],
+):
+    """The block runs on the sweep's Ray cluster: with ``local`` one of this machine, started
+    first (its nodes' ``homes``, see :func:`start_local_cluster`), else the one at
+    ``address``; a SIGTERM is a KeyboardInterrupt there, on which ``on_interrupt()`` is
+    called first. However the block ends, the driver then leaves Ray and a local cluster is
+    shut down."""
+    import ray
+
     loopback = local or _is_loopback(address)
     if loopback:
         loopback_only()
-    cluster = start_local_cluster(sweep.devices, node_homes) if local else None
-    pending: dict = {}
+    cluster = start_local_cluster(devices, homes) if local else None
     try:
         _connect(cluster.address if cluster else address, loopback)
         with sigterm_interrupts():  # after ray.init, which installs handlers of its own
-            echo(f"sweep {sweep_id}: {len(sweep.devices)} device(s) -> {redact_uri(tracking_uri)}")
-            present = _await_devices(sweep, wait_s or 0.0, echo)
-            absent = [d for d in sweep.devices if d.name not in present]
-            if every_device and absent:
-                raise NgraphError(no_node(absent[0], address))
-            for device in absent:
-                outcome.states[device.name].state = "missing"
-                outcome.states[device.name].reason = f"not in the cluster after {wait_s or 0:g} s"
-            pending = _submit(sweep, present, outcome, tracking_uri, parent_run)
-            if on_started is not None:
-                on_started(outcome)
-            rejoin_s = REJOIN_WAIT_S if wait_s is None else wait_s
-            _watch(pending, outcome, tracking_uri, sweep, echo, refresh_s, rejoin_s, tty)
+            yield
     except KeyboardInterrupt:
-        _stop(pending, outcome, echo)
+        on_interrupt()
         raise
     finally:
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
-    return outcome
+
+
+def _present_devices(
+    sweep: SweepSpec,
+    outcome: SweepOutcome,
+    wait_s: float | None,
+    every_device: bool,
+    address: str | None,
+    echo,
+) -> set[str]:
+    """The devices the cluster offers once the absent ones were waited for ``wait_s`` (None:
+    not at all); those still absent are marked missing in ``outcome``.
+
+    Raises:
+        NgraphError: ``every_device`` and a device is still absent (at ``address``).
+    """
+    present = _await_devices(sweep, wait_s or 0.0, echo)
+    absent = [d for d in sweep.devices if d.name not in present]
+    if every_device and absent:
+        raise NgraphError(no_node(absent[0], address))
+    for device in absent:
+        outcome.states[device.name].state = "missing"
+        outcome.states[device.name].reason = f"not in the cluster after {wait_s or 0:g} s"
+    return present
 
 
 def no_node(device: SweepDevice, address: str | None) -> str:
