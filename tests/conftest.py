@@ -37,7 +37,7 @@ E2E_FILES = {
     "test_onnx_file_benchmark.py", "run/test_isolation.py", "tracking/test_mlflow_ui.py",
     "tracking/test_benchmark_mlflow.py", "tune/test_tune_run.py", "test_postgres_skip.py",
     "test_calibrated.py", "measure/test_stability.py", "deploy/test_register_faults.py",
-    "cluster/test_reaper.py", "test_calibrate.py", "run/test_paper_protocol.py",
+    "cluster/test_reaper.py", "commands/test_calibrate.py", "run/test_paper_protocol.py",
     "run/test_sittings_run.py", "compilers/test_plugin.py",
 }  # fmt: skip
 #: ... or it uses one of these fixtures (a benchmark in-process, a shared store)
@@ -54,7 +54,8 @@ SLOW_FILES = [  # by their seconds in a full run (--durations=0), the longest fi
     "tracking/test_server_down.py", "deploy/test_register.py", "run/test_isolation.py",
     "tracking/test_team_server.py", "deploy/test_trust_server.py",
     "run/test_interrupt_and_view.py", "test_cache.py", "tracking/test_store_record.py",
-    "cluster/test_journal_safety.py", "run/test_template.py", "test_cli.py", "test_imports.py",
+    "cluster/test_journal_safety.py", "run/test_template.py", "commands/test_cli.py",
+    "test_imports.py",
     "run/test_sittings_run.py", "compilers/test_tvm.py", "tracking/test_benchmark_mlflow.py",
     "compilers/test_plugin.py", "deploy/test_register_faults.py",
     "deploy/test_register_output.py", "measure/test_harness.py",
