@@ -170,19 +170,6 @@ class Figures:
     kept: list[int] | None = None
 
 
-def log_halfwidth(logs, confidence: float = CONFIDENCE) -> float | None:
-    """Half-width, on the log scale, of the t interval of the mean of ``logs`` (``None``
-    with fewer than 3 values: too few to say anything about the next)."""
-    from scipy import stats
-
-    data = np.asarray(logs, dtype=np.float64)
-    data = data[np.isfinite(data)]
-    if data.size < 3:
-        return None
-    sd = float(data.std(ddof=1))
-    return float(stats.t.ppf(0.5 + confidence / 2, data.size - 1) * sd / math.sqrt(data.size))
-
-
 def _relative(h: float | None) -> float | None:
     """A log-scale half-width as the relative half-width of the interval's wider side."""
     return None if h is None else math.expm1(h)

@@ -645,7 +645,7 @@ def log_batch(
 
 
 #: how MLflow's stores keep an infinite metric (the largest float; a payback that never
-#: comes is one); readers turn it back into ``inf`` with :func:`read_value`
+#: comes is one)
 STORED_INF = sys.float_info.max
 
 
@@ -654,11 +654,6 @@ def stored_value(value: float) -> float:
     if value in (math.inf, -math.inf):
         return math.copysign(STORED_INF, value)
     return value
-
-
-def read_value(value: float) -> float:
-    """A stored metric as it was meant: the largest float is ``inf``."""
-    return math.copysign(math.inf, value) if abs(value) >= STORED_INF else value
 
 
 def batch_metrics(values: dict[str, float | None], batch_size: int) -> list[MetricValue]:

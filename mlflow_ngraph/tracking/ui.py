@@ -293,16 +293,6 @@ def encode_view(name: str, state: dict[str, Any], now_ms: int | None = None) -> 
     return value
 
 
-def decode_view(value: str) -> dict[str, Any]:
-    """The view state of a tag written by :func:`encode_view` (or plain JSON), as MLflow's
-    loader reads it."""
-    data = json.loads(value)
-    text = data["state"] if isinstance(data, dict) and "state" in data else value
-    if isinstance(text, str) and text.startswith("deflate;"):
-        text = zlib.decompress(base64.b64decode(text[len("deflate;") :])).decode()
-    return json.loads(text) if isinstance(text, str) else text
-
-
 # --- the description ---------------------------------------------------------------------
 def _fmt(value: float | None, digits: int, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.{digits}f}{suffix}"

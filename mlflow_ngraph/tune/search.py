@@ -38,7 +38,7 @@ from mlflow_ngraph.devices import check_profile_runs_here, get_profile
 from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tune.book import TrialBook
-from mlflow_ngraph.tune.figures import paired_values, payback
+from mlflow_ngraph.tune.figures import payback
 from mlflow_ngraph.tune.finalists import FinalRound
 from mlflow_ngraph.tune.groups import GroupBenchmark
 from mlflow_ngraph.tune.parent_run import open_parent_run
@@ -290,11 +290,6 @@ class Tune:
     def best(self, b: int, stage: str = "search") -> Trial | None:
         """The best feasible trial at ``b`` by the first objective's paired figure."""
         return self.book.best(b, stage)
-
-    def values_of(self, trial: Trial) -> list[float] | None:
-        """The paired figure of each objective (``None``: nothing to rank: failed, invalid,
-        or no identity paired with it)."""
-        return paired_values(trial, self.settings.objectives, self.bench.references)
 
     def cell_runs(self) -> list[str]:
         """The runs of every trial's cell and of the identity cells they rest on: what the

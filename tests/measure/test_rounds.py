@@ -22,7 +22,6 @@ from mlflow_ngraph.measure.rounds import (
     inflation,
     lag1,
     location_interval,
-    log_halfwidth,
     moved_between_halves,
     order,
     paired_figures,
@@ -169,19 +168,21 @@ def test_an_engine_that_fails_is_dropped_and_the_rest_go_on():
 def test_one_window_has_no_interval():
     throughput, ci, width, cv = throughput_figures([Window(10, 20, 1.0)])
     assert throughput == 20 and ci is None and width is None and cv == 0.0
-    assert log_halfwidth([0.1, 0.2]) is None
+    two = [Window(1, 10, 1.0), Window(1, 12, 1.0)]
+    assert throughput_figures(two)[1] is None  # two windows: too few to say anything
 
 
 @pytest.mark.parametrize("k", [3, 5, 10])
 def test_the_interval_covers_95_percent_at_few_windows(k):
-    """Student's t over window means covers its mean 95% of the time even at 3 windows
-    (the bootstrap over 1 ms repetitions covered 71% at n = 3)."""
+    """The throughput's interval over window rates covers the true rate 95% of the time even
+    at 3 windows (the bootstrap over 1 ms repetitions covered 71% at n = 3)."""
     rng = np.random.default_rng(k)
+    true = math.exp(0.1**2 / 2)  # the mean of the windows' log-normal rates
     trials, hits = 2000, 0
     for _ in range(trials):
-        logs = rng.normal(0.0, 0.1, size=k)
-        h = log_halfwidth(logs)
-        hits += abs(float(np.mean(logs))) <= h
+        rates = np.exp(rng.normal(0.0, 0.1, size=k))
+        _, (low, high), _, _ = throughput_figures([Window(1, float(r), 1.0) for r in rates])
+        hits += low <= true <= high
     assert 0.93 <= hits / trials <= 0.97
 
 
