@@ -262,6 +262,13 @@ class Compiler(ABC):
     #: starts the compile clock, so compile seconds never include the export
     uses_onnx: ClassVar[bool] = False
 
+    @classmethod
+    def compile_allowance(cls, flags: dict[str, Any]) -> float:
+        """Seconds an engine build with ``flags`` takes before this host has a record of it
+        (:attr:`compile_allowance_s`; a compiler whose build time a flag sets, as a
+        tuner's trials do, adds it)."""
+        return cls.compile_allowance_s
+
     def version(self) -> str:
         try:
             return importlib.metadata.version(self.distribution)

@@ -184,9 +184,7 @@ def _predict(item: Item, policy: Policy, timings, learned, costs, retry_share) -
     if known:
         prepare = known.get("load_s", min(known.get("compile_s", LOAD_S), LOAD_S))
     else:
-        prepare = _allowance(item.compiler)
-        if item.compiler == "tvm":
-            prepare += 3.0 * float(item.flags.get("trials") or 0)
+        prepare = _allowance(item.compiler, item.flags)
     if policy.protocol == "paper" and request_s is not None:  # exactly these requests, once
         return prepare + OVERHEAD_S + (policy.warmup + policy.repetitions) * request_s
     floor = policy.floor_s(request_s)
@@ -335,11 +333,12 @@ def describe(seconds: float, known: int, count: int) -> str:
     return f"estimated time: about {when} for {count} batch size(s) to measure ({basis})"
 
 
-def _allowance(compiler: str) -> float:
-    """What the compiler declares an engine build takes before this host has a record
-    (``Compiler.compile_allowance_s``); a compiler not installed here gets the default."""
+def _allowance(compiler: str, flags: dict[str, Any]) -> float:
+    """What the compiler declares an engine build with ``flags`` takes before this host has
+    a record (``Compiler.compile_allowance``); a compiler not installed here gets the
+    default."""
     from mlflow_ngraph.compilers.base import Compiler
     from mlflow_ngraph.compilers.registry import declared
 
     found = declared(compiler)
-    return (found or Compiler).compile_allowance_s
+    return (found or Compiler).compile_allowance(flags)

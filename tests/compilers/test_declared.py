@@ -50,7 +50,9 @@ def test_a_compiler_declares_its_colour_allowance_and_math(toy):
 
     assert run_color("toy") == "#123456"
     assert run_color("not-installed-here") == OTHER_COLOR
-    assert _allowance("toy") == 12.5 and _allowance("not-installed-here") == 90.0
+    assert _allowance("toy", {}) == 12.5 and _allowance("not-installed-here", {}) == 90.0
+    # a tuner declares what its trials add to a build (none of it is in the estimate)
+    assert _allowance("tvm", {"trials": 10}) == _allowance("tvm", {}) + 30.0
     assert toy.math_flags("fp16") == {"half": True}
 
 

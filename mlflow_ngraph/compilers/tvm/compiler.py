@@ -29,6 +29,8 @@ class TvmCompiler(Compiler):
     cpu_rule = "refuse"  # native code for the build CPU's instruction set
     gpu_rule = "warn"
     compile_allowance_s = 90.0
+    #: seconds a MetaSchedule trial adds to a build on a 2-core host (estimate.py)
+    trial_s = 3.0
     engine_formats = {
         "tvm-relax-vm": (
             ("model.so", "params.bin", "tvm_engine.json"),
@@ -58,6 +60,11 @@ class TvmCompiler(Compiler):
         ),
         "opt_level": Flag(int, 3, choices=(0, 1, 2, 3), help="TVM PassContext opt_level"),
     }
+
+    @classmethod
+    def compile_allowance(cls, flags: dict[str, Any]) -> float:
+        """The build's allowance plus the MetaSchedule trials it tunes."""
+        return cls.compile_allowance_s + cls.trial_s * float(flags.get("trials") or 0)
 
     def search_space(self, host: HostLimits) -> list[Knob]:
         """The tuning budget: untuned, the default, and four times it (each trial of the
