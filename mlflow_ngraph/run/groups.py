@@ -12,7 +12,7 @@ from typing import Any
 from mlflow_ngraph.compilers.registry import get_compiler
 from mlflow_ngraph.plan.cells import Cell
 from mlflow_ngraph.plan.config import RunPolicy, Spec
-from mlflow_ngraph.run.cells import CellWork, Outcome
+from mlflow_ngraph.run.cellwork import CellWork, Outcome
 from mlflow_ngraph.run.resume import Resume
 from mlflow_ngraph.run.worker import CellTask
 from mlflow_ngraph.tracking.sink import ResultSink

@@ -29,7 +29,7 @@ from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.plan.cells import Cell, cell_run_name, differing_flags
 from mlflow_ngraph.plan.config import CompilerSpec, ModelSpec, RunPolicy, Spec
 from mlflow_ngraph.plan.estimate import Estimate, Item, Timings, describe
-from mlflow_ngraph.run.cells import CellWork, Outcome
+from mlflow_ngraph.run.cellwork import CellWork, Outcome
 from mlflow_ngraph.run.combine import SittingsCombiner
 from mlflow_ngraph.run.groups import GroupDispatch
 from mlflow_ngraph.run.live import PlainView
@@ -157,7 +157,7 @@ class Runner:
 
     The work is shared among collaborators made once the journal is held
     (:meth:`_open`): :class:`~mlflow_ngraph.run.resume.Resume` says what is left,
-    :class:`~mlflow_ngraph.run.cells.CellWork` hands each cell to its worker and takes its
+    :class:`~mlflow_ngraph.run.cellwork.CellWork` hands each cell to its worker and takes its
     events, :class:`~mlflow_ngraph.run.groups.GroupDispatch` measures a model's cells
     together (and in sittings), :class:`~mlflow_ngraph.run.combine.SittingsCombiner`
     combines the sittings.

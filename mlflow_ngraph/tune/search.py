@@ -41,12 +41,12 @@ from mlflow_ngraph.tune.book import TrialBook
 from mlflow_ngraph.tune.figures import payback
 from mlflow_ngraph.tune.finalists import FinalRound
 from mlflow_ngraph.tune.groups import GroupBenchmark
-from mlflow_ngraph.tune.parent_run import open_parent_run
 from mlflow_ngraph.tune.settings import OBJECTIVE_METRICS, TuneSettings
 from mlflow_ngraph.tune.space import SearchSpace, build_space
 from mlflow_ngraph.tune.stop import Budget, reason_to_stop
 from mlflow_ngraph.tune.studies import Studies
 from mlflow_ngraph.tune.trials import Trial, TuneJournal, flags_key
+from mlflow_ngraph.tune.tune_run import open_tune_run
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class Tune:
     def _open_run(self) -> None:
         """The tune's run (found again on a resume), and the benchmark of its groups, their
         cells children of that run."""
-        run = open_parent_run(self.settings, self.space, self.uri, self.experiment_explicit)
+        run = open_tune_run(self.settings, self.space, self.uri, self.experiment_explicit)
         self.client, self.experiment_id, self.experiment_name, self.run_id = run
         self.journal.append("run", run_id=self.run_id)
         self.bench = GroupBenchmark(

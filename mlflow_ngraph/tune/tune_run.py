@@ -11,7 +11,7 @@ from mlflow_ngraph.tune.settings import TuneSettings
 from mlflow_ngraph.tune.space import SearchSpace
 
 
-class ParentRun(NamedTuple):
+class TuneRun(NamedTuple):
     """Where the tune's run is: the store's client, its experiment, the run."""
 
     client: Any
@@ -20,9 +20,9 @@ class ParentRun(NamedTuple):
     run_id: str
 
 
-def open_parent_run(
+def open_tune_run(
     settings: TuneSettings, space: SearchSpace, tracking_uri: str, experiment_explicit: bool
-) -> ParentRun:
+) -> TuneRun:
     """The tune's run (``mlflow run``'s own run under ``mlflow run . -e tune``), RUNNING,
     with its tags and params (``experiment_explicit``: the user named the experiment)."""
     from mlflow_ngraph.tracking import mlflow_log as ml
@@ -40,7 +40,7 @@ def open_parent_run(
         run_id = ml.find_or_create_run(client, experiment_id, tags, name)
     client.update_run(run_id, status="RUNNING")
     ml.log_params_once(client, run_id, tune_params(s, space))
-    return ParentRun(client, experiment_id, experiment_name, run_id)
+    return TuneRun(client, experiment_id, experiment_name, run_id)
 
 
 def tune_params(settings: TuneSettings, space: SearchSpace) -> dict[str, Any]:
