@@ -22,7 +22,7 @@ LOGS = {"debug", "info", "warning", "error", "exception", "critical", "warn"}
 #: layer's and the ones below (first match by the module's name under the package:
 #: ``tracking.schema`` is the names every layer writes under, so it sits with the core)
 LAYERS = (
-    ("core", ("errors", "faultpoint", "variables", "table", "scratch", "env", "devices",
+    ("core", ("errors", "faultpoint", "variables", "table", "scratch", "env", "devices", "keys",
               "cache", "console", "tracking.schema")),
     ("what is measured", ("models", "compilers")),
     ("measure", ("measure",)),

@@ -287,3 +287,31 @@ os.environ.setdefault("MLFLOW_NGRAPH_TUNE_FINAL_MAX_DURATION", "2")
 # ... so their figures are often UNSTABLE, which pull and register would set aside
 os.environ.setdefault("MLFLOW_NGRAPH_PULL_ALLOW_UNSTABLE", "1")
 os.environ.setdefault("MLFLOW_NGRAPH_REGISTER_ALLOW_UNSTABLE", "1")
+
+
+def _suite_signing_key() -> str:
+    """One signing key for the whole suite (every xdist worker and every process it starts):
+    the stores its benchmarks build are signed with it and the deploy commands trust it as
+    their own, whatever home a test gives them. Derived from a fixed number, so that every
+    worker writes the same file; a test of trust sets its own keys."""
+    import tempfile
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.derive_private_key(0x6E6772617068, ec.SECP256R1())
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    path = Path(tempfile.gettempdir()) / f"mlflow-ngraph-suite-key-{os.getuid()}.pem"
+    if not path.is_file() or path.read_bytes() != pem:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}")
+        tmp.write_bytes(pem)
+        tmp.chmod(0o600)
+        os.replace(tmp, path)
+    return str(path)
+
+
+os.environ.setdefault("MLFLOW_NGRAPH_SIGNING_KEY", _suite_signing_key())

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking.journal import CellState, Journal, store_identity
+from mlflow_ngraph.tracking.provenance import producer
 from mlflow_ngraph.tracking.recorder import CellRecorder
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ def _send_cell(
         experiment_id,
         description.get("parent_id", ""),
         bool(description.get("log_engines", True)),
+        producer(home),
     )
     if cell.run_id is None:
         result.runs_created += 1

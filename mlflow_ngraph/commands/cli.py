@@ -107,6 +107,10 @@ LAZY_COMMANDS = {
         "mlflow_ngraph.cache:cache_command",
         "Show the size of the engine and export caches, or prune them.",
     ),
+    "keys": (
+        "mlflow_ngraph.commands.keys:keys_command",
+        "This home's signing key and the producers whose results you trust.",
+    ),
     "tune": (
         "mlflow_ngraph.commands.tune:tune",
         "Find the fastest verified configuration of a model across compilers and knobs.",

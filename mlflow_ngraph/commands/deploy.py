@@ -40,7 +40,27 @@ def _selection_options(command):
     ]
     for option in reversed(options):
         command = option(command)
-    return command
+    return signature_options(command)
+
+
+def signature_options(command):
+    """``--trusted-keys`` and ``--allow-unsigned``: whose signed results a command deploys."""
+    command = click.option(
+        "--allow-unsigned",
+        is_flag=True,
+        default=None,
+        help="Also take engines no trusted producer signed (said on every line that shows "
+        "one; or set MLFLOW_NGRAPH_ALLOW_UNSIGNED=1).",
+    )(command)
+    return trusted_keys_option(
+        "A trusted-producers file (a team's shared one) instead of your home's (or set "
+        "MLFLOW_NGRAPH_TRUSTED_KEYS)."
+    )(command)
+
+
+def trusted_keys_option(help_text: str):
+    """``--trusted-keys FILE``, with the command's own help."""
+    return click.option("--trusted-keys", type=click.Path(dir_okay=False), help=help_text)
 
 
 #: how many times a selection is made again without the runs refused for their index record
@@ -66,7 +86,7 @@ def _sha256_option(command):
     )(command)
 
 
-def _experiment_ids(client, experiment: str) -> set[str]:
+def experiment_ids(client, experiment: str) -> set[str]:
     from mlflow.exceptions import MlflowException
 
     found = client.get_experiment_by_name(experiment)
@@ -117,7 +137,8 @@ def _auth_error(exc: BaseException, uri: str | None, experiment: str, permission
 def _choose(options: dict):
     """Connect, select, check the choice against its run and print it; returns (client,
     uri, chosen candidate, its run, selection)."""
-    from mlflow_ngraph.deploy.select import best, candidates, confirm, creator, describe, rank
+    from mlflow_ngraph.deploy.select import candidates, confirm, creator, describe, rank
+    from mlflow_ngraph.deploy.signed import Trust, verify_candidates
     from mlflow_ngraph.tracking.mlflow_log import connect, resolve_tracking_uri
     from mlflow_ngraph.tracking.uri import check_tracking_uri
 
@@ -126,8 +147,9 @@ def _choose(options: dict):
     uri = resolve_tracking_uri(options["tracking_uri"])
     check_tracking_uri(uri)
     client = connect(uri)
-    ids = _experiment_ids(client, options["experiment"])
+    ids = experiment_ids(client, options["experiment"])
     what = f"{options['model']} on {options['device']}"
+    trust = Trust.of(options["trusted_keys"], options["allow_unsigned"])
     refused: set[str] = set()
     for _ in range(MAX_ROUNDS):
         found = candidates(
@@ -142,12 +164,13 @@ def _choose(options: dict):
             options["live"],
             frozenset(refused),
         )
+        verify_candidates(client, found, trust, click.echo)
         selection = rank(
             found, options["metric"], options["max_latency_ms"], options["allow_unstable"]
         )
         if not refused:
             click.echo(describe(selection))
-        ranked = best(selection, what)
+        ranked = _trusted_best(selection, what, trust)
         chosen, run = confirm(client, ranked, ids, click.echo, refused)
         if chosen is not None:
             break
@@ -156,8 +179,38 @@ def _choose(options: dict):
             f"no run backs its results-index record among {len(refused)} refused (see the "
             "lines above): nothing chosen; the experiment's results indexes were altered"
         )
-    click.echo(f"chose {chosen.label} (run {chosen.run_id}, logged by {creator(run)})")
+    signed = f"signed by {chosen.signer}" if chosen.signer else "UNSIGNED: " + chosen.unsigned
+    click.echo(f"chose {chosen.label} (run {chosen.run_id}, logged by {creator(run)}, {signed})")
     return client, uri, chosen, run, selection
+
+
+def _trusted_best(selection, what: str, trust):
+    """The deployable candidates, best first (``select.best``), and where none is left
+    because none is signed by a producer the user trusts, how to trust one.
+
+    Raises:
+        NgraphError: none is left."""
+    from mlflow_ngraph.deploy.select import best
+
+    if not selection.ranked and any(c.trust_problem for c in selection.excluded):
+        first = next(c for c in selection.excluded if c.trust_problem)
+        raise NgraphError(
+            f"no engine for {what} is signed by a producer you trust ({first.label}: "
+            f"{first.trust_problem}): {trust.advice()}"
+        )
+    return best(selection, what)
+
+
+def signature_env(trusted_keys: str | None, allow_unsigned: bool | None) -> dict[str, str]:
+    """The settings that hand ``--trusted-keys`` and ``--allow-unsigned`` to a process this
+    command starts."""
+    from mlflow_ngraph.deploy.signed import ALLOW_UNSIGNED_ENV
+    from mlflow_ngraph.keys import ENV_TRUSTED
+
+    env = {ENV_TRUSTED: str(Path(trusted_keys).resolve())} if trusted_keys else {}
+    if allow_unsigned is not None:
+        env[ALLOW_UNSIGNED_ENV] = "1" if allow_unsigned else "0"
+    return env
 
 
 @click.command("pull")
@@ -206,19 +259,28 @@ def pull(output: Path, force: bool, sha256: str | None, **options) -> None:
 @click.option("--repetitions", type=int, default=10, show_default=True, help="Timed calls.")
 @_sha256_option
 @_trust_option
+@signature_options
 def run_engine(
     directory: Path,
     input_file: Path | None,
     repetitions: int,
     sha256: str | None,
     trust_code: bool | None,
+    trusted_keys: str | None,
+    allow_unsigned: bool | None,
 ) -> None:
     """Run a pulled engine: output shape, a checksum and latency."""
     from mlflow_ngraph.deploy.engine import load_engine, timed_runs
 
     if repetitions < 1:
         raise NgraphError(f"--repetitions must be >= 1, got {repetitions}")
-    engine = load_engine(directory, sha256=sha256, trust_code=trust_code)
+    engine = load_engine(
+        directory,
+        sha256=sha256,
+        trust_code=trust_code,
+        trusted_keys=trusted_keys,
+        allow_unsigned=allow_unsigned,
+    )
     try:
         if input_file is not None:
             try:
@@ -234,6 +296,11 @@ def run_engine(
         engine.close()
     digest = hashlib.sha256(np.ascontiguousarray(y, dtype=np.float32).tobytes()).hexdigest()
     click.echo(f"engine: {engine.compiler} {engine.manifest.get('compiler_version', '')}")
+    click.echo(
+        f"signed by {engine.signed.signer.name} (key {engine.signed.signer.short})"
+        if engine.signed is not None
+        else "UNSIGNED: no producer you trust signed this engine (--allow-unsigned)"
+    )
     click.echo(f"input: {tuple(x.shape)} {x.dtype}  output: {tuple(y.shape)} {y.dtype}")
     click.echo(f"output sha256: {digest[:16]}  sum: {float(y.sum()):.6g}")
     click.echo(
@@ -279,14 +346,21 @@ def register(name: str | None, sha256: str | None, trust_code: bool | None, **op
 @click.option("-p", "--port", type=int, default=5001, show_default=True, help="Port.")
 @click.option("--tracking-uri", help="Default: MLFLOW_TRACKING_URI, then MLflow's.")
 @_trust_option
-def serve(model_uri: str, host: str, port: int, tracking_uri: str | None, trust_code) -> None:
+@signature_options
+def serve(
+    model_uri: str,
+    host: str,
+    port: int,
+    tracking_uri: str | None,
+    trust_code,
+    trusted_keys: str | None,
+    allow_unsigned: bool | None,
+) -> None:
     """Serve a registered engine (models:/NAME@ALIAS) with MLflow's scoring server, after
     checking its MLmodel and engine files against the registered version's manifest_sha256:
     what runs is the installed loader, never code from the store. A request of another
     shape than the engine's (its batch size) gets HTTP 400 with a one-line message."""
     import os
-    import signal
-    import subprocess
     import sys
 
     from mlflow.pyfunc.scoring_server import _SERVER_MODEL_PATH as SERVER_MODEL_PATH
@@ -303,25 +377,40 @@ def serve(model_uri: str, host: str, port: int, tracking_uri: str | None, trust_
     # the checked copy: removed when the server ends; one a killed serve left, by the next
     with work_folder(None, "ngraph-serve-") as tmp:
         with store_errors(uri, model_uri, "READ"):
-            local, version = fetch_registered(MlflowClient(uri), model_uri, tmp)
+            local, version = fetch_registered(
+                MlflowClient(uri), model_uri, tmp, trusted_keys, allow_unsigned
+            )
         click.echo(f"serving {version.name} version {version.version}, checked, from {local}")
         env = {**os.environ, TRUST_ENV: "1" if trusted(trust_code) else "0"}
+        # the server's load checks the signature as this command did
+        env.update(signature_env(trusted_keys, allow_unsigned))
         # what `mlflow models serve --env-manager local` runs, with one-line refusals
         env[SERVER_MODEL_PATH] = str(local)
         app = "mlflow_ngraph.deploy.serving:create_app"
         command = [sys.executable, "-m", "uvicorn", "--factory", app, "--host", host]
-        process = subprocess.Popen([*command, "--port", str(port)], env=env)
-        # SIGTERM or Ctrl-C here ends the server too (and the checked copy is removed)
-        previous = signal.signal(signal.SIGTERM, lambda *_: process.terminate())
-        try:
-            code = process.wait()
-        except KeyboardInterrupt:
-            process.terminate()
-            code = process.wait()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        if code and code != -signal.SIGTERM:
-            raise NgraphError(f"the scoring server ended with status {code}")
+        _run_server([*command, "--port", str(port)], env)
+
+
+def _run_server(command: list[str], env: dict[str, str]) -> None:
+    """The scoring server, until it ends; SIGTERM or Ctrl-C here ends it too (and the
+    caller's checked copy is removed).
+
+    Raises:
+        NgraphError: it ended with a failure status."""
+    import signal
+    import subprocess
+
+    process = subprocess.Popen(command, env=env)
+    previous = signal.signal(signal.SIGTERM, lambda *_: process.terminate())
+    try:
+        code = process.wait()
+    except KeyboardInterrupt:
+        process.terminate()
+        code = process.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if code and code != -signal.SIGTERM:
+        raise NgraphError(f"the scoring server ended with status {code}")
 
 
 __all__ = ["pull", "run_engine", "register", "serve"]

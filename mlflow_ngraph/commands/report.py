@@ -138,13 +138,22 @@ def run_compare(
     table_names: Sequence[str],
     ranges: Sequence[tuple[int, int]],
     live: bool = False,
+    verified=None,
 ) -> Comparison:
-    """Fetch, prepare, select and tabulate.
+    """Fetch, prepare, select and tabulate (``verified``: a ``deploy.signed.Trust``: only
+    what a trusted producer signed, with the signed figures).
 
     Raises:
         NgraphError: nothing matched (the message names the filter), or a bad filter.
     """
     raw = fetch_cells(client, query, tracking_uri, tables.READ_METRICS, live=live)
+    trust_notes: list[str] = []
+    if verified is not None:
+        from mlflow_ngraph.deploy.signed import verified_cells
+
+        raw, trust_notes = verified_cells(client, raw, verified)
+        if raw.empty:
+            raise NgraphError(f"--verified: {trust_notes[0].partition(': ')[2]}")
     frame, superseded = tables.prepare(raw)
     selected = tables.select(
         frame, query.compilers, query.batch_sizes, query.valid_only, query.flag_where()
@@ -153,7 +162,7 @@ def run_compare(
         raise NgraphError(explain_selection(frame, query))
     depth_batches = query.batch_sizes or tables.DEFAULT_DEPTH_BATCHES
     built = build_tables(selected, table_names, ranges, depth_batches)
-    notes = _notes(selected, superseded)
+    notes = trust_notes + _notes(selected, superseded)
     why = {n: tables.why_empty(n, selected, depth_batches) for n, t in built.items() if t.empty}
     if "depth" in built and (note := tables.single_depth_note(built["depth"])):
         notes.append(note)
@@ -226,7 +235,12 @@ def _execute(options: dict) -> None:
     uri = resolve_tracking_uri(options["tracking_uri"])
     check_tracking_uri(uri)
     client = MlflowClient(tracking_uri=uri)
-    result = run_compare(client, uri, query, names, ranges, live=options["live"])
+    verified = None
+    if options["verified"]:
+        from mlflow_ngraph.deploy.signed import Trust
+
+        verified = Trust.of(options["trusted_keys"], False)
+    result = run_compare(client, uri, query, names, ranges, options["live"], verified)
     shown = {n: result.tables[n] for n in parse_tables(options["table_names"], fmt)}
     click.echo(render.render(shown, fmt, why_empty=result.why_empty), nl=False)
     with tempfile.TemporaryDirectory(prefix="ngraph-plots-") as scratch:
@@ -284,6 +298,17 @@ class CompareError(click.ClickException):
     help="Keep the runs of these sweeps (the id `mlflow-ngraph sweep` prints).",
 )
 @click.option("--valid-only", is_flag=True, help="Only runs whose output check passed.")
+@click.option(
+    "--verified",
+    is_flag=True,
+    help="Only results a producer you trust signed, with the signed figures (the store's "
+    "may have been rewritten by any writer of the experiment).",
+)
+@click.option(
+    "--trusted-keys",
+    type=click.Path(dir_okay=False),
+    help="With --verified: a trusted-producers file instead of your home's.",
+)
 @click.option(
     "--live",
     is_flag=True,

@@ -318,6 +318,8 @@ def _register(job, result, name: str) -> None:
         name=name,
         sha256=None,
         trust_code=None,
+        trusted_keys=None,  # the trials are this home's, signed with its own key
+        allow_unsigned=None,
         experiment=job.experiment_name,
         device=job.settings.device,
         model=job.settings.model.label,

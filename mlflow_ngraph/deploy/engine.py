@@ -186,6 +186,8 @@ class DeployedEngine:
         self._engine = engine
         self.input_shape = tuple(manifest["input_shape"])
         self.dtype = np.dtype(manifest["dtype"])
+        #: the verified signed record it was loaded with (None: not checked, or unsigned)
+        self.signed: Any = None
 
     @property
     def compiler(self) -> str:
@@ -227,8 +229,15 @@ def load_engine(
     check_files: bool = True,
     sha256: str | None = None,
     trust_code: bool | None = None,
+    trusted_keys: str | Path | None = None,
+    allow_unsigned: bool | None = None,
+    check_signature: bool = True,
 ) -> DeployedEngine:
     """Load the engine in ``directory`` (as ``mlflow-ngraph pull`` writes it).
+
+    The folder's signed record must verify against a trusted producer (the home's, or
+    ``trusted_keys``) and sign its manifest, unless ``allow_unsigned`` (or
+    ``MLFLOW_NGRAPH_ALLOW_UNSIGNED=1``); ``check_signature=False``: the caller verified it.
 
     Only what the manifest lists is read, the manifest confined to the folder
     (:func:`mlflow_ngraph.deploy.trust.check_manifest`). ``sha256`` pins the manifest's own
@@ -253,13 +262,53 @@ def load_engine(
     if sha256 is not None:
         trust.check_pin(trust.file_sha256(directory / MANIFEST), sha256, "the sha256 pinned")
     trust.check_manifest(manifest)
+    signed = None
+    if check_signature:
+        signed = check_provenance(directory, manifest, trusted_keys, allow_unsigned)
     trust.check_code(manifest, trust_code)
     if check_files:
         verify_files(directory, manifest)
     for text in check_host(manifest):
         warnings.warn(text, stacklevel=2)
         log.warning(text)
-    return DeployedEngine(directory, manifest, _loaded(directory, manifest))
+    engine = DeployedEngine(directory, manifest, _loaded(directory, manifest))
+    engine.signed = signed
+    return engine
+
+
+def check_provenance(
+    directory: Path,
+    manifest: dict[str, Any],
+    trusted_keys: str | Path | None = None,
+    allow_unsigned: bool | None = None,
+):
+    """The folder's signed record (``pull`` keeps it there), verified against the user's
+    trusted producers, of this manifest; None where unsigned engines are allowed and it is
+    not (said as a warning).
+
+    Raises:
+        NgraphError: no trusted producer signed this engine (and how to trust one)."""
+    from mlflow_ngraph.deploy.signed import Trust
+    from mlflow_ngraph.deploy.trust import file_sha256
+    from mlflow_ngraph.tracking.provenance import LOCAL_RECORD, LOCAL_SIGNATURE, verify_files
+
+    policy = Trust.of(trusted_keys and str(trusted_keys), allow_unsigned)
+    try:
+        signed = verify_files(
+            directory / LOCAL_RECORD, directory / LOCAL_SIGNATURE, policy.keys, None, None
+        )
+        if signed.record.get("engine_manifest_sha256") != file_sha256(directory / MANIFEST):
+            raise NgraphError(f"its manifest is not the one {signed.signer.name} signed")
+        if signed.record.get("batch_size") != manifest.get("batch_size"):
+            raise NgraphError(f"{signed.signer.name} signed it for another batch size")
+        return signed
+    except NgraphError as exc:
+        if policy.allow_unsigned:
+            log.info("loading an UNSIGNED engine from %s: %s", directory, exc)
+            return None
+        raise NgraphError(
+            f"the engine in {directory} is not trusted: {exc}: {policy.advice()}"
+        ) from None
 
 
 def _loaded(directory: Path, manifest: dict[str, Any]):

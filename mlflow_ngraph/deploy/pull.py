@@ -57,6 +57,7 @@ def download_verified(
     local, digest = _fetch_manifest(client, candidate, Path(holder))
     try:
         _check_pinned(digest, candidate, run, sha256)
+        _check_signed(digest, candidate)
         manifest = _checked_manifest(local, candidate, run)
         for entry in manifest["files"]:  # only what the manifest lists, confined
             _fetch_file(client, candidate, local, entry["path"])
@@ -71,8 +72,11 @@ def download_verified(
             "batch_size": candidate.batch_size,
             "metrics": candidate.metrics,
             "created_by": creator(run),
+            "signed_by": candidate.signer or None,
             "manifest_sha256": digest,
         }
+        if candidate.signed is not None:
+            candidate.signed.write(local)
         (local / SOURCE_FILE).write_text(json.dumps(source, indent=2, sort_keys=True))
         return local
     except BaseException:  # nothing that looks usable is left behind
@@ -127,6 +131,26 @@ def _check_pinned(digest: str, candidate: Candidate, run, sha256: str | None) ->
             f"{_where(candidate)} records no sha256 of its engine's manifest (logged before "
             "this check existed): check the engine with whoever logged it and pin its "
             "manifest with --sha256"
+        )
+
+
+def _check_signed(digest: str, candidate: Candidate) -> None:
+    """The manifest is the one its producer signed (a signed candidate's).
+
+    Raises:
+        NgraphError: another manifest, or a signed record of no engine."""
+    if candidate.signed is None:
+        return
+    signed = candidate.signed.record.get("engine_manifest_sha256")
+    if not signed:
+        raise NgraphError(
+            f"{_where(candidate)}: {candidate.signer} signed no engine for it (measured with "
+            "--no-engine-artifacts, or in-process only): nothing to deploy"
+        )
+    if digest != signed:
+        raise NgraphError(
+            f"{_where(candidate)}: the engine's manifest has sha256 {digest[:16]}..., "
+            f"{candidate.signer} signed {signed[:16]}...: the engine was replaced: refusing it"
         )
 
 

@@ -102,9 +102,16 @@ def check_mlmodel(conf: dict[str, Any], expected: str, label: str) -> str:
     return str(data)
 
 
-def fetch_registered(client, model_uri: str, directory: Path) -> tuple[Path, Any]:
+def fetch_registered(
+    client,
+    model_uri: str,
+    directory: Path,
+    trusted_keys: str | None = None,
+    allow_unsigned: bool | None = None,
+) -> tuple[Path, Any]:
     """The registered engine model of ``model_uri`` in ``directory``, checked (see the
-    module's docstring); returns (local model folder, the model version).
+    module's docstring) and signed by a trusted producer (its signed record travels in the
+    model's data, as ``pull`` wrote it); returns (local model folder, the model version).
 
     Raises:
         NgraphError: not a registered version, no hash recorded, or any change found.
@@ -112,7 +119,7 @@ def fetch_registered(client, model_uri: str, directory: Path) -> tuple[Path, Any
     import yaml
 
     from mlflow_ngraph.deploy import trust
-    from mlflow_ngraph.deploy.engine import read_manifest, verify_files
+    from mlflow_ngraph.deploy.engine import check_provenance, read_manifest, verify_files
 
     version = resolve_version(client, model_uri)
     label = f"{version.name} version {version.version}"
@@ -140,7 +147,23 @@ def fetch_registered(client, model_uri: str, directory: Path) -> tuple[Path, Any
         rel = Path(entry["path"])
         _download(client, f"{location}/{data}/{entry['path']}", engine / rel.parent)
     verify_files(engine, manifest)
+    _fetch_provenance(client, f"{location}/{data}", engine)
+    check_provenance(engine, manifest, trusted_keys, allow_unsigned)
     return local, version
+
+
+def _fetch_provenance(client, location: str, engine: Path) -> None:
+    """The signed record and signature the model's data holds, if any (a model without
+    them is refused, or allowed unsigned, by ``check_provenance``)."""
+    from mlflow.exceptions import MlflowException
+
+    from mlflow_ngraph.tracking.provenance import LOCAL_RECORD, LOCAL_SIGNATURE
+
+    for name in (LOCAL_RECORD, LOCAL_SIGNATURE):
+        try:
+            _download(client, f"{location}/{name}", engine)
+        except (MlflowException, OSError):
+            continue
 
 
 @contextmanager

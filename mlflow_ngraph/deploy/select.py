@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.tracking import schema as S
@@ -34,6 +35,10 @@ class Candidate:
     status: str = ""
     reason: str = ""  # why it cannot be deployed (empty: it can)
     stability: str = ""  # STABLE, UNSTABLE, or "" (not judged: an older record)
+    signer: str = ""  # the trusted producer whose signed record it is ("" : not verified)
+    signed: Any = None  # that record (``tracking.provenance.Signed``)
+    unsigned: str = ""  # why it is not verified, where unsigned engines are allowed
+    trust_problem: str = ""  # why it is not trusted (set aside)
 
     def value(self, metric: str) -> float:
         return self.metrics.get(metric, math.nan)
@@ -44,7 +49,8 @@ class Candidate:
         compiler's defaults only (all of them are in the run's params)."""
         flags = _non_default(self.compiler, self.flags)
         batch = f"bs{self.batch_size}" if self.batch_size else "(no batch size measured)"
-        return f"{self.model} {self.compiler}{f'[{flags}]' if flags else ''} {batch}"
+        mark = " (UNSIGNED)" if self.unsigned else ""
+        return f"{self.model} {self.compiler}{f'[{flags}]' if flags else ''} {batch}{mark}"
 
 
 def _writes_engine(compiler: str, flags: str) -> bool:
@@ -213,6 +219,8 @@ def rank(
                 if c.compiler == "identity"
                 else f"{c.compiler} with these flags compiles in-process only: no engine files"
             )
+        elif c.trust_problem:
+            c.reason = c.trust_problem
         elif math.isnan(c.value(S.M_THROUGHPUT)):
             c.reason = "FAILED" + (f": {error[:120]}" if error else "")
         elif c.value(S.M_VALID) != 1.0:
@@ -248,10 +256,11 @@ def describe(selection: Selection, top: int = 5) -> str:
             _interval(c, S.M_THROUGHPUT_RERUN_LOW, S.M_THROUGHPUT_RERUN_HIGH),
             c.status or "OK",
             c.stability or "-",
+            c.signer or ("UNSIGNED" if c.unsigned else "-"),
         ]
         for i, c in enumerate(selection.ranked[:top])
     ]
-    headers = ["#", "cell", metric, "95% CI", "re-run CI", "status", "stable"]
+    headers = ["#", "cell", metric, "95% CI", "re-run CI", "status", "stable", "signed by"]
     lines.append(format_table(headers, rows) if rows else "  none")
     unstable = sum(c.reason == UNSTABLE_REASON for c in selection.excluded)
     if unstable:
@@ -307,6 +316,8 @@ def _record_problem(c: Candidate, run, experiment_ids: set[str]) -> str:
     ):
         if params.get(key) != value:
             return f"the index says {key} {value!r}, the run recorded {params.get(key)!r}"
+    if c.signer:  # its figures are the signed ones; the run's may have been rewritten
+        return ""
     for name, value in sorted(c.metrics.items()):
         key = S.flat_key(name, c.batch_size)
         held = run.data.metrics.get(key)

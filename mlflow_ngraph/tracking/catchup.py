@@ -83,7 +83,7 @@ class CatchUp:
     def send(self, run_id: str, cell: Cell, b: int, record: dict) -> None:
         """One result to the cell's run (and its engine as a logged model), then marked
         logged in the journal."""
-        self.recorder.record(run_id, b, record)
+        self.recorder.record(run_id, b, record, self.journal.cell(cell.key).description)
         faultpoint.point("record_sent")
         if (
             self.spec.log_models
@@ -121,6 +121,7 @@ class CatchUp:
         client = self.recorder.client
         measured, failed = ml.stored_results(client, run_id, self.spec.batch_sizes)
         for b, record in measured.items():
+            record["from_store"] = True  # another host's (or home's): never signed here
             if record.pop("torn", False):  # its metrics landed, its tags did not
                 ml.log_batch(client, run_id, tags={f"{S.T_STATUS}.bs{b}": record["status"]})
             self.journal.measured(cell.key, b, record)

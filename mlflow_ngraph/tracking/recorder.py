@@ -19,16 +19,25 @@ from mlflow_ngraph.measure import metrics as M
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.journal import CellState, Journal
+from mlflow_ngraph.tracking.provenance import Producer
 
 
 class CellRecorder:
     """Writes one cell's run; ``run_id`` is known once :meth:`open` returned."""
 
-    def __init__(self, client, experiment_id: str, parent_id: str, log_engines: bool) -> None:
+    def __init__(
+        self,
+        client,
+        experiment_id: str,
+        parent_id: str,
+        log_engines: bool,
+        producer: Producer | None = None,
+    ) -> None:
         self.client = client
         self.experiment_id = experiment_id
         self.parent_id = parent_id
         self.log_engines = log_engines
+        self.producer = producer  # signs every result it logs (None: results go unsigned)
 
     def open(self, cell_key: str, name: str, known_run: str | None) -> str:
         return ml.cell_run(
@@ -41,9 +50,10 @@ class CellRecorder:
     def tags(self, run_id: str, tags: dict[str, str]) -> None:
         ml.log_batch(self.client, run_id, tags=tags)
 
-    def record(self, run_id: str, b: int, record: dict) -> None:
+    def record(self, run_id: str, b: int, record: dict, description: dict | None = None) -> None:
         """One measured batch size: its metrics, status tags, runtime params and engine (and
-        every request's time, where the paper protocol kept them)."""
+        every request's time, where the paper protocol kept them), then its signed record
+        (``description``: the journal's params and tags of the cell it is signed with)."""
         tags = {f"{S.T_STATUS}.bs{b}": record["status"]}
         if self.parent_id:
             tags[S.T_LAST_PARENT] = self.parent_id
@@ -83,8 +93,18 @@ class CellRecorder:
         )
         if record.get("engine_dir") and self.log_engines and Path(record["engine_dir"]).is_dir():
             ml.log_engine(self.client, run_id, Path(record["engine_dir"]), b)
+        self.sign(run_id, b, record, description)
 
-    def rerun(self, run_id: str, b: int, record: dict) -> None:
+    def sign(self, run_id: str, b: int, record: dict, description: dict | None) -> None:
+        """The result's record signed by this producer, to its run (nothing without a
+        producer or a description: the result stands, unsigned)."""
+        if self.producer is None or description is None:
+            return
+        if not (self.log_engines and record.get("engine_dir")):
+            record = {**record, "engine_dir": None}
+        self.producer.sign(self.client, run_id, self.experiment_id, b, record, description)
+
+    def rerun(self, run_id: str, b: int, record: dict, description: dict | None = None) -> None:
         """A result's re-run interval, settled after it was logged (``--sittings``: from the
         whole run's spread between sittings): its metrics and the tag that says where the
         spread came from."""
@@ -93,6 +113,7 @@ class CellRecorder:
         }
         tags = {f"{S.T_RERUN}.bs{b}": record["rerun"][:5000]} if record.get("rerun") else {}
         ml.log_batch(self.client, run_id, metrics=ml.batch_metrics(metrics, b), tags=tags)
+        self.sign(run_id, b, record, description)
 
     def failed(self, run_id: str, b: int, reason: str) -> None:
         ml.log_batch(
@@ -159,7 +180,10 @@ class CellRecorder:
         sent = 0
         for b in state.unlogged():
             if not ml.holds_result(held, b):
-                (send_record or self.record)(run_id, b, state.measured[b])
+                if send_record is None:
+                    self.record(run_id, b, state.measured[b], state.description)
+                else:
+                    send_record(run_id, b, state.measured[b])
                 sent += 1
             journal.logged(key, b)
         return sent

@@ -31,6 +31,7 @@ from mlflow_ngraph.tracking.catchup import CatchUp, ModelLogger
 from mlflow_ngraph.tracking.description import CellDescription
 from mlflow_ngraph.tracking.journal import Journal
 from mlflow_ngraph.tracking.parent import ParentRun
+from mlflow_ngraph.tracking.provenance import producer
 from mlflow_ngraph.tracking.recorder import CellRecorder
 
 if TYPE_CHECKING:
@@ -160,7 +161,11 @@ class StoreSession:
         faultpoint.point("parent_started")
         self.journal.ensure_store_recorded()
         self.recorder = CellRecorder(
-            self.client, self.experiment_id, self.parent_id, self.spec.log_engines
+            self.client,
+            self.experiment_id,
+            self.parent_id,
+            self.spec.log_engines,
+            producer(self.home),
         )
         self.description = CellDescription(
             self.spec, self.profile, self.journal, env, self.parent_id

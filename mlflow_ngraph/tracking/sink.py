@@ -151,7 +151,8 @@ class ResultSink:
         """A result's re-run interval settled again: journaled, sent to its run, and its
         row shows it."""
         self.journal.measured(cell.key, b, record)
-        self.store.to_run(cell, self.store.recorder.rerun, b, record)
+        description = self.journal.cell(cell.key).description
+        self.store.to_run(cell, self.store.recorder.rerun, b, record, description)
         for i, old in enumerate(self.rows):
             if row_of(old, cell) and old.batch_size == b:
                 new = row(cell, b, record)

@@ -1,0 +1,264 @@
+"""Deploy only what a trusted producer signed: records signed with OpenSSF model-signing where
+they were measured, verified against the user's trusted producers, ranked on the signed
+figures. The unit tests sign into a real MLflow store (SQLite); the attacks are planted with
+MLflow's client, as a writer of the experiment would, on a copy of a real tiny benchmark's
+store (signed with the suite's key, tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import mlflow
+import pytest
+from deploy_support import cli
+from trust_support import (
+    EXPERIMENT,
+    cell_run,
+    clone_store,
+    download_engine,
+    rewrite_manifest,
+    sha256,
+)
+
+from mlflow_ngraph import keys
+from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.tracking import index
+from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tracking.provenance import (
+    Producer,
+    fetch_signed,
+    record_artifact,
+    signature_artifact,
+)
+
+SUITE_KEY = os.environ["MLFLOW_NGRAPH_SIGNING_KEY"]
+
+
+# --- keys and signed records, on a real store ---------------------------------------------
+@pytest.fixture
+def producer(tmp_path, monkeypatch):
+    """A fresh home's own key pair (made on first use, as a producer's is)."""
+    monkeypatch.delenv(keys.ENV_SIGNING_KEY, raising=False)
+    monkeypatch.delenv(keys.ENV_TRUSTED, raising=False)
+    home = tmp_path / "alice"
+    return home, Producer(keys.ensure_key(home, name="alice@lab"))
+
+
+@pytest.fixture
+def file_store(tracking_uri):
+    client = mlflow.MlflowClient(tracking_uri)
+    experiment = client.create_experiment("signed")
+    return client, experiment
+
+
+RESULT = {"status": "OK", "metrics": {"throughput": 120.5, "valid": 1.0}, "engine_dir": None}
+DESCRIPTION = {"params": {"model": "conv_block", "model.width": 16, "compiler": "onnxruntime"},
+               "tags": {S.T_DEVICE: "cpu", "mlflow.user": "ignored"}}  # fmt: skip
+
+
+def test_a_key_is_made_once_trusted_by_its_home_and_travels_as_one_line(producer):
+    home, signer = producer
+    assert oct(keys.private_path(home).stat().st_mode)[-3:] == "600"
+    assert keys.ensure_key(home) == keys.private_path(home)  # made once
+    line = signer.public.line()
+    assert line.startswith(keys.KIND + " ") and line.endswith(" alice@lab")
+    assert keys.parse_line(line) == signer.public
+    assert signer.public.fingerprint in keys.trusted_keys(home)
+    with pytest.raises(NgraphError, match="not a public key line"):
+        keys.parse_line("ssh-ed25519 AAAA bob")
+    with pytest.raises(NgraphError, match="not a public key"):
+        keys.parse_line(f"{keys.KIND} bm90IGEga2V5 bob")
+
+
+def test_a_signed_record_verifies_for_its_own_run_and_batch_size_only(producer, file_store,
+                                                                      tmp_path):  # fmt: skip
+    home, signer = producer
+    client, experiment = file_store
+    run = client.create_run(experiment).info.run_id
+    other = client.create_run(experiment).info.run_id
+    signer.sign(client, run, experiment, 8, RESULT, DESCRIPTION)
+    trusted = keys.trusted_keys(home)
+    got = fetch_signed(client, run, 8, trusted, tmp_path / "a")
+    assert got.signer.name == "alice@lab" and got.metrics["throughput"] == 120.5
+    assert got.record["params"]["model.width"] == "16" and got.record["batch_size"] == 8
+    assert "mlflow.user" not in got.record["environment"]  # a claim, not signed
+    # a key the reader does not hold
+    with pytest.raises(NgraphError, match="not one you trust") as refused:
+        fetch_signed(client, run, 8, {}, tmp_path / "b")
+    assert signer.public.short in str(refused.value) and "alice@lab" in str(refused.value)
+    # replayed onto another batch size of the run, and onto another run
+    folder = tmp_path / "copy"
+    for name in (record_artifact(8), signature_artifact(8)):
+        client.download_artifacts(run, name, str(folder))
+    for b, target in ((2, run), (8, other)):
+        staged = tmp_path / f"stage-{b}-{target}"
+        staged.mkdir()
+        shutil.copy(folder / "bs8.json", staged / f"bs{b}.json")
+        shutil.copy(folder / "bs8.sig", staged / f"bs{b}.sig")
+        client.log_artifacts(target, str(staged), "ngraph/signed")
+        with pytest.raises(NgraphError, match="copied here"):
+            fetch_signed(client, target, b, trusted, tmp_path / f"c{b}")
+    # one figure changed in the signed record itself
+    record = json.loads((folder / "bs8.json").read_text())
+    record["metrics"]["throughput"] = 9999.0
+    (folder / "bs8.json").write_text(json.dumps(record))
+    client.log_artifacts(run, str(folder), "ngraph/signed")
+    with pytest.raises(NgraphError, match="altered after signing"):
+        fetch_signed(client, run, 8, trusted, tmp_path / "d")
+    # never signed
+    with pytest.raises(NgraphError, match="not signed"):
+        fetch_signed(client, other, 1, trusted, tmp_path / "e")
+
+
+def test_a_removed_key_is_no_longer_trusted(producer, tmp_path):
+    home, signer = producer
+    shared = tmp_path / "team_keys"
+    assert keys.add_trusted(shared, signer.public)
+    assert not keys.add_trusted(shared, signer.public)  # once
+    assert signer.public.fingerprint in keys.trusted_keys(tmp_path / "bob", shared)
+    keys.remove_trusted(shared, "alice@lab")
+    assert signer.public.fingerprint not in keys.trusted_keys(tmp_path / "bob", shared)
+    with pytest.raises(NgraphError, match="holds no key named"):
+        keys.remove_trusted(shared, "alice@lab")
+
+
+# --- attacks on a copy of a real benchmark's store ------------------------------------------
+@pytest.fixture
+def store(tiny_store, tmp_path):
+    from mlflow.tracking._tracking_service import utils
+
+    uri = clone_store(tiny_store, tmp_path / "store", skip_home=True)
+    yield uri, mlflow.tracking.MlflowClient(uri)
+    utils._artifact_repos_cache.clear()
+
+
+def _pull(uri, out, *extra, env=None):
+    args = ["pull", "-e", EXPERIMENT, "--device", "cpu", "--model", "conv_block"]
+    return cli(*args, *extra, "-o", str(out), "--tracking-uri", uri, env=env)
+
+
+def _reindex(client, run) -> None:
+    """The parent's results index made anew from the store, as the tool writes it (what a
+    writer who changed the runs does so that compare and pull read the change)."""
+    parent = run.data.tags["mlflow.parentRunId"]
+    cells = client.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")
+    index.write(client, parent, index.snapshot(client, [r.info.run_id for r in cells]))
+
+
+def _chose(done) -> str:
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("chose")]
+    return line
+
+
+def test_a_batch_size_planted_on_a_colleagues_run_is_refused(store, tmp_path):
+    """New params, metrics, tags and an engine folder for bs3 on a genuine run, the index
+    refreshed: no trusted producer signed bs3, and a signed record copied there names bs1."""
+    uri, client = store
+    run = cell_run(client, "onnxruntime")
+    rid = run.info.run_id
+    engine = download_engine(client, rid, 1, tmp_path / "dl")
+    rewrite_manifest(engine, batch_size=3)
+    digest = sha256(engine / "manifest.json")
+    metrics = {k.replace(".bs1", ".bs3"): v * (100 if k.startswith("throughput") else 1)
+               for k, v in run.data.metrics.items() if k.endswith(".bs1")}  # fmt: skip
+    tags = {k.replace(".bs1", ".bs3"): v for k, v in run.data.tags.items() if k.endswith(".bs1")}
+    from mlflow.entities import Metric, Param, RunTag
+
+    client.log_batch(
+        rid,
+        metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()],
+        params=[Param("engine.bs3.manifest_sha256", digest)],
+        tags=[RunTag(k, v) for k, v in tags.items()],
+    )
+    client.log_artifacts(rid, str(engine), "engines/bs3")
+    _reindex(client, run)
+    done = _pull(uri, tmp_path / "out", "--compiler", "onnxruntime", "--batch-size", "3")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "bs3: not signed by a producer you trust: it is not signed" in done.stdout
+    assert not (tmp_path / "out").exists()
+    # the genuine bs1 record and signature copied onto bs3
+    copied = tmp_path / "copied"
+    copied.mkdir()
+    for name, to in ((record_artifact(1), "bs3.json"), (signature_artifact(1), "bs3.sig")):
+        shutil.copy(client.download_artifacts(rid, name, str(tmp_path / "sig")), copied / to)
+    client.log_artifacts(rid, str(copied), "ngraph/signed")
+    done = _pull(uri, tmp_path / "out", "--compiler", "onnxruntime", "--batch-size", "3")
+    assert done.returncode == 2 and "copied here" in done.stdout
+
+
+def test_rewritten_figures_and_marks_do_not_change_the_choice(store, tmp_path):
+    """The slower engine's throughput times 100 and its stability set STABLE in the store:
+    pull ranks on the signed figures, says the store was altered, and chooses as before."""
+    uri, client = store
+    before = _chose(_pull(uri, tmp_path / "a", "--batch-size", "1"))
+    runs = {c: cell_run(client, c) for c in ("onnxruntime", "torchscript")}
+    slower = next(c for c, r in runs.items() if r.info.run_id not in before)
+    run = runs[slower]
+    from mlflow.entities import Metric, RunTag
+
+    client.log_batch(
+        run.info.run_id,
+        metrics=[Metric("throughput.bs1", run.data.metrics["throughput.bs1"] * 100, 0, 1)],
+        tags=[RunTag(f"{S.T_STABILITY}.bs1", S.STABILITY_STABLE)],
+    )
+    _reindex(client, run)
+    done = _pull(uri, tmp_path / "b", "--batch-size", "1")
+    assert _chose(done) == before
+    (said,) = [line for line in done.stdout.splitlines() if line.startswith("tampering")]
+    assert run.info.run_id in said and "throughput" in said and "signed" in said
+
+
+def test_relabelled_model_params_are_refused(store, tmp_path):
+    """The index's records re-logged with model.width=32: the signed record says 8."""
+    uri, client = store
+    run = cell_run(client, "onnxruntime")
+    parent = run.data.tags["mlflow.parentRunId"]
+    records = index.read(client, parent)
+    for record in records:
+        if "model.width" in record["params"]:
+            record["params"]["model.width"] = "32"
+    index.write(client, parent, records)
+    model = "conv_block:width=32,depth=1,image_size=32"
+    done = cli("pull", "-e", EXPERIMENT, "--device", "cpu", "--model", model, "-o",
+               str(tmp_path / "out"), "--tracking-uri", uri)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "the store says model" in done.stdout and "width=8" in done.stdout
+    assert "the store was altered" in done.stdout
+
+
+def test_an_unknown_producer_is_refused_until_trusted_or_allowed(store, tmp_path):
+    """A user whose own key is not the producer's: refused with the key and how to trust
+    it; trusted with 'keys add', pulled; with --allow-unsigned, every line says so."""
+    uri, _ = store
+    env = {"MLFLOW_NGRAPH_HOME": str(tmp_path / "bob"),
+           keys.ENV_SIGNING_KEY: str(tmp_path / "bob" / "keys" / "producer.pem")}  # fmt: skip
+    done = _pull(uri, tmp_path / "out", "--batch-size", "1", env=env)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    producer_key = keys.public_of(Path(SUITE_KEY))
+    assert producer_key.short in error and "keys add" in error and "--allow-unsigned" in error
+    allowed = _pull(uri, tmp_path / "out", "--batch-size", "1", "--allow-unsigned", env=env)
+    chose = _chose(allowed)
+    assert "(UNSIGNED)" in chose and "UNSIGNED: it is signed by key" in chose
+    added = cli("keys", "add", producer_key.line(), "--name", "lab-runner", env=env)
+    assert added.returncode == 0, added.stderr
+    done = _pull(uri, tmp_path / "trusted", "--batch-size", "1", env=env)
+    assert "signed by lab-runner" in _chose(done)
+    source = json.loads((tmp_path / "trusted" / "source.json").read_text())
+    assert source["signed_by"] == "lab-runner"
+    ran = cli("run-engine", str(tmp_path / "trusted"), "--trust-code", env=env)
+    assert ran.returncode == 0 and "signed by lab-runner" in ran.stdout, ran.stderr[-2000:]
+    # the pulled folder's record changed after the pull: its signature no longer verifies
+    record = tmp_path / "trusted" / "provenance.json"
+    record.write_text(record.read_text().replace('"batch_size": 1', '"batch_size": 1 '))
+    ran = cli("run-engine", str(tmp_path / "trusted"), "--trust-code", env=env)
+    assert ran.returncode == 2 and "altered after signing" in ran.stderr
+    # revoked: removed from the trusted producers, refused again
+    removed = cli("keys", "remove", "lab-runner", env=env)
+    assert removed.returncode == 0, removed.stderr
+    done = _pull(uri, tmp_path / "again", "--batch-size", "1", env=env)
+    assert done.returncode == 2 and "not one you trust" in done.stderr
