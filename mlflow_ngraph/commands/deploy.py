@@ -10,6 +10,13 @@ import click
 import numpy as np
 
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.text import visible
+
+
+def say(text: str) -> None:
+    """One line of output holding values from the store (run ids, labels, user names, flags):
+    shown :func:`~mlflow_ngraph.text.visible`, never an escape sequence for the terminal."""
+    click.echo(visible(text))
 
 
 def _selection_options(command):
@@ -148,7 +155,7 @@ def _choose(options: dict):
         if not refused:
             click.echo(describe(selection))
         ranked = best(selection, what)
-        chosen, run = confirm(client, ranked, ids, click.echo, refused)
+        chosen, run = confirm(client, ranked, ids, say, refused)
         if chosen is not None:
             break
     else:
@@ -156,7 +163,7 @@ def _choose(options: dict):
             f"no run backs its results-index record among {len(refused)} refused (see the "
             "lines above): nothing chosen; the experiment's results indexes were altered"
         )
-    click.echo(f"chose {chosen.label} (run {chosen.run_id}, logged by {creator(run)})")
+    say(f"chose {chosen.label} (run {chosen.run_id}, logged by {creator(run)})")
     return client, uri, chosen, run, selection
 
 
@@ -188,12 +195,12 @@ def pull(output: Path, force: bool, sha256: str | None, **options) -> None:
         client, _, chosen, run, _ = _choose(options)
         path = do_pull(client, chosen, output, force, sha256, run)
     source = json.loads((path / SOURCE_FILE).read_text())
-    click.echo(f"pulled and verified into {path}")
-    click.echo(f"manifest sha256 {source['manifest_sha256']} (pin it with --sha256)")
+    say(f"pulled and verified into {path}")
+    say(f"manifest sha256 {source['manifest_sha256']} (pin it with --sha256)")
     manifest = json.loads((path / trust.MANIFEST).read_text())
     fmt = trust.engine_format(manifest["format"])
     if fmt is not None and fmt.code:
-        click.echo(
+        say(
             f"note: this engine is {fmt.code}: it runs code when loaded, so run-engine, "
             f"load_engine and register need --trust-code (trust {source['created_by']} and "
             "every writer of the experiment first)"
@@ -233,7 +240,7 @@ def run_engine(
     finally:
         engine.close()
     digest = hashlib.sha256(np.ascontiguousarray(y, dtype=np.float32).tobytes()).hexdigest()
-    click.echo(f"engine: {engine.compiler} {engine.manifest.get('compiler_version', '')}")
+    say(f"engine: {engine.compiler} {engine.manifest.get('compiler_version', '')}")
     click.echo(f"input: {tuple(x.shape)} {x.dtype}  output: {tuple(y.shape)} {y.dtype}")
     click.echo(f"output sha256: {digest[:16]}  sum: {float(y.sum()):.6g}")
     click.echo(
@@ -261,16 +268,16 @@ def register(name: str | None, sha256: str | None, trust_code: bool | None, **op
         with work_folder(None, "ngraph-register-") as tmp:
             local = download_verified(client, chosen, tmp, sha256, run)
             done = do_register(client, local, chosen, uri, selection.metric, name, trust_code)
-    click.echo(f"logged model {done.model_uri} (source run {chosen.run_id})")
+    say(f"logged model {done.model_uri} (source run {chosen.run_id})")
     if done.reused:
-        click.echo(
+        say(
             f"{done.name} version {done.version} holds this engine of this run already: "
             "no new version"
         )
     else:
-        click.echo(f"registered {done.name} version {done.version}")
+        say(f"registered {done.name} version {done.version}")
     where = "now points at it" if done.alias_moved else f"stays on version {done.alias_version}"
-    click.echo(f"alias {done.alias!r} {where}: models:/{done.name}@{done.alias}")
+    say(f"alias {done.alias!r} {where}: models:/{done.name}@{done.alias}")
 
 
 @click.command("serve")
@@ -304,7 +311,7 @@ def serve(model_uri: str, host: str, port: int, tracking_uri: str | None, trust_
     with work_folder(None, "ngraph-serve-") as tmp:
         with store_errors(uri, model_uri, "READ"):
             local, version = fetch_registered(MlflowClient(uri), model_uri, tmp)
-        click.echo(f"serving {version.name} version {version.version}, checked, from {local}")
+        say(f"serving {version.name} version {version.version}, checked, from {local}")
         env = {**os.environ, TRUST_ENV: "1" if trusted(trust_code) else "0"}
         # what `mlflow models serve --env-manager local` runs, with one-line refusals
         env[SERVER_MODEL_PATH] = str(local)
