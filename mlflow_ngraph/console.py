@@ -11,6 +11,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from mlflow_ngraph.text import visible_lines
+
 
 def default_home() -> Path:
     """Where engines, exports and resume journals are kept (``MLFLOW_NGRAPH_HOME``)."""
@@ -30,10 +32,19 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+class _VisibleFormatter(logging.Formatter):
+    """A record's lines with every control and format character in them shown as an escape
+    (:func:`~mlflow_ngraph.text.visible_lines`): a value from the store in a message cannot
+    send the terminal an escape sequence."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return visible_lines(super().formatMessage(record))
+
+
 def setup_logging(verbose: int) -> None:
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose >= 0 else logging.WARNING
     handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
+    handler.setFormatter(_VisibleFormatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
     root = logging.getLogger("mlflow_ngraph")
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -8,6 +8,9 @@ Given a ``width`` (a terminal's), a wider table is made to fit as ``rich`` does 
 headers break at their ``_`` and spaces, long text wraps within its column, and what still
 does not fit goes on in further panels below, each repeating the first ``keep`` columns
 (the ones that name a row).
+
+Every cell and header is shown :func:`~mlflow_ngraph.text.visible`: a value from a tracking
+store (a name, a flag, an error) cannot send a terminal escape sequence or break a row.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import shutil
 import textwrap
 from collections.abc import Sequence
 from typing import Any
+
+from mlflow_ngraph.text import visible
 
 #: what a missing value reads as
 MISSING = "-"
@@ -48,8 +53,10 @@ def format_table(
 ) -> str:
     """``headers`` over ``rows``; ``numeric`` says which columns to right-align (by default
     those whose every present value reads as a number). With ``width``, a wider table is
-    wrapped to fit (see the module), repeating its first ``keep`` columns in each panel."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    wrapped to fit (see the module), repeating its first ``keep`` columns in each panel.
+    Control and format characters in a cell are shown as escapes (``\\x1b``)."""
+    cells = [[visible(h) for h in headers]]
+    cells += [["" if c is None else visible(c) for c in r] for r in rows]
     if numeric is None:
         numeric = [
             bool(rows)

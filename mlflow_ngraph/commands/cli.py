@@ -26,6 +26,7 @@ from mlflow_ngraph.console import (
     split_multi,
 )
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.text import visible
 
 if TYPE_CHECKING:
     from mlflow_ngraph.plan.config import RunPolicy
@@ -643,8 +644,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with _interrupts_end_the_run():
             cli.main(args=argv, prog_name="mlflow-ngraph", standalone_mode=False)
-    except NgraphError as exc:
-        click.echo(f"error: {exc}", err=True)
+    except NgraphError as exc:  # one line, whatever values from the store it names
+        click.echo(f"error: {visible(exc)}", err=True)
         sys.exit(exc.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):  # Ctrl-C (SIGTERM too: console.interrupt)
         click.echo(_interrupted(sys.argv[1:] if argv is None else argv), err=True)

@@ -10,6 +10,13 @@ import click
 import numpy as np
 
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.text import visible
+
+
+def say(text: str) -> None:
+    """One line of output holding values from the store (run ids, labels, user names, flags):
+    shown :func:`~mlflow_ngraph.text.visible`, never an escape sequence for the terminal."""
+    click.echo(visible(text))
 
 
 def _selection_options(command):
@@ -164,14 +171,14 @@ def _choose(options: dict):
             options["live"],
             frozenset(refused),
         )
-        verify_candidates(client, found, trust, click.echo)
+        verify_candidates(client, found, trust, say)
         selection = rank(
             found, options["metric"], options["max_latency_ms"], options["allow_unstable"]
         )
         if not refused:
             click.echo(describe(selection))
         ranked = _trusted_best(selection, what, trust)
-        chosen, run = confirm(client, ranked, ids, click.echo, refused)
+        chosen, run = confirm(client, ranked, ids, say, refused)
         if chosen is not None:
             break
     else:
@@ -180,7 +187,7 @@ def _choose(options: dict):
             "lines above): nothing chosen; the experiment's results indexes were altered"
         )
     signed = f"signed by {chosen.signer}" if chosen.signer else "UNSIGNED: " + chosen.unsigned
-    click.echo(f"chose {chosen.label} (run {chosen.run_id}, logged by {creator(run)}, {signed})")
+    say(f"chose {chosen.label} (run {chosen.run_id}, logged by {creator(run)}, {signed})")
     return client, uri, chosen, run, selection
 
 
@@ -194,9 +201,14 @@ def _trusted_best(selection, what: str, trust):
 
     if not selection.ranked and any(c.trust_problem for c in selection.excluded):
         first = next(c for c in selection.excluded if c.trust_problem)
+        advice = (
+            trust.advice()
+            if "not one you trust" in first.trust_problem
+            else ("deploy it only once its producer has measured it again")
+        )
         raise NgraphError(
-            f"no engine for {what} is signed by a producer you trust ({first.label}: "
-            f"{first.trust_problem}): {trust.advice()}"
+            f"no engine for {what} passed the signature check ({first.label}: "
+            f"{first.trust_problem}): {advice}"
         )
     return best(selection, what)
 
@@ -241,12 +253,12 @@ def pull(output: Path, force: bool, sha256: str | None, **options) -> None:
         client, _, chosen, run, _ = _choose(options)
         path = do_pull(client, chosen, output, force, sha256, run)
     source = json.loads((path / SOURCE_FILE).read_text())
-    click.echo(f"pulled and verified into {path}")
-    click.echo(f"manifest sha256 {source['manifest_sha256']} (pin it with --sha256)")
+    say(f"pulled and verified into {path}")
+    say(f"manifest sha256 {source['manifest_sha256']} (pin it with --sha256)")
     manifest = json.loads((path / trust.MANIFEST).read_text())
     fmt = trust.engine_format(manifest["format"])
     if fmt is not None and fmt.code:
-        click.echo(
+        say(
             f"note: this engine is {fmt.code}: it runs code when loaded, so run-engine, "
             f"load_engine and register need --trust-code (trust {source['created_by']} and "
             "every writer of the experiment first)"
@@ -295,8 +307,8 @@ def run_engine(
     finally:
         engine.close()
     digest = hashlib.sha256(np.ascontiguousarray(y, dtype=np.float32).tobytes()).hexdigest()
-    click.echo(f"engine: {engine.compiler} {engine.manifest.get('compiler_version', '')}")
-    click.echo(
+    say(f"engine: {engine.compiler} {engine.manifest.get('compiler_version', '')}")
+    say(
         f"signed by {engine.signed.signer.name} (key {engine.signed.signer.short})"
         if engine.signed is not None
         else "UNSIGNED: no producer you trust signed this engine (--allow-unsigned)"
@@ -328,16 +340,16 @@ def register(name: str | None, sha256: str | None, trust_code: bool | None, **op
         with work_folder(None, "ngraph-register-") as tmp:
             local = download_verified(client, chosen, tmp, sha256, run)
             done = do_register(client, local, chosen, uri, selection.metric, name, trust_code)
-    click.echo(f"logged model {done.model_uri} (source run {chosen.run_id})")
+    say(f"logged model {done.model_uri} (source run {chosen.run_id})")
     if done.reused:
-        click.echo(
+        say(
             f"{done.name} version {done.version} holds this engine of this run already: "
             "no new version"
         )
     else:
-        click.echo(f"registered {done.name} version {done.version}")
+        say(f"registered {done.name} version {done.version}")
     where = "now points at it" if done.alias_moved else f"stays on version {done.alias_version}"
-    click.echo(f"alias {done.alias!r} {where}: models:/{done.name}@{done.alias}")
+    say(f"alias {done.alias!r} {where}: models:/{done.name}@{done.alias}")
 
 
 @click.command("serve")
@@ -380,7 +392,7 @@ def serve(
             local, version = fetch_registered(
                 MlflowClient(uri), model_uri, tmp, trusted_keys, allow_unsigned
             )
-        click.echo(f"serving {version.name} version {version.version}, checked, from {local}")
+        say(f"serving {version.name} version {version.version}, checked, from {local}")
         env = {**os.environ, TRUST_ENV: "1" if trusted(trust_code) else "0"}
         # the server's load checks the signature as this command did
         env.update(signature_env(trusted_keys, allow_unsigned))

@@ -21,6 +21,7 @@ from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.plan.config import parse_int_list
 from mlflow_ngraph.report import publish, render, tables
 from mlflow_ngraph.report.query import RunQuery, fetch_cells, parse_where, resolve_experiments
+from mlflow_ngraph.text import visible
 from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
 from mlflow_ngraph.tracking.uri import check_tracking_uri
 
@@ -250,13 +251,17 @@ def _execute(options: dict) -> None:
         if options["log_report"]:
             _report(client, result, query, options["ranges"], figures)
     for note in result.notes:
-        click.echo(note, err=True)
+        click.echo(visible(note), err=True)
 
 
 class CompareError(click.ClickException):
     """A user error, printed as one line; exit code 2 like the main CLI's NgraphError."""
 
     exit_code = NgraphError.exit_code
+
+    def format_message(self) -> str:
+        """The message on one line, values from the store in it shown visibly."""
+        return visible(self.message)
 
 
 @click.command("compare")

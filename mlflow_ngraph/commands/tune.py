@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.text import visible
 
 log = logging.getLogger("mlflow_ngraph")
 
@@ -127,7 +128,7 @@ def tune(**o: Any) -> None:
         settings,
         home,
         uri,
-        say=click.echo,
+        say=lambda text: click.echo(visible(text)),
         stable_retries=o["stable_retries"],
         precision=o["precision"],
         final_precision=o["final_precision"],
@@ -280,7 +281,7 @@ def _conclude(job):
     click.echo(f"\nstopped by {reason.get(job.stop_reason, 'the end of the search')}")
     if result is None:
         raise NgraphError(miss)
-    click.echo(result.sentence())
+    click.echo(visible(result.sentence()))
     click.echo("\nthe winner as a spec (benchmark --spec FILE):")
     click.echo(fragment.rstrip())
     _say_run(job)

@@ -242,8 +242,10 @@ def rank(
 
 
 def describe(selection: Selection, top: int = 5) -> str:
-    """The top candidates and the reasons the others were set aside, as printed."""
+    """The top candidates and the reasons the others were set aside, as printed (every value
+    from the store shown :func:`~mlflow_ngraph.text.visible`)."""
     from mlflow_ngraph.table import format_table
+    from mlflow_ngraph.text import visible
 
     metric = selection.metric
     lines = [f"candidates by {metric} (best first):"]
@@ -271,7 +273,7 @@ def describe(selection: Selection, top: int = 5) -> str:
     if selection.excluded:
         lines.append(f"set aside ({len(selection.excluded)}):")
         for c in selection.excluded[:12]:
-            lines.append(f"  {c.label}: {c.reason}")
+            lines.append(f"  {visible(c.label)}: {visible(c.reason)}")
         if len(selection.excluded) > 12:
             lines.append(f"  ... and {len(selection.excluded) - 12} more")
     return "\n".join(lines)
@@ -361,6 +363,8 @@ def confirm(
 
 
 def creator(run) -> str:
-    """Who created a run, as its client said (``mlflow.user``; a claim, not a proof)."""
-    user = run.data.tags.get("mlflow.user") or run.info.user_id
+    """Who created a run: MLflow's ``user_id`` of it, set when the run was created (never
+    its ``mlflow.user`` tag, which any writer of the experiment can set afterwards). What
+    the creating client said, not a proof."""
+    user = run.info.user_id
     return user if user and user != "unknown" else "an unknown user"

@@ -4,6 +4,10 @@ Terminal text and markdown are for people: a column ``X`` with a companion ``X_s
 shown as ``X ± std``, numbers are rounded, missing values read ``-``, and bookkeeping columns
 (run ids, flags) are hidden. CSV and JSON are for programs: every column, full precision,
 missing values empty (CSV) or ``null`` (JSON).
+
+Text from the store (names, flags, errors, column names from params) is shown
+:func:`~mlflow_ngraph.text.visible` in every format: a control or format character reads as
+an escape (``\\x1b``), in a terminal, a file or a browser; JSON escapes them as JSON does.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from mlflow_ngraph.text import visible
 
 FORMATS = ("terminal", "csv", "markdown", "json")
 MISSING = "-"
@@ -82,7 +88,7 @@ def _format_column(series: pd.Series) -> list[str]:
     if pd.api.types.is_float_dtype(series.dtype):
         values = series.to_numpy(dtype=float, na_value=np.nan).tolist()
         return [_format_float(v) for v in values]
-    return [format_number(v).replace("\n", " ") for v in series.tolist()]
+    return [visible(format_number(v)) for v in series.tolist()]
 
 
 def _companion(column: str, frame: pd.DataFrame) -> bool:
@@ -95,8 +101,9 @@ def _companion(column: str, frame: pd.DataFrame) -> bool:
 
 
 def _text_columns(frame: pd.DataFrame, hidden: Sequence[str] = ()) -> dict[str, list[str]]:
-    """Column name -> strings to show (numbers rounded, one line each): ``X [low-high]``
-    where ``X`` has a 95% interval (``X_ci_low``/``X_ci_high``), else ``X ± std``."""
+    """Column name -> strings to show (numbers rounded, one line each, text
+    :func:`~mlflow_ngraph.text.visible`): ``X [low-high]`` where ``X`` has a 95% interval
+    (``X_ci_low``/``X_ci_high``), else ``X ± std``."""
     shown: dict[str, list[str]] = {}
     for column in frame.columns:
         if column in hidden or _companion(column, frame):
@@ -112,12 +119,12 @@ def _text_columns(frame: pd.DataFrame, hidden: Sequence[str] = ()) -> dict[str, 
             ]
         elif std in frame:
             text = [_with_std(t, s) for t, s in zip(text, spreads, strict=True)]
-        shown[column] = text
+        shown[visible(column)] = text
         low, high = f"{column}_rerun_low", f"{column}_rerun_high"
         if low in frame and high in frame and frame[low].notna().any():
             # where a re-run on this host is expected to land (beside this run's interval)
             ends = zip(_format_column(frame[low]), _format_column(frame[high]), strict=True)
-            shown[f"{column} re-run"] = [
+            shown[visible(f"{column} re-run")] = [
                 f"[{lo}-{hi}]" if MISSING not in (lo, hi) else MISSING for lo, hi in ends
             ]
     return shown
@@ -176,7 +183,7 @@ def terminal_tables(
     for name, frame in tables.items():
         title, keep = TITLES[name], KEY_COLUMNS.get(name, 1)
         if "device" in frame and len(frame) and frame["device"].nunique(dropna=False) == 1:
-            title += f"; device {frame['device'].iloc[0]}"
+            title += f"; device {visible(frame['device'].iloc[0])}"
             frame = frame.drop(columns=["device"])
             keep -= 1  # the device is one of the naming columns of every table that has it
         body = to_terminal(
@@ -211,8 +218,21 @@ def _markdown_or_why(frame: pd.DataFrame, hidden: Sequence[str], why_empty: str)
 
 
 def to_csv(frame: pd.DataFrame) -> str:
-    """Every column, full precision, missing values empty."""
-    return frame.to_csv(index=False)  # floats as repr: the shortest exact form
+    """Every column, full precision, missing values empty; text shown
+    :func:`~mlflow_ngraph.text.visible` (one line per row, whatever the store held)."""
+    return _visible_text(frame).to_csv(index=False)  # floats as repr: the shortest exact form
+
+
+def _visible_text(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``frame`` whose text values and column names are
+    :func:`~mlflow_ngraph.text.visible`."""
+    out = frame.copy()
+    for i, dtype in enumerate(frame.dtypes):
+        if pd.api.types.is_object_dtype(dtype) or isinstance(dtype, pd.StringDtype):
+            column = frame.iloc[:, i].tolist()
+            out.iloc[:, i] = [visible(v) if isinstance(v, str) else v for v in column]
+    out.columns = [visible(c) for c in frame.columns]
+    return out
 
 
 def _plain(value: object) -> object:
@@ -298,7 +318,7 @@ def to_html(
     """One self-contained page: every table, then every figure (PNGs embedded as data URIs,
     so the page renders in MLflow's artifact viewer and offline alike)."""
     parts = [f"<h1>{html.escape(title)}</h1>"]
-    parts += [f'<p class="note">{html.escape(n)}</p>' for n in notes]
+    parts += [f'<p class="note">{html.escape(visible(n))}</p>' for n in notes]
     for name, frame in tables.items():
         shown = for_people(frame.head(HTML_MAX_ROWS), HIDDEN.get(name, ()))
         parts.append(f"<h2>{html.escape(TITLES[name])}</h2>")
