@@ -57,7 +57,7 @@ def _with_peak(*args: str):
     return done, int(peak)
 
 
-def _args(done) -> str:
+def _output(done) -> str:
     return done.stdout[-2000:] + done.stderr[-3000:]
 
 
@@ -90,7 +90,7 @@ def test_a_gzip_bomb_as_the_index_is_one_line_in_bounded_memory(store, tmp_path)
     _plant_index(client, parent, tmp_path / "attacker", bomb)
 
     done, peak = _with_peak("compare", "-e", EXPERIMENT, "--tracking-uri", uri)
-    assert done.returncode == 0, _args(done)
+    assert done.returncode == 0, _output(done)
     assert "more than 268,435,456 bytes once decompressed" in _warned(done, parent)
     assert "onnxruntime" in done.stdout  # the cells, searched live
     assert peak < PEAK_RSS_MB, peak
@@ -98,7 +98,7 @@ def test_a_gzip_bomb_as_the_index_is_one_line_in_bounded_memory(store, tmp_path)
     args = ["pull", "-e", EXPERIMENT, "--device", "cpu", "--model", "conv_block"]
     args += ["--compiler", "onnxruntime", "--batch-size", "1", "--allow-unstable"]
     done, peak = _with_peak(*args, "-o", str(tmp_path / "out"), "--tracking-uri", uri)
-    assert done.returncode == 0, _args(done)
+    assert done.returncode == 0, _output(done)
     _warned(done, parent)
     assert "chose" in done.stdout and (tmp_path / "out" / "manifest.json").is_file()
     assert peak < PEAK_RSS_MB, peak
@@ -171,7 +171,7 @@ def test_a_manifest_listing_200000_files_is_refused_at_once(store, tmp_path):
     start = time.monotonic()
     done = cli(*args, "--tracking-uri", uri, timeout=120)  # the old check took minutes
     took = time.monotonic() - start
-    assert done.returncode == 2, _args(done)
+    assert done.returncode == 2, _output(done)
     assert "Traceback" not in done.stderr
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
     assert "lists 200,001 files, more than the 10,000" in line
