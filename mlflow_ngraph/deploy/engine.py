@@ -32,14 +32,17 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     """The engine's manifest.
 
     Raises:
-        NgraphError: missing, not JSON, or without the fields an engine needs.
+        NgraphError: missing, too big, not JSON, or without the fields an engine needs.
     """
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise NgraphError(f"{path} does not exist: not an engine directory (pull one first)")
+    from mlflow_ngraph.deploy import trust
+
+    trust.check_manifest_size(path.stat().st_size)
     try:
         manifest = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise NgraphError(f"{path} does not parse as JSON ({exc}): pull the engine again") from None
     required = ("compiler", "flags", "input_shape", "dtype", "files", "batch_size")
     missing = [k for k in required if not isinstance(manifest, dict) or k not in manifest]

@@ -59,6 +59,7 @@ def download_verified(
         _check_pinned(digest, candidate, run, sha256)
         _check_signed(digest, candidate)
         manifest = _checked_manifest(local, candidate, run)
+        _check_stored(client, candidate, manifest)
         for entry in manifest["files"]:  # only what the manifest lists, confined
             _fetch_file(client, candidate, local, entry["path"])
         verify_files(local, manifest)
@@ -97,6 +98,7 @@ def _fetch_manifest(client, candidate: Candidate, tmp: Path) -> tuple[Path, str]
 
     from mlflow_ngraph.deploy import trust
 
+    trust.check_manifest_size(_stored_sizes(client, candidate).get(trust.MANIFEST))
     try:
         name = f"engines/bs{candidate.batch_size}/{trust.MANIFEST}"
         fetched = Path(client.download_artifacts(candidate.run_id, name, str(tmp)))
@@ -175,6 +177,32 @@ def _checked_manifest(local: Path, candidate: Candidate, run) -> dict:
             f"not {candidate.batch_size}: refusing it"
         )
     return manifest
+
+
+def _stored_sizes(client, candidate: Candidate, paths=()) -> dict[str, int | None]:
+    """What the store lists in the engine's folder, path (in the folder) -> bytes (None
+    where it gives none): the folder's own files and those of the folders of ``paths``; one
+    listing a folder, nothing downloaded."""
+    import posixpath
+
+    root = f"engines/bs{candidate.batch_size}"
+    sizes: dict[str, int | None] = {}
+    for folder in sorted({""} | {posixpath.dirname(p) for p in paths}):
+        for info in client.list_artifacts(candidate.run_id, f"{root}/{folder}".rstrip("/")):
+            if not info.is_dir:
+                sizes[posixpath.relpath(info.path, root)] = info.file_size
+    return sizes
+
+
+def _check_stored(client, candidate: Candidate, manifest: dict) -> None:
+    """Every file the manifest lists is in the store at its size, before any is copied.
+
+    Raises:
+        NgraphError: a file missing, or of another size."""
+    from mlflow_ngraph.deploy import trust
+
+    paths = [entry["path"] for entry in manifest["files"]]
+    trust.check_stored(manifest, _stored_sizes(client, candidate, paths))
 
 
 def _fetch_file(client, candidate: Candidate, local: Path, path: str) -> None:

@@ -33,6 +33,11 @@ from mlflow_ngraph.tracking.engines import (  # noqa: F401 - what deploy checks,
 TRUST_ENV = "MLFLOW_NGRAPH_TRUST_CODE"
 #: fields without which the host checks cannot be made
 HOST_FIELDS = ("compiler_version", "host_cpu", "cpu_flags")
+#: the most files, and bytes in all, an engine's manifest may list; the most bytes the
+#: manifest itself may have (checked against the store's listing before it is downloaded)
+MAX_FILES = 10_000
+MAX_ENGINE_BYTES = 64 * 2**30
+MAX_MANIFEST_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -78,12 +83,19 @@ def check_paths(manifest: dict[str, Any]) -> list[str]:
     """The manifest's file paths, each relative and inside the engine folder, once.
 
     Raises:
-        NgraphError: an absolute path, ``..``, a backslash, an empty or duplicate entry.
+        NgraphError: an absolute path, ``..``, a backslash, an empty or duplicate entry,
+            more than :data:`MAX_FILES` files or :data:`MAX_ENGINE_BYTES` bytes.
     """
     files = manifest.get("files")
     if not isinstance(files, list):
         raise NgraphError("the engine's manifest has no file list: refusing it")
-    seen: list[str] = []
+    if len(files) > MAX_FILES:
+        raise NgraphError(
+            f"the engine's manifest lists {len(files):,} files, more than the {MAX_FILES:,} "
+            "an engine may have: refusing it"
+        )
+    seen: dict[str, None] = {}  # in order, and a set's lookup
+    total = 0
     for entry in files:
         path = entry.get("path") if isinstance(entry, dict) else None
         if not isinstance(path, str) or not path or "\\" in path or "\x00" in path:
@@ -95,10 +107,50 @@ def check_paths(manifest: dict[str, Any]) -> list[str]:
             )
         if path in seen or path == MANIFEST:
             raise NgraphError(f"the engine's manifest lists {path!r} twice: refusing it")
-        if not isinstance(entry.get("bytes"), int) or not isinstance(entry.get("sha256"), str):
+        size = entry.get("bytes")
+        if type(size) is not int or size < 0 or not isinstance(entry.get("sha256"), str):
             raise NgraphError(f"the engine's manifest gives no size or sha256 for {path!r}")
-        seen.append(path)
-    return seen
+        total += size
+        seen[path] = None
+    if total > MAX_ENGINE_BYTES:
+        raise NgraphError(
+            f"the engine's manifest lists {total:,} bytes, more than the "
+            f"{MAX_ENGINE_BYTES:,} an engine may have: refusing it"
+        )
+    return list(seen)
+
+
+def check_stored(manifest: dict[str, Any], stored: dict[str, int | None]) -> None:
+    """Every file the manifest lists is in the store at the size it says (``stored``: the
+    store's listing of the engine folder, path -> bytes, None where the store gives none),
+    so that nothing is downloaded that would be refused.
+
+    Raises:
+        NgraphError: naming the first file missing or of another size.
+    """
+    for entry in manifest["files"]:
+        path = entry["path"]
+        if path not in stored:
+            raise NgraphError(f"engine file {path} is missing from the store: refusing it")
+        size = stored[path]
+        if size is not None and size != entry["bytes"]:
+            raise NgraphError(
+                f"engine file {path} has {size:,} bytes in the store, the manifest says "
+                f"{entry['bytes']:,} (truncated or altered): refusing it before downloading it"
+            )
+
+
+def check_manifest_size(size: int | None) -> None:
+    """The manifest's own size (from the store's listing, or on disk) is at most
+    :data:`MAX_MANIFEST_BYTES`.
+
+    Raises:
+        NgraphError: a bigger one."""
+    if size is not None and size > MAX_MANIFEST_BYTES:
+        raise NgraphError(
+            f"the engine's manifest has {size:,} bytes, more than the {MAX_MANIFEST_BYTES:,} "
+            "a manifest may have: refusing it"
+        )
 
 
 def check_manifest(manifest: dict[str, Any]) -> Format:

@@ -444,15 +444,16 @@ def indexed_runs(
     if not current:
         return searcher.search_all(experiment_ids, filter_strings(query))
     current.sort(key=lambda p: int(p.tags[schema.T_INDEX_TIME]))  # newest index wins
+    index.max_bytes()  # a bad setting is one error, not one warning per index
     with ThreadPoolExecutor(index.THREADS) as pool:
-        indexes = list(pool.map(lambda p: index.read(client, p.run_id, p.artifact_uri), current))
+        indexes = list(pool.map(lambda p: _read_index(client, p), current))
     runs: dict[str, RunData] = {}
     for records in indexes:
-        for record in records:
+        for record in records or ():
             run = from_record(record)
             if matches(run, query):
                 runs[run.run_id] = run
-    fresh = {p.run_id for p in current}
+    fresh = {p.run_id for p, records in zip(current, indexes) if records is not None}
     stale = [p.run_id for p in parents if p.run_id not in fresh]
     if stale:  # their own cells, and cells of other benchmarks they logged to (resumed)
         children = [
@@ -465,6 +466,25 @@ def indexed_runs(
         runs.update((run.run_id, run) for run in found)
     log.info("%d indexes, %d benchmark runs searched live", len(current), len(stale))
     return list(runs.values())
+
+
+def _read_index(client: MlflowClient, parent: RunData) -> list[dict] | None:
+    """The records of ``parent``'s results index, or None where it cannot be used (one
+    warning): the caller then searches the parent's cells live, as for a parent without one."""
+    from mlflow_ngraph.tracking import index
+
+    try:
+        return index.read(client, parent.run_id, parent.artifact_uri)
+    except index.BadIndex as exc:
+        log.warning(
+            "the results index (%s) of run %s is unusable: %s; its cells are searched "
+            "live instead. Someone who can write the experiment replaced or damaged it: ask "
+            "them, or pass --live to read no index",
+            index.INDEX_ARTIFACT,
+            parent.run_id,
+            exc,
+        )
+        return None
 
 
 def _any_run(client: MlflowClient, experiment_ids: list[str], query: RunQuery) -> bool:
