@@ -615,11 +615,12 @@ def holds_result(data, batch_size: int) -> bool:
 def log_params_once(client, run_id: str, params: dict[str, Any]) -> None:
     """Log params that the run does not have yet (MLflow rejects changing a param)."""
     existing = client.get_run(run_id).data.params
-    fresh = {k: _param_value(v) for k, v in params.items() if k not in existing}
+    fresh = {k: param_value(v) for k, v in params.items() if k not in existing}
     log_batch(client, run_id, params=fresh)
 
 
-def _param_value(value: Any) -> str:
+def param_value(value: Any) -> str:
+    """A param's text as the run holds it (None: ``default``; cut at MLflow's limit)."""
     text = "default" if value is None else str(value)
     return text[:MAX_PARAM_CHARS]
 

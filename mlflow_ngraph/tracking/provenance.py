@@ -28,6 +28,7 @@ from typing import Any
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.keys import PublicKey, public_of
 from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tracking.mlflow_log import param_value
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def build_record(
         "run_id": run_id,
         "experiment_id": str(experiment_id),
         "batch_size": int(b),
-        "params": {k: str(v) for k, v in (description.get("params") or {}).items()},
+        "params": {k: param_value(v) for k, v in (description.get("params") or {}).items()},
         "environment": {
             **{k: str(tags[k]) for k in ENV_TAGS if tags.get(k) is not None},
             **{k: str(v) for k, v in tags.items() if k.startswith("ngraph.version.")},

@@ -275,16 +275,16 @@ def test_a_poisoned_index_never_crowns_a_run_without_metrics(store, tmp_path):
     out = tmp_path / "pulled"
     done = pull(uri, out, "--compiler", "onnxruntime", "--batch-size", "1")
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    (refused,) = [line for line in done.stdout.splitlines() if line.startswith("refused")]
-    assert empty.info.run_id in refused and "mallory" in refused
-    assert "holds no metrics" in refused
+    # the empty run holds no signed record: set aside before any is chosen
+    assert "not signed by a producer you trust: it is not signed" in done.stdout
     (chose,) = [line for line in done.stdout.splitlines() if line.startswith("chose")]
     assert genuine.info.run_id in chose and "logged by" in chose
     assert json.loads((out / "source.json").read_text())["run_id"] == genuine.info.run_id
     # a record whose metrics differ from its own run's is refused the same way
     poison_index(client, genuine, genuine.info.run_id, factor=3.0)
     done = pull(uri, tmp_path / "again", "--compiler", "onnxruntime", "--batch-size", "1")
-    assert "the results index does not match the run" in done.stdout
+    # the genuine run is signed: ranked on its signed figures, the store's said altered
+    assert "tampering: the store's figures of" in done.stdout
 
 
 # --- attack 5: manifest paths not confined, unlisted files --------------------------------
@@ -302,7 +302,7 @@ def test_manifest_paths_are_confined_and_unlisted_files_ignored(store, tmp_path)
     out = tmp_path / "pulled"
     done = pull(uri, out, "--compiler", "onnxruntime", "--batch-size", "1")
     assert done.returncode == 0, done.stderr[-3000:]
-    listed = ["manifest.json", "model.ort.onnx", "source.json"]
+    listed = ["manifest.json", "model.ort.onnx", "provenance.json", "provenance.sig", "source.json"]
     assert sorted(p.name for p in out.iterdir()) == listed
     with load_engine(out) as engine:
         engine.predict(_x())
@@ -406,6 +406,9 @@ def test_no_custom_op_library_comes_in_through_onnx(store, tmp_path):
     manifest["files"].append({"path": "libcom_attacker.so", "bytes": 0, "sha256": ""})
     (out / "manifest.json").write_text(json.dumps(manifest))
     rewrite_manifest(out)
-    with pytest.raises(NgraphError, match="onnxruntime could not load the engine"):
+    with pytest.raises(NgraphError, match="its manifest is not the one .* signed"):
         load_engine(out)
+    # and were the folder's manifest signed, the loader itself takes no library in
+    with pytest.raises(NgraphError, match="onnxruntime could not load the engine"):
+        load_engine(out, check_signature=False)
     assert not marker.exists()
