@@ -3,14 +3,29 @@
 __version__ = "0.1.0"
 
 
-def load_engine(directory, check_files: bool = True, sha256=None, trust_code=None):
+def load_engine(
+    directory,
+    check_files: bool = True,
+    sha256=None,
+    trust_code=None,
+    trusted_keys=None,
+    allow_unsigned=None,
+):
     """Load a pulled engine (``mlflow-ngraph pull -o DIR``): ``predict(x)`` takes and returns
-    numpy arrays, run with the runtime named in its manifest after checking its files and
-    this host. ``sha256`` pins the manifest; formats that run code need ``trust_code=True``.
-    See :func:`mlflow_ngraph.deploy.engine.load_engine`."""
+    numpy arrays, run with the runtime named in its manifest after checking its signed
+    record (a producer you trust, or ``trusted_keys``, signed it; ``allow_unsigned=True``
+    takes one that is not), its files and this host. ``sha256`` pins the manifest; formats
+    that run code need ``trust_code=True``. See :func:`mlflow_ngraph.deploy.engine.load_engine`."""
     from mlflow_ngraph.deploy.engine import load_engine as _load
 
-    return _load(directory, check_files=check_files, sha256=sha256, trust_code=trust_code)
+    return _load(
+        directory,
+        check_files=check_files,
+        sha256=sha256,
+        trust_code=trust_code,
+        trusted_keys=trusted_keys,
+        allow_unsigned=allow_unsigned,
+    )
 
 
 def load_registered(model_uri, trust_code=None, tracking_uri=None):

@@ -144,8 +144,8 @@ def _auth_error(exc: BaseException, uri: str | None, experiment: str, permission
 def _choose(options: dict):
     """Connect, select, check the choice against its run and print it; returns (client,
     uri, chosen candidate, its run, selection)."""
-    from mlflow_ngraph.deploy.select import candidates, confirm, creator, describe, rank
-    from mlflow_ngraph.deploy.signed import Trust, verify_candidates
+    from mlflow_ngraph.deploy.select import confirm, creator, describe, rank
+    from mlflow_ngraph.deploy.signed import Trust
     from mlflow_ngraph.tracking.mlflow_log import connect, resolve_tracking_uri
     from mlflow_ngraph.tracking.uri import check_tracking_uri
 
@@ -158,25 +158,15 @@ def _choose(options: dict):
     what = f"{options['model']} on {options['device']}"
     trust = Trust.of(options["trusted_keys"], options["allow_unsigned"])
     refused: set[str] = set()
+    shown = False
     for _ in range(MAX_ROUNDS):
-        found = candidates(
-            client,
-            uri,
-            options["experiment"],
-            options["device"],
-            options["model"],
-            options["compiler"],
-            options["batch_size"],
-            options["run_id"],
-            options["live"],
-            frozenset(refused),
-        )
-        verify_candidates(client, found, trust, say)
+        found = _verified_candidates(client, uri, options, trust, refused)
         selection = rank(
             found, options["metric"], options["max_latency_ms"], options["allow_unstable"]
         )
-        if not refused:
+        if not shown:  # once: later rounds only leave out runs refused in a line each
             click.echo(describe(selection))
+            shown = True
         ranked = _trusted_best(selection, what, trust)
         chosen, run = confirm(client, ranked, ids, say, refused)
         if chosen is not None:
@@ -191,6 +181,37 @@ def _choose(options: dict):
     return client, uri, chosen, run, selection
 
 
+def _verified_candidates(client, uri: str, options: dict, trust, refused: set[str]) -> list:
+    """The candidates (``select.candidates``), each verified against its signed record.
+    Runs no trusted producer signed are looked past once: a planted record may be the
+    latest of its cell and hide the signed run behind it; when looking past them finds more
+    trusted candidates, each is refused in one line and added to ``refused``."""
+    from mlflow_ngraph.deploy.select import candidates
+    from mlflow_ngraph.deploy.signed import verify_candidates
+
+    def look(excluded: set[str]) -> list:
+        found = candidates(client, uri, options["experiment"], options["device"],
+                           options["model"], options["compiler"], options["batch_size"],
+                           options["run_id"], options["live"], frozenset(excluded))  # fmt: skip
+        verify_candidates(client, found, trust, say)
+        return found
+
+    found = look(refused)
+    untrusted = {c.run_id: c for c in found if c.trust_problem}
+    if not untrusted:
+        return found
+    try:
+        again = look(refused | set(untrusted))
+    except NgraphError:  # nothing but them
+        return found
+    if sum(not c.trust_problem for c in again) <= sum(not c.trust_problem for c in found):
+        return found
+    for run_id, c in untrusted.items():
+        say(f"refused {c.label} (run {run_id}): {c.trust_problem}")
+    refused.update(untrusted)
+    return again
+
+
 def _trusted_best(selection, what: str, trust):
     """The deployable candidates, best first (``select.best``), and where none is left
     because none is signed by a producer the user trusts, how to trust one.
@@ -201,11 +222,11 @@ def _trusted_best(selection, what: str, trust):
 
     if not selection.ranked and any(c.trust_problem for c in selection.excluded):
         first = next(c for c in selection.excluded if c.trust_problem)
-        advice = (
-            trust.advice()
-            if "not one you trust" in first.trust_problem
-            else ("deploy it only once its producer has measured it again")
+        altered = any(
+            word in first.trust_problem
+            for word in ("the store was altered", "altered after signing", "copied here")
         )
+        advice = "ask its producer to measure it again" if altered else trust.advice()
         raise NgraphError(
             f"no engine for {what} passed the signature check ({first.label}: "
             f"{first.trust_problem}): {advice}"

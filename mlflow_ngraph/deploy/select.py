@@ -127,6 +127,8 @@ def candidates(
     cells = fetch_cells(client, query, tracking_uri, None, live=live)
     if exclude:
         cells = cells[~cells["run_id"].isin(exclude)]
+        if cells.empty:
+            raise NgraphError(f"every run of {model!r} on {device!r} was refused (see above)")
     frame, _ = prepare(cells)
     frame = _narrowed(frame, device, model, run_id, batch_size)
     return [_candidate(row) for row in frame.to_dict("records")]

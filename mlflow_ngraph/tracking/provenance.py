@@ -248,8 +248,15 @@ def fetch_signed(client, run_id: str, b: int, trusted: dict[str, PublicKey], int
     from mlflow.exceptions import MlflowException
 
     into.mkdir(parents=True, exist_ok=True)
+    try:  # sizes first: nothing over the cap is downloaded
+        listed = {f.path: f.file_size for f in client.list_artifacts(run_id, SIGNED_DIR)}
+    except (MlflowException, OSError):
+        listed = {}
     got = {}
     for name in (record_artifact(b), signature_artifact(b)):
+        size = listed.get(name)
+        if size is not None and size > MAX_BYTES:
+            raise NgraphError(f"its signed record is over {MAX_BYTES} bytes")
         try:
             got[name] = Path(client.download_artifacts(run_id, name, str(into)))
         except (MlflowException, OSError):

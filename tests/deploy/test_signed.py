@@ -148,6 +148,14 @@ def _reindex(client, run) -> None:
     index.write(client, parent, index.snapshot(client, [r.info.run_id for r in cells]))
 
 
+def _now() -> int:
+    """A metric's timestamp that makes it the latest value (MLflow's latest: highest step,
+    then newest time)."""
+    import time
+
+    return int(time.time() * 1000) + 60_000
+
+
 def _chose(done) -> str:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("chose")]
@@ -202,7 +210,7 @@ def test_rewritten_figures_and_marks_do_not_change_the_choice(store, tmp_path):
 
     client.log_batch(
         run.info.run_id,
-        metrics=[Metric("throughput.bs1", run.data.metrics["throughput.bs1"] * 100, 0, 1)],
+        metrics=[Metric("throughput.bs1", run.data.metrics["throughput.bs1"] * 100, _now(), 1)],
         tags=[RunTag(f"{S.T_STABILITY}.bs1", S.STABILITY_STABLE)],
     )
     _reindex(client, run)
@@ -262,3 +270,70 @@ def test_an_unknown_producer_is_refused_until_trusted_or_allowed(store, tmp_path
     assert removed.returncode == 0, removed.stderr
     done = _pull(uri, tmp_path / "again", "--batch-size", "1", env=env)
     assert done.returncode == 2 and "not one you trust" in done.stderr
+
+
+def test_resign_signs_only_what_the_home_measured_and_the_store_still_pins(
+    tiny_store, store, tmp_path
+):
+    """Records removed (a store from before signing), one engine's manifest altered: the
+    home's journal signs every result again with its own figures, except the altered one."""
+    from mlflow_ngraph.tracking.journal import Journal
+    from mlflow_ngraph.tracking.resign import resign_journal
+
+    uri, client = store
+    runs = {c: cell_run(client, c) for c in ("onnxruntime", "torchscript")}
+    for run in runs.values():
+        shutil.rmtree(Path(run.info.artifact_uri.removeprefix("file://")) / "ngraph" / "signed")
+    altered = Path(runs["torchscript"].info.artifact_uri.removeprefix("file://"))
+    manifest = altered / "engines" / "bs2" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"batch_size": 2', '"batch_size":  2'))
+    (path,) = sorted((tiny_store / "home" / "journals").glob("*.jsonl"))
+    journal = Journal(path)
+    experiment = runs["onnxruntime"].info.experiment_id
+    done = resign_journal(client, journal, experiment, Producer(Path(SUITE_KEY)))
+    assert done.signed >= 5  # identity's, onnxruntime's and torchscript's bs1
+    assert any("bs2: its engine's manifest is not the one its run pinned" in s
+               for s in done.skipped)  # fmt: skip
+    trusted = {keys.public_of(Path(SUITE_KEY)).fingerprint: keys.public_of(Path(SUITE_KEY))}
+    rid = runs["onnxruntime"].info.run_id
+    got = fetch_signed(client, rid, 1, trusted, tmp_path / "r")
+    state = next(s for s in journal.cells.values() if s.run_id == rid)
+    assert got.metrics["throughput"] == state.measured[1]["metrics"]["throughput"]
+    assert (
+        got.record["engine_manifest_sha256"]
+        == runs["onnxruntime"].data.params["engine.bs1.manifest_sha256"]
+    )
+    with pytest.raises(NgraphError, match="not signed"):
+        fetch_signed(client, runs["torchscript"].info.run_id, 2, trusted, tmp_path / "t")
+
+
+def test_compare_verified_shows_the_signed_figures_only(store, tmp_path):
+    uri, client = store
+    run = cell_run(client, "onnxruntime")
+    signed = run.data.metrics["throughput.bs1"]
+    from mlflow.entities import Metric
+
+    client.log_batch(run.info.run_id, metrics=[Metric("throughput.bs1", 123456.0, _now(), 1)])
+    _reindex(client, run)
+    args = ["compare", "-e", EXPERIMENT, "--table", "cells", "--format", "csv", "--tracking-uri"]
+    plain = cli(*args, uri)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert _throughput(plain.stdout, "onnxruntime", 1) == 123456.0
+    verified = cli(*args, uri, "--verified")
+    assert verified.returncode == 0, verified.stderr[-2000:]
+    assert _throughput(verified.stdout, "onnxruntime", 1) == pytest.approx(signed, rel=1e-6)
+    assert "differ from the signed ones" in verified.stderr
+    env = {"MLFLOW_NGRAPH_HOME": str(tmp_path / "bob"),
+           keys.ENV_SIGNING_KEY: str(tmp_path / "bob" / "producer.pem")}  # fmt: skip
+    refused = cli(*args, uri, "--verified", env=env)
+    assert refused.returncode == 2 and "no producer you trust signed them" in refused.stderr
+
+
+def _throughput(csv: str, compiler: str, b: int) -> float:
+    import io
+
+    import pandas as pd
+
+    frame = pd.read_csv(io.StringIO(csv))
+    (value,) = frame[(frame["compiler"] == compiler) & (frame["batch_size"] == b)]["throughput"]
+    return float(value)
