@@ -108,6 +108,9 @@ def resign(experiment: str, tracking_uri: str | None) -> None:
     from mlflow_ngraph.tracking.provenance import producer
     from mlflow_ngraph.tracking.resign import Resigned, resign_journal
 
+    import os
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     home = default_home()
     uri = resolve_tracking_uri(tracking_uri)
     signer = producer(home)
