@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.redaction import first_line
 
 T_MANIFEST = "manifest_sha256"  # version tag: the sha256 of the engine's manifest
 
@@ -45,7 +46,7 @@ def resolve_version(client, model_uri: str):
             return client.get_model_version_by_alias(match["name"], match["alias"])
         return client.get_model_version(match["name"], match["version"])
     except MlflowException as exc:
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        first = first_line(exc, 200)
         raise NgraphError(f"{model_uri} is not a registered version here: {first}") from None
 
 
