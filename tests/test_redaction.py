@@ -107,36 +107,52 @@ def _one_line(code: int, err: str, status: int = 2) -> str:
 
 
 @pytest.fixture
+def command(tmp_path, capsys, monkeypatch):
+    """Run ``mlflow-ngraph ARGS`` in this process; returns (exit code, stdout, stderr)."""
+    from mlflow_ngraph.commands.cli import main
+
+    monkeypatch.setenv("MLFLOW_NGRAPH_HOME", str(tmp_path / "home"))
+
+    def run(*args: str) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as ended:
+            main(list(args))
+        out, err = capsys.readouterr()
+        return ended.value.code, out, err
+
+    return run
+
+
+@pytest.fixture
 def answering(monkeypatch):
     """The store answers a probe (the error is its answer, not an outage)."""
     monkeypatch.setattr("mlflow_ngraph.tracking.mlflow_log.store_answers", lambda *a, **k: True)
 
 
-def test_a_store_error_of_any_command_is_one_redacted_line(run_cli, monkeypatch, answering):
+def test_a_store_error_of_any_command_is_one_redacted_line(command, monkeypatch, answering):
     import mlflow_ngraph.cluster.sync as sync
 
     def fails(home, uri):
         raise _mlflow_404()
 
     monkeypatch.setattr(sync, "sync", fails)
-    code, _, err = run_cli("sync", "--tracking-uri", URI)
+    code, _, err = command("sync", "--tracking-uri", URI)
     line = _one_line(code, err)
     assert line.startswith("error: the tracking store http://alice:***@127.0.0.1:9 failed: ")
     assert "error code 404" in line and "--live" in line  # the index it could not read
 
 
-def test_compare_says_a_store_error_in_one_redacted_line(run_cli, monkeypatch, answering):
+def test_compare_says_a_store_error_in_one_redacted_line(command, monkeypatch, answering):
     import mlflow_ngraph.commands.report as report
 
     def fails(*args, **kwargs):
         raise _mlflow_404()
 
     monkeypatch.setattr(report, "run_compare", fails)
-    code, _, err = run_cli("compare", "--tracking-uri", URI)
+    code, _, err = command("compare", "--tracking-uri", URI)
     assert "the tracking store http://alice:***@127.0.0.1:9 failed" in _one_line(code, err)
 
 
-def test_a_server_that_does_not_answer_is_one_line_and_its_own_status(run_cli, monkeypatch):
+def test_a_server_that_does_not_answer_is_one_line_and_its_own_status(command, monkeypatch):
     import requests
 
     import mlflow_ngraph.cluster.sync as sync
@@ -145,24 +161,24 @@ def test_a_server_that_does_not_answer_is_one_line_and_its_own_status(run_cli, m
         raise requests.ConnectionError(f"Max retries exceeded with url: {URI}/api/2.0/x")
 
     monkeypatch.setattr(sync, "sync", fails)
-    code, _, err = run_cli("sync", "--tracking-uri", URI)
+    code, _, err = command("sync", "--tracking-uri", URI)
     line = _one_line(code, err, status=3)
     assert "tracking server http://alice:***@127.0.0.1:9 is unreachable" in line
 
 
-def test_a_fault_of_the_tool_keeps_its_traceback_without_the_secret(run_cli, monkeypatch):
+def test_a_fault_of_the_tool_keeps_its_traceback_without_the_secret(command, monkeypatch):
     import mlflow_ngraph.cluster.sync as sync
 
     def fails(home, uri):
         raise KeyError(f"bug near {URI}")
 
     monkeypatch.setattr(sync, "sync", fails)
-    code, _, err = run_cli("sync", "--tracking-uri", URI)
+    code, _, err = command("sync", "--tracking-uri", URI)
     assert code == 1 and "Traceback" in err and "KeyError" in err
     assert SECRET not in err and "alice:***@127.0.0.1:9" in err
 
 
-def test_a_user_error_naming_a_login_is_redacted(run_cli, monkeypatch):
+def test_a_user_error_naming_a_login_is_redacted(command, monkeypatch):
     import mlflow_ngraph.cluster.sync as sync
     from mlflow_ngraph.errors import NgraphError
 
@@ -170,7 +186,7 @@ def test_a_user_error_naming_a_login_is_redacted(run_cli, monkeypatch):
         raise NgraphError(f"something about {uri}")
 
     monkeypatch.setattr(sync, "sync", fails)
-    code, _, err = run_cli("sync", "--tracking-uri", URI)
+    code, _, err = command("sync", "--tracking-uri", URI)
     assert _one_line(code, err) == "error: something about http://alice:***@127.0.0.1:9"
 
 

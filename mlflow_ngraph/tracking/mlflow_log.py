@@ -184,8 +184,23 @@ def store_failed(
             "--tracking-uri / MLFLOW_TRACKING_URI at a running server"
         )
     reason = first_line(text) or type(exc).__name__
-    fix = hint or "check the tracking server and the runs' artifacts, then run the command again"
-    return NgraphError(f"the tracking store {shown} failed: {reason}; {fix}")
+    return NgraphError(f"the tracking store {shown} failed: {reason}; {hint or _fix(text)}")
+
+
+#: how the store says that what was asked for is not there
+_NOT_FOUND = re.compile(
+    r"\b404\b|RESOURCE_DOES_NOT_EXIST|not found|No such file|Failed to download artifacts",
+    re.IGNORECASE,
+)
+
+
+def _fix(text: str) -> str:
+    if _NOT_FOUND.search(text):
+        return (
+            "what the command reads is not in the store (deleted by one of its writers?): "
+            "log it again, or choose another run"
+        )
+    return "check the tracking server and the runs' artifacts, then run the command again"
 
 
 def _unreachable(exc: BaseException) -> bool:
