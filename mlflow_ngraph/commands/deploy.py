@@ -79,8 +79,9 @@ def _trust_option(command):
         "--trust-code",
         is_flag=True,
         default=None,
-        help="Load an engine format that runs code (TVM library, TorchScript, AOTInductor "
-        "package, TensorRT plan): only if you trust every writer of its experiment "
+        help="Load an engine that runs code (TVM library, TorchScript, AOTInductor package, "
+        "TensorRT plan, ONNX Runtime's TensorRT engine cache): only if you trust every writer "
+        "of its experiment "
         "(or set MLFLOW_NGRAPH_TRUST_CODE=1).",
     )(command)
 
@@ -262,10 +263,10 @@ def pull(output: Path, force: bool, sha256: str | None, **options) -> None:
     say(f"pulled and verified into {path}")
     say(f"manifest sha256 {source['manifest_sha256']} (pin it with --sha256)")
     manifest = json.loads((path / trust.MANIFEST).read_text())
-    fmt = trust.engine_format(manifest["format"])
-    if fmt is not None and fmt.code:
+    code = trust.runs_code(manifest)
+    if code:
         say(
-            f"note: this engine is {fmt.code}: it runs code when loaded, so run-engine, "
+            f"note: this engine is {code}: it runs code when loaded, so run-engine, "
             f"load_engine and register need --trust-code (trust {source['created_by']} and "
             "every writer of the experiment first)"
         )
