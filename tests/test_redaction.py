@@ -215,3 +215,13 @@ def test_the_runner_and_the_session_say_a_store_error_redacted(answering):
     assert "run the same command again" in str(closing)
     other = ValueError("x")
     assert closing_failed(other, URI) is other
+
+
+def test_a_tracking_uri_refused_before_use_is_named_redacted():
+    from mlflow_ngraph.errors import NgraphError
+    from mlflow_ngraph.tracking.uri import check_tracking_uri
+
+    for uri in (f"htp://alice:{SECRET}@host", f"postgresql://u:{SECRET}@h:notaport/db"):
+        with pytest.raises(NgraphError) as refused:
+            check_tracking_uri(uri)
+        assert SECRET not in str(refused.value) and ":***@" in str(refused.value)
