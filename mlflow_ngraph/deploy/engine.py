@@ -244,9 +244,8 @@ def load_engine(
 
     Only what the manifest lists is read, the manifest confined to the folder
     (:func:`mlflow_ngraph.deploy.trust.check_manifest`). ``sha256`` pins the manifest's own
-    hash (``pull`` prints it). An engine whose loading runs code (TVM library, TorchScript,
-    AOTInductor package, TensorRT plan, ONNX Runtime's TensorRT engine cache: what its
-    compiler declares of its format and flags) needs ``trust_code=True`` or the setting
+    hash (``pull`` prints it). An engine whose loading runs code (what its compiler declares
+    of its format and flags: ``trust.runs_code``) needs ``trust_code=True`` or the setting
     ``MLFLOW_NGRAPH_TRUST_CODE=1``.
 
     Raises:

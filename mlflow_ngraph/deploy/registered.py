@@ -89,6 +89,22 @@ def registered_mlmodel(client, model_uri: str, manifest_sha256: str, run_id: str
     return mlmodel_digest(conf)
 
 
+def _recorded(client, version, expected: str, label: str) -> Recorded:
+    """What the registry holds of ``version``'s logged model (its id, location, source run
+    and the hashes the version pins).
+
+    Raises:
+        NgraphError: the version names no logged model."""
+    model_id = getattr(version, "model_id", None)
+    if not model_id and str(version.source).startswith("models:/m-"):
+        model_id = str(version.source).removeprefix("models:/").strip("/")
+    if not model_id:
+        raise NgraphError(f"{label} has no logged model: register the engine again")
+    location = client.get_logged_model(model_id).artifact_location.rstrip("/")
+    run_id = getattr(version, "run_id", None) or None
+    return Recorded(expected, model_id, location, run_id, (version.tags or {}).get(T_MLMODEL))
+
+
 def fetch_registered(
     client,
     model_uri: str,
@@ -116,16 +132,8 @@ def fetch_registered(
             f"{label} records no {T_MANIFEST} (registered before engines were pinned): "
             "register the engine again with mlflow-ngraph register"
         )
-    model_id = getattr(version, "model_id", None)
-    if not model_id and str(version.source).startswith("models:/m-"):
-        model_id = str(version.source).removeprefix("models:/").strip("/")
-    if not model_id:
-        raise NgraphError(f"{label} has no logged model: register the engine again")
-    location = client.get_logged_model(model_id).artifact_location.rstrip("/")
-    record = Recorded(
-        expected, model_id, location, getattr(version, "run_id", None) or None,
-        (version.tags or {}).get(T_MLMODEL),
-    )  # fmt: skip
+    record = _recorded(client, version, expected, label)
+    location = record.artifact_location
     local = Path(directory) / "model"
     conf = yaml.safe_load(_download(client, f"{location}/MLmodel", local).read_text())
     data = check_mlmodel(conf, record, label)
