@@ -23,7 +23,7 @@ LOGS = {"debug", "info", "warning", "error", "exception", "critical", "warn"}
 #: ``tracking.schema`` is the names every layer writes under, so it sits with the core)
 LAYERS = (
     ("core", ("errors", "faultpoint", "variables", "table", "scratch", "env", "devices", "keys",
-              "cache", "console", "text", "tracking.schema")),
+              "cache", "console", "redaction", "text", "tracking.schema")),
     ("what is measured", ("models", "compilers")),
     ("measure", ("measure",)),
     ("plan", ("plan",)),

@@ -11,6 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from mlflow_ngraph.redaction import redact_log_records
 from mlflow_ngraph.text import visible_lines
 
 
@@ -42,6 +43,7 @@ class _VisibleFormatter(logging.Formatter):
 
 
 def setup_logging(verbose: int) -> None:
+    redact_log_records()
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose >= 0 else logging.WARNING
     handler = _StderrHandler()
     handler.setFormatter(_VisibleFormatter("[%(asctime)s] %(message)s", "%H:%M:%S"))

@@ -44,6 +44,7 @@ from mlflow.projects.utils import (
 from mlflow_ngraph.cluster.driver import Driver
 from mlflow_ngraph.cluster.sweep import check_answers
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.redaction import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ class RayBackend(AbstractBackend):
                 raise NgraphError(f"run {submitted.run_id} failed: {driver.last_line()}")
             return submitted
         except NgraphError as exc:  # MLflow's command prints it as one line, exit status 1
-            raise ExecutionException(str(exc)) from None
+            raise ExecutionException(redact_text(exc)) from None
 
 
 def plan_job(

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.redaction import redact_text
 
 #: seconds between two looks at a driver's state and output
 POLL_S = 0.5
@@ -306,7 +307,7 @@ def drive(driver: Driver) -> int:
         )  # fmt: skip
         check_outcome(outcome)
     except NgraphError as exc:
-        return end("failed" if started else "refused", str(exc), "FAILED", exc.exit_code)
+        return end("failed" if started else "refused", redact_text(exc), "FAILED", exc.exit_code)
     except (KeyboardInterrupt, SystemExit):  # SystemExit: Ray's SIGTERM, while it starts
         return end("cancelled", f"run {run_id} cancelled: run the same command to resume",
                    "KILLED", 130)  # fmt: skip
@@ -335,7 +336,7 @@ def main(argv: list[str]) -> int:
     try:
         return drive(driver)
     except Exception as exc:  # the client shows this line
-        driver.set_state("failed", f"the driver failed: {exc!r}")
+        driver.set_state("failed", redact_text(f"the driver failed: {exc!r}"))
         raise
     finally:
         lock.close()

@@ -12,6 +12,7 @@ import logging
 import math
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from mlflow_ngraph.console import (
     split_multi,
 )
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.redaction import redact_log_records, redact_text
 from mlflow_ngraph.text import visible
 
 if TYPE_CHECKING:
@@ -640,19 +642,48 @@ def _interrupts_end_the_run():
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: user errors become one line and exit status 2."""
+    """Console-script entry point: user errors become one line and exit status 2, an error
+    of the tracking store one line too (:func:`store_failure`); whatever is printed is
+    redacted (:func:`mlflow_ngraph.redaction.redact_text`), a traceback included."""
+    redact_log_records()
     try:
         with _interrupts_end_the_run():
             cli.main(args=argv, prog_name="mlflow-ngraph", standalone_mode=False)
-    except NgraphError as exc:  # one line, whatever values from the store it names
-        click.echo(f"error: {visible(exc)}", err=True)
-        sys.exit(exc.exit_code)
+    except NgraphError as exc:
+        _exit_line(exc)
     except (click.exceptions.Abort, KeyboardInterrupt):  # Ctrl-C (SIGTERM too: console.interrupt)
         click.echo(_interrupted(sys.argv[1:] if argv is None else argv), err=True)
         sys.exit(130)
     except click.ClickException as exc:
+        exc.message = redact_text(exc.message)
         exc.show()
         sys.exit(exc.exit_code)
+    except Exception as exc:
+        error = store_failure(exc)
+        if error is None:  # a fault of the tool: its traceback, without the secrets
+            click.echo(redact_text("".join(traceback.format_exception(exc))).rstrip(), err=True)
+            sys.exit(1)
+        _exit_line(error)
+
+
+def _exit_line(error: NgraphError) -> None:
+    """One line, whatever values from the store it names (shown visibly, secrets redacted)."""
+    click.echo(f"error: {visible(redact_text(error))}", err=True)
+    sys.exit(error.exit_code)
+
+
+def store_failure(exc: BaseException) -> NgraphError | None:
+    """The one line of an error MLflow or requests raised for the tracking store the command
+    uses (any command: compare, pull, register, serve, tune, sync...); None for any other
+    error. A results index that is gone or unreadable names ``--live``."""
+    if "mlflow" not in sys.modules and "requests" not in sys.modules:
+        return None  # neither was imported: the error comes from neither
+    from mlflow_ngraph.tracking.index import index_hint
+    from mlflow_ngraph.tracking.mlflow_log import is_store_error, store_failed
+
+    if not is_store_error(exc):
+        return None
+    return store_failed(exc, hint=index_hint(str(exc)))
 
 
 #: the commands whose finished work a re-run keeps (journal, store) and skips

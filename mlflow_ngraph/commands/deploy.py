@@ -79,8 +79,9 @@ def _trust_option(command):
         "--trust-code",
         is_flag=True,
         default=None,
-        help="Load an engine format that runs code (TVM library, TorchScript, AOTInductor "
-        "package, TensorRT plan): only if you trust every writer of its experiment "
+        help="Load an engine that runs code (TVM library, TorchScript, AOTInductor package, "
+        "TensorRT plan, ONNX Runtime's TensorRT engine cache): only if you trust every writer "
+        "of its experiment "
         "(or set MLFLOW_NGRAPH_TRUST_CODE=1).",
     )(command)
 
@@ -107,38 +108,44 @@ def experiment_ids(client, experiment: str) -> set[str]:
 
 @contextmanager
 def store_errors(uri: str | None, experiment: str, permission: str):
-    """A refused login or a missing permission as one line naming the experiment and the
-    permission the command needs, instead of MLflow's traceback."""
-    from mlflow.exceptions import MlflowException
+    """Any error of the tracking store (``uri``; default: the one the command resolved) as
+    one redacted line: a refused login or a missing permission names the experiment and the
+    permission the command needs, anything else the store and its answer; never MLflow's
+    traceback."""
+    from mlflow_ngraph.tracking.mlflow_log import is_store_error
 
     try:
         yield
-    except MlflowException as exc:
+    except Exception as exc:  # MLflow's, requests' and MLflow's REST errors of other types
+        if not is_store_error(exc) and "401" not in str(exc) and "403" not in str(exc):
+            raise
         raise _auth_error(exc, uri, experiment, permission) from None
-    except Exception as exc:  # requests' errors and MLflow's REST errors of other types
-        if "401" in str(exc) or "403" in str(exc):
-            raise _auth_error(exc, uri, experiment, permission) from None
-        raise
 
 
 def _auth_error(exc: BaseException, uri: str | None, experiment: str, permission: str):
     import os
 
-    from mlflow_ngraph.tracking.mlflow_log import login_refused, redact_uri
+    from mlflow_ngraph.tracking.index import index_hint
+    from mlflow_ngraph.tracking.mlflow_log import (
+        login_refused,
+        permission_missing,
+        redact_uri,
+        store_failed,
+        store_in_use,
+    )
 
     text = redact_uri(str(exc))
     user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "(none)"
-    shown = redact_uri(uri or "")
+    shown = redact_uri(uri or store_in_use())
     refused = login_refused(text, shown)
     if refused is not None:
         return refused
-    if "403" in text or "PERMISSION_DENIED" in text or "permission" in text.lower():
+    if permission_missing(text):
         return NgraphError(
             f"user {user!r} lacks the {permission} permission on experiment {experiment!r} "
             f"at {shown}: ask the server's admin to grant it"
         )
-    first = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
-    return NgraphError(f"the tracking store {shown} failed: {first}")
+    return store_failed(exc, uri, hint=index_hint(str(exc)))
 
 
 def _choose(options: dict):
@@ -277,10 +284,10 @@ def pull(output: Path, force: bool, sha256: str | None, **options) -> None:
     say(f"pulled and verified into {path}")
     say(f"manifest sha256 {source['manifest_sha256']} (pin it with --sha256)")
     manifest = json.loads((path / trust.MANIFEST).read_text())
-    fmt = trust.engine_format(manifest["format"])
-    if fmt is not None and fmt.code:
+    code = trust.runs_code(manifest)
+    if code:
         say(
-            f"note: this engine is {fmt.code}: it runs code when loaded, so run-engine, "
+            f"note: this engine is {code}: it runs code when loaded, so run-engine, "
             f"load_engine and register need --trust-code (trust {source['created_by']} and "
             "every writer of the experiment first)"
         )

@@ -14,15 +14,16 @@ from pathlib import Path
 
 import click
 import pandas as pd
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.plan.config import parse_int_list
+from mlflow_ngraph.redaction import redact_text
 from mlflow_ngraph.report import publish, render, tables
 from mlflow_ngraph.report.query import RunQuery, fetch_cells, parse_where, resolve_experiments
 from mlflow_ngraph.text import visible
-from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
+from mlflow_ngraph.tracking.index import index_hint
+from mlflow_ngraph.tracking.mlflow_log import is_store_error, resolve_tracking_uri, store_failed
 from mlflow_ngraph.tracking.uri import check_tracking_uri
 
 log = logging.getLogger(__name__)
@@ -367,6 +368,11 @@ def compare(**options: object) -> None:
     try:
         _execute(options)
     except NgraphError as error:
-        raise CompareError(str(error)) from error
-    except MlflowException as error:
-        raise CompareError(f"tracking store error: {error.message}") from error
+        raise CompareError(redact_text(error)) from error
+    except Exception as error:  # MLflow's and requests' errors of the store: one line
+        if not is_store_error(error):
+            raise
+        failure = store_failed(error, hint=index_hint(str(error)))
+        problem = CompareError(str(failure))
+        problem.exit_code = failure.exit_code
+        raise problem from None

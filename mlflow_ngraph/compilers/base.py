@@ -253,7 +253,9 @@ class Compiler(ABC):
     color: ClassVar[str | None] = None
     #: the engine formats its engines are saved in (``EngineFiles.format``): format ->
     #: (the files its loader reads, what runs when it is loaded: "" for a data format).
-    #: deploy loads only a declared format, and code only when trusted (deploy/trust.py)
+    #: deploy loads only a declared format, and code only when trusted (deploy/trust.py);
+    #: a loader that also reads its flags says what they change (:meth:`loads`,
+    #: :meth:`runs_code`)
     engine_formats: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {}
     flags: ClassVar[dict[str, Flag]] = {}
     #: ``True`` when the engine is the same object for every batch size (eager)
@@ -304,6 +306,20 @@ class Compiler(ABC):
         chosen (a knob's ``when`` names only knobs before it); empty: only the defaults.
         A plug-in compiler declares its own next to its :attr:`flags`."""
         return []
+
+    def loads(self, fmt: str, flags: dict[str, Any]) -> tuple[str, ...]:
+        """The files :meth:`load` reads of an engine of format ``fmt`` loaded with ``flags``
+        (resolved): by default what :attr:`engine_formats` declares of the format."""
+        return tuple(self.engine_formats.get(fmt, ((), ""))[0])
+
+    def runs_code(self, fmt: str, flags: dict[str, Any]) -> str:
+        """What runs on this machine when :meth:`load` loads an engine of format ``fmt``
+        with ``flags`` (resolved), "" when it loads data only: by default what
+        :attr:`engine_formats` declares of the format. A loader that picks what it loads by
+        a flag (an execution provider's engine cache, a custom-operator library) says so
+        here: deploy asks it before anything is loaded, and loads code only when trusted
+        (deploy/trust.py)."""
+        return self.engine_formats.get(fmt, ((), ""))[1]
 
     def writes_engine(self, flags: dict[str, Any]) -> bool:
         """Whether its engines under ``flags`` are files that can be deployed (``pull``):

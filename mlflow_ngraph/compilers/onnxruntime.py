@@ -293,6 +293,20 @@ class OnnxRuntimeCompiler(Compiler):
             files[TRT_CACHE_DIR] = directory / TRT_CACHE_DIR
         return OnnxRuntimeEngine(session, flags, provider, files)
 
+    def loads(self, fmt: str, flags: dict[str, Any]) -> tuple[str, ...]:
+        """:meth:`load` reads the file of its ``provider`` flag, whatever the format says:
+        the source ONNX (and TensorRT's engine cache) for tensorrt, else the optimized ONNX."""
+        read = SOURCE_FILE if flags.get("provider") == "tensorrt" else OPTIMIZED_FILE
+        return tuple(dict.fromkeys((*super().loads(fmt, flags), read)))
+
+    def runs_code(self, fmt: str, flags: dict[str, Any]) -> str:
+        """:meth:`load` picks the execution provider by the ``provider`` flag, not by the
+        format: with tensorrt it loads TensorRT's engine cache (serialized TensorRT engines,
+        native code) whatever the format says; a format that declares code still does."""
+        if flags.get("provider") == "tensorrt":
+            return self.engine_formats["onnx+tensorrt-cache"][1]
+        return super().runs_code(fmt, flags)
+
     def _check_provider(self, flags: dict[str, Any], ctx: CompileContext) -> str:
         """The provider to use; raises when this host or ``ctx.device`` cannot run it."""
         import onnxruntime

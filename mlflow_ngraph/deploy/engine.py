@@ -244,8 +244,8 @@ def load_engine(
 
     Only what the manifest lists is read, the manifest confined to the folder
     (:func:`mlflow_ngraph.deploy.trust.check_manifest`). ``sha256`` pins the manifest's own
-    hash (``pull`` prints it). A format that runs code when loaded (TVM library, TorchScript,
-    AOTInductor package, TensorRT plan) needs ``trust_code=True`` or the setting
+    hash (``pull`` prints it). An engine whose loading runs code (what its compiler declares
+    of its format and flags: ``trust.runs_code``) needs ``trust_code=True`` or the setting
     ``MLFLOW_NGRAPH_TRUST_CODE=1``.
 
     Raises:
@@ -321,6 +321,7 @@ def _loaded(directory: Path, manifest: dict[str, Any]):
         NgraphError: the runtime failed to load it, or found nothing it can load."""
     from mlflow_ngraph.compilers.base import CompileContext
     from mlflow_ngraph.compilers.registry import get_compiler
+    from mlflow_ngraph.deploy import trust
 
     compiler = get_compiler(manifest["compiler"])
     # only what the manifest lists (and verified) is ever handed to a loader
@@ -346,9 +347,8 @@ def _loaded(directory: Path, manifest: dict[str, Any]):
         math=str(manifest.get("math") or "fp32"),  # the arithmetic it was measured in
     )
     try:
-        flags = compiler.resolve_flags(
-            {k: v for k, v in manifest["flags"].items() if v is not None}
-        )
+        # the flags the trust check asked the compiler about (trust.check_code)
+        flags = trust.loader_flags(compiler, manifest)
         engine = compiler.load(model, flags, ctx, directory)
     except NgraphError:
         raise

@@ -25,8 +25,9 @@ import numpy as np
 
 from mlflow_ngraph import faultpoint
 from mlflow_ngraph.deploy.engine import load_engine
+from mlflow_ngraph.deploy.mlmodel import T_MLMODEL
 from mlflow_ngraph.deploy.pyfunc_model import LOADER_MODULE
-from mlflow_ngraph.deploy.registered import T_MANIFEST
+from mlflow_ngraph.deploy.registered import T_MANIFEST, registered_mlmodel
 from mlflow_ngraph.deploy.select import METRICS, Candidate
 from mlflow_ngraph.tracking import schema as S
 
@@ -378,6 +379,7 @@ def register(
         "source_run": candidate.run_id,
         "engine_sha256": ",".join(f["sha256"] for f in manifest["files"]),
         T_MANIFEST: digest,
+        T_MLMODEL: registered_mlmodel(client, model_uri, digest, candidate.run_id),
         **{f"{T_METRIC}{k}": repr(v) for k, v in candidate.metrics.items()},
     }
     version = mlflow.register_model(model_uri, name, tags=tags)

@@ -5,9 +5,11 @@ The registered version records the sha256 of the engine's manifest (tag
 the experiment's artifacts, which every writer of the experiment can change, so before
 anything is loaded:
 
-- its ``MLmodel`` must name only the installed loader module
-  (``mlflow_ngraph.deploy.pyfunc_model``), no code folder, no Python model, and the same
-  manifest hash as the version;
+- its ``MLmodel`` must hold exactly the keys ``register`` writes, each with the value it
+  writes or the registry records (:mod:`mlflow_ngraph.deploy.mlmodel`): the installed
+  loader module (``mlflow_ngraph.deploy.pyfunc_model``), no code folder, no Python model,
+  no ``predict_fn``, the same manifest hash as the version, and (versions registered since
+  it is recorded) the same ``MLmodel`` as registered (tag ``mlmodel_sha256``);
 - its engine's manifest must have that hash, be confined, and every file it lists match;
 - only those files are downloaded.
 
@@ -20,10 +22,18 @@ from __future__ import annotations
 import os
 import re
 from contextlib import contextmanager
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
+from mlflow_ngraph.deploy.mlmodel import (
+    T_MLMODEL,
+    Recorded,
+    check_mlmodel,
+    check_signature,
+    mlmodel_digest,
+)
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.redaction import first_line
 
 T_MANIFEST = "manifest_sha256"  # version tag: the sha256 of the engine's manifest
 
@@ -45,7 +55,7 @@ def resolve_version(client, model_uri: str):
             return client.get_model_version_by_alias(match["name"], match["alias"])
         return client.get_model_version(match["name"], match["version"])
     except MlflowException as exc:
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        first = first_line(exc, 200)
         raise NgraphError(f"{model_uri} is not a registered version here: {first}") from None
 
 
@@ -60,46 +70,39 @@ def _download(client, uri: str, directory: Path) -> Path:
     )
 
 
-def check_mlmodel(conf: dict[str, Any], expected: str, label: str) -> str:
-    """The data folder of a logged engine model, after checking its ``MLmodel`` asks for
-    nothing but the installed loader and the expected manifest.
+def registered_mlmodel(client, model_uri: str, manifest_sha256: str, run_id: str) -> str:
+    """The :data:`T_MLMODEL` a new version of the logged model ``model_uri`` records: the
+    hash of its ``MLmodel``, after checking it as :func:`fetch_registered` will.
 
     Raises:
-        NgraphError: naming what the MLmodel asks for instead.
-    """
-    from mlflow_ngraph.deploy.pyfunc_model import CONFIG_KEY, LOADER_MODULE
+        NgraphError: an ``MLmodel`` that is not the one ``register`` writes."""
+    import tempfile
 
-    flavors = conf.get("flavors") if isinstance(conf, dict) else None
-    if not isinstance(flavors, dict) or set(flavors) != {"python_function"}:
-        raise NgraphError(
-            f"{label}: its MLmodel has flavors {sorted(flavors or {})}, not the engine "
-            "loader's only: it was changed after registration: refusing it"
-        )
-    pf = flavors["python_function"]
-    asked = {
-        "loader_module": pf.get("loader_module"),
-        "code": pf.get("code"),
-        "python_model": pf.get("python_model"),
-        "cloudpickle_version": pf.get("cloudpickle_version"),
-    }
-    if asked["loader_module"] != LOADER_MODULE or any(
-        asked[k] for k in ("code", "python_model", "cloudpickle_version")
-    ):
-        wanted = {k: v for k, v in asked.items() if v}
-        raise NgraphError(
-            f"{label}: its MLmodel asks MLflow to run {wanted}, not the installed "
-            f"{LOADER_MODULE}: it was changed after registration: refusing it"
-        )
-    if (pf.get("config") or {}).get(CONFIG_KEY) != expected:  # MLflow's model_config
-        raise NgraphError(
-            f"{label}: its MLmodel's engine hash is not the registered version's "
-            f"manifest_sha256: it was changed after registration: refusing it"
-        )
-    data = pf.get("data")
-    parts = PurePosixPath(str(data)).parts if data else ()
-    if len(parts) != 2 or parts[0] != "data" or parts[1] in ("..", ".") or "\\" in str(data):
-        raise NgraphError(f"{label}: its MLmodel names data {data!r}: refusing it")
-    return str(data)
+    import yaml
+
+    model_id = model_uri.removeprefix("models:/").strip("/")
+    location = client.get_logged_model(model_id).artifact_location.rstrip("/")
+    with tempfile.TemporaryDirectory(prefix="ngraph-mlmodel-") as tmp:
+        conf = yaml.safe_load(_download(client, f"{location}/MLmodel", Path(tmp)).read_text())
+    record = Recorded(manifest_sha256, model_id, location, run_id)
+    check_mlmodel(conf, record, f"the logged model {model_id}")
+    return mlmodel_digest(conf)
+
+
+def _recorded(client, version, expected: str, label: str) -> Recorded:
+    """What the registry holds of ``version``'s logged model (its id, location, source run
+    and the hashes the version pins).
+
+    Raises:
+        NgraphError: the version names no logged model."""
+    model_id = getattr(version, "model_id", None)
+    if not model_id and str(version.source).startswith("models:/m-"):
+        model_id = str(version.source).removeprefix("models:/").strip("/")
+    if not model_id:
+        raise NgraphError(f"{label} has no logged model: register the engine again")
+    location = client.get_logged_model(model_id).artifact_location.rstrip("/")
+    run_id = getattr(version, "run_id", None) or None
+    return Recorded(expected, model_id, location, run_id, (version.tags or {}).get(T_MLMODEL))
 
 
 def fetch_registered(
@@ -129,20 +132,17 @@ def fetch_registered(
             f"{label} records no {T_MANIFEST} (registered before engines were pinned): "
             "register the engine again with mlflow-ngraph register"
         )
-    model_id = getattr(version, "model_id", None)
-    if not model_id and str(version.source).startswith("models:/m-"):
-        model_id = str(version.source).removeprefix("models:/").strip("/")
-    if not model_id:
-        raise NgraphError(f"{label} has no logged model: register the engine again")
-    location = client.get_logged_model(model_id).artifact_location.rstrip("/")
+    record = _recorded(client, version, expected, label)
+    location = record.artifact_location
     local = Path(directory) / "model"
-    mlmodel = _download(client, f"{location}/MLmodel", local)
-    data = check_mlmodel(yaml.safe_load(mlmodel.read_text()), expected, label)
+    conf = yaml.safe_load(_download(client, f"{location}/MLmodel", local).read_text())
+    data = check_mlmodel(conf, record, label)
     engine = local / data
     got = _download(client, f"{location}/{data}/{trust.MANIFEST}", engine)
     trust.check_pin(trust.file_sha256(got), expected, f"{label}'s manifest_sha256")
     manifest = read_manifest(engine)
     trust.check_manifest(manifest)
+    check_signature(conf, manifest, label)
     for entry in manifest["files"]:
         rel = Path(entry["path"])
         _download(client, f"{location}/{data}/{entry['path']}", engine / rel.parent)

@@ -11,8 +11,11 @@ What a store writer cannot change is a run's params (MLflow params are write-onc
   by hand (``--sha256``);
 - a manifest names only files inside its folder, the file the loader reads among them, and
   the version and host fields the host checks need (:func:`check_manifest`);
-- formats that run code when loaded (TVM libraries, TorchScript, AOTInductor packages,
-  TensorRT plans) load only with an explicit trust (:func:`check_code`).
+- an engine whose loading runs code (TVM libraries, TorchScript, AOTInductor packages,
+  TensorRT plans, ONNX Runtime with its TensorRT provider's engine cache) loads only with an
+  explicit trust (:func:`check_code`). What runs is what the loader runs: the compiler that
+  loads the engine says it of the manifest's format *and* flags (``Compiler.runs_code``),
+  the flags resolved as the loader resolves them (:func:`loader_flags`).
 """
 
 from __future__ import annotations
@@ -58,6 +61,43 @@ def engine_format(name: str | None) -> Format | None:
             loads, code = found.engine_formats[name]
             return Format(compiler, tuple(loads), code)
     return None
+
+
+def loader_flags(compiler, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The flags ``compiler``'s loader loads the engine of ``manifest`` with: the manifest's,
+    resolved against the compiler's flags (deploy/engine.py loads with exactly these).
+
+    Raises:
+        NgraphError: a flag the compiler does not have, or a value it does not take."""
+    flags = manifest.get("flags")
+    if flags is not None and not isinstance(flags, dict):
+        raise NgraphError("the engine's manifest has no flags: refusing it")
+    return compiler.resolve_flags({k: v for k, v in (flags or {}).items() if v is not None})
+
+
+def _loader(manifest: dict[str, Any]):
+    """The installed compiler that loads the engine of ``manifest`` (its ``compiler``, else
+    the one declaring its format), or None."""
+    from mlflow_ngraph.compilers.registry import declared
+
+    fmt = engine_format(manifest.get("format"))
+    name = manifest.get("compiler") or (fmt.compiler if fmt is not None else None)
+    return declared(name) if isinstance(name, str) else None
+
+
+def runs_code(manifest: dict[str, Any]) -> str:
+    """What runs on this machine when the engine of ``manifest`` is loaded, "" for data
+    only: what the compiler that loads it declares of its format and flags
+    (``Compiler.runs_code``); an engine no installed compiler declares counts as code.
+
+    Raises:
+        NgraphError: flags its compiler does not take (its loader would not load it)."""
+    compiler, name = _loader(manifest), manifest.get("format")
+    if compiler is None or name not in compiler.engine_formats:
+        return (
+            f"in a format no installed compiler declares ({name!r}: what loading runs is unknown)"
+        )
+    return compiler.runs_code(name, loader_flags(compiler, manifest))
 
 
 def trusted(trust_code: bool | None) -> bool:
@@ -170,7 +210,9 @@ def check_manifest(manifest: dict[str, Any]) -> Format:
             f"the manifest says compiler {manifest.get('compiler')!r} but format {name!r} is "
             f"{fmt.compiler}'s: refusing it"
         )
-    unlisted = [f for f in fmt.loads if f not in listed]
+    compiler = _loader(manifest)
+    reads = compiler.loads(name, loader_flags(compiler, manifest)) if compiler else fmt.loads
+    unlisted = [f for f in dict.fromkeys((*fmt.loads, *reads)) if f not in listed]
     if unlisted:
         raise NgraphError(
             f"the manifest does not list {', '.join(unlisted)}, the file the {fmt.compiler} "
@@ -215,12 +257,15 @@ def check_against_run(manifest: dict[str, Any], params: dict[str, str], label: s
 
 
 def check_code(manifest: dict[str, Any], trust_code: bool | None) -> None:
-    """Refuse a format that runs code when loaded unless trusted (argument or setting)."""
-    fmt = engine_format(manifest.get("format"))
-    if fmt is None or not fmt.code or trusted(trust_code):
+    """Refuse an engine whose loading runs code (:func:`runs_code`: its format and flags)
+    unless trusted (argument or setting)."""
+    code = runs_code(manifest)
+    if not code or trusted(trust_code):
         return
+    compiler = _loader(manifest)
+    name = compiler.name if compiler is not None else manifest.get("compiler") or "unknown"
     raise NgraphError(
-        f"this {fmt.compiler} engine is {fmt.code}, which runs on this machine when it is "
+        f"this {name} engine is {code}, which runs on this machine when it is "
         "loaded, and anyone who can write the experiment it came from could have made it: "
         f"load it only if you trust them, with --trust-code (or {TRUST_ENV}=1, or "
         "trust_code=True)"

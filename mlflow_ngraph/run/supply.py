@@ -19,6 +19,7 @@ from typing import Any
 from mlflow_ngraph.compilers.base import CompileContext, Compiler, Engine
 from mlflow_ngraph.env import host_fingerprint
 from mlflow_ngraph.models.base import LoadedModel
+from mlflow_ngraph.redaction import first_line
 from mlflow_ngraph.tracking.engines import EngineCache, cache_key, write_manifest
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class EngineSupply:
         try:
             return compiler.load(model, flags, ctx, cached)
         except Exception as exc:  # every runtime fails a foreign engine its own way
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = first_line(exc) or type(exc).__name__
             log.warning("%s bs%d: the cached engine does not load (%s): rebuilding", name, b, first)
             return None
 

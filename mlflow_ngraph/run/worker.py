@@ -31,6 +31,7 @@ from mlflow_ngraph.errors import CompileFailed
 from mlflow_ngraph.measure.rounds import WINDOW_S
 from mlflow_ngraph.measure.settings import MeasureSettings
 from mlflow_ngraph.plan.config import RunPolicy
+from mlflow_ngraph.redaction import redact_text
 from mlflow_ngraph.tracking import schema as S
 
 log = logging.getLogger(__name__)
@@ -674,7 +675,8 @@ def _check_output(name: str, output, reference, tolerance: float, atol: float | 
 
 
 def one_line(exc: BaseException) -> str:
-    """An exception as one line: its type and first line (a compile failure's own text)."""
-    text = str(exc).strip()
+    """An exception as one line: its type and first line (a compile failure's own text),
+    redacted (an error of the tracking store repeats its URI)."""
+    text = redact_text(exc).strip()
     first = text.splitlines()[0] if text else ""
     return f"{type(exc).__name__}: {first}"[:1000] if not isinstance(exc, CompileFailed) else first

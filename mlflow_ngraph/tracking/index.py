@@ -236,6 +236,18 @@ def _download_file(client, artifact_uri: str, path: Path) -> bool:
     return download_artifact_file(client.tracking_uri, artifact_uri, INDEX_ARTIFACT, str(path))
 
 
+def index_hint(text: str) -> str:
+    """What to do when a store error's ``text`` is about a results index (the store would
+    not give it: deleted by a writer of the experiment, or its folder gone); "" for any
+    other error."""
+    if INDEX_ARTIFACT not in text:
+        return ""
+    return (
+        f"a benchmark's results index ({INDEX_ARTIFACT}) could not be fetched: pass --live "
+        "to read its cell runs instead, or run that benchmark again to write it anew"
+    )
+
+
 def is_current(status: str, tags: Mapping[str, str]) -> bool:
     """Whether a parent run (its MLflow ``status`` and ``tags``) has an index holding every
     cell of its last invocation: the runner writes the index just before it marks the parent

@@ -24,6 +24,7 @@ from typing import Any
 
 from mlflow_ngraph import faultpoint
 from mlflow_ngraph.errors import NgraphError, StoreAway
+from mlflow_ngraph.redaction import first_line, redact_text
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.variables import ENV_DEVICE_NAME, ENV_PARENT_RUN, ENV_SWEEP_ID
 
@@ -41,22 +42,34 @@ def redact(uri: str) -> str:
     return redact_uri(uri)
 
 
+#: the tracking URI the running command resolved last: the store its errors name
+_IN_USE: list[str] = []
+
+
 def resolve_tracking_uri(given: str | None) -> str:
-    """The URI given, else ``MLFLOW_TRACKING_URI``, else MLflow's own default."""
+    """The URI given, else ``MLFLOW_TRACKING_URI``, else MLflow's own default (remembered
+    as the store in use: :func:`store_in_use`)."""
     if given:
-        return given
-    import mlflow
+        uri = given
+    else:
+        import mlflow
 
-    return os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+    _IN_USE[:] = [uri]
+    return uri
 
 
-_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^/@:\s]*):[^/@\s]*@")
+def store_in_use() -> str:
+    """The tracking URI the running command resolved last, else ``MLFLOW_TRACKING_URI``
+    (unredacted: redact it before it is shown)."""
+    return _IN_USE[-1] if _IN_USE else os.environ.get("MLFLOW_TRACKING_URI", "")
 
 
 def redact_uri(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@host`` in it replaced by
-    ``***`` (everything the tool prints or records goes through this)."""
-    return _CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:***@", str(text))
+    """``text`` with the secrets of every URI in it replaced by ``***``
+    (:func:`mlflow_ngraph.redaction.redact_text`; everything the tool prints or records goes
+    through it)."""
+    return redact_text(text)
 
 
 #: MLflow's HTTP client retries 7 times with a backoff of 2 (minutes of silence against a
@@ -121,6 +134,11 @@ def login_refused(text: str, shown: str) -> NgraphError | None:
     return None
 
 
+def permission_missing(text: str) -> bool:
+    """Whether a store error's ``text`` is a refused permission (HTTP 403)."""
+    return "403" in text or "PERMISSION_DENIED" in text or "permission" in text.lower()
+
+
 def store_error(exc: BaseException, tracking_uri: str) -> NgraphError:
     """One line for an error of the store: a refused login or permission names the fix."""
     text = redact_uri(str(exc))
@@ -129,16 +147,66 @@ def store_error(exc: BaseException, tracking_uri: str) -> NgraphError:
     refused = login_refused(text, shown)
     if refused is not None:
         return refused
-    if "403" in text or "PERMISSION_DENIED" in text or "permission" in text.lower():
+    if permission_missing(text):
         return NgraphError(
             f"user {user!r} lacks the permission on {shown} to write this experiment's runs "
             "(it needs EDIT or MANAGE; ask the server's admin, or use another --experiment)"
         )
-    reason = text.strip().splitlines()[0][:200] if text.strip() else type(exc).__name__
+    reason = first_line(text, 200) or type(exc).__name__
     return NgraphError(
         f"tracking store {shown!r} cannot be opened: {reason} "
         "(check --tracking-uri / MLFLOW_TRACKING_URI)"
     )
+
+
+def store_failed(
+    exc: BaseException, tracking_uri: str | None = None, hint: str = ""
+) -> NgraphError:
+    """One line, redacted, for an error the tracking store (or the way to it) raised while a
+    command used it (``tracking_uri``; default :func:`store_in_use`): a refused login or
+    permission, a server that does not answer (:class:`StoreAway`), or the store's own
+    answer with ``hint`` (what to do about it) or a general one."""
+    uri = tracking_uri or store_in_use()
+    shown = redact_uri(uri) or "(default)"
+    text = redact_uri(str(exc))
+    refused = login_refused(text, shown)
+    if refused is not None:
+        return refused
+    if permission_missing(text):
+        user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "(none)"
+        return NgraphError(
+            f"user {user!r} lacks a permission this command needs on {shown}: ask the "
+            f"server's admin to grant it ({first_line(text, 200)})"
+        )
+    if _unreachable(exc) or (uri.startswith(("http://", "https://")) and not store_answers(uri)):
+        return StoreAway(
+            f"tracking server {shown} is unreachable ({type(exc).__name__}); start it or point "
+            "--tracking-uri / MLFLOW_TRACKING_URI at a running server"
+        )
+    reason = first_line(text) or type(exc).__name__
+    return NgraphError(f"the tracking store {shown} failed: {reason}; {hint or _fix(text)}")
+
+
+#: how the store says that what was asked for is not there
+_NOT_FOUND = re.compile(
+    r"\b404\b|RESOURCE_DOES_NOT_EXIST|not found|No such file|Failed to download artifacts",
+    re.IGNORECASE,
+)
+
+
+def _fix(text: str) -> str:
+    if _NOT_FOUND.search(text):
+        return (
+            "what the command reads is not in the store (deleted by one of its writers?): "
+            "log it again, or choose another run"
+        )
+    return "check the tracking server and the runs' artifacts, then run the command again"
+
+
+def _unreachable(exc: BaseException) -> bool:
+    import requests
+
+    return isinstance(exc, (requests.ConnectionError, requests.Timeout, ConnectionError))
 
 
 def local_sqlite(tracking_uri: str) -> Path | None:

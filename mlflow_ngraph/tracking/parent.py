@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mlflow_ngraph import faultpoint
+from mlflow_ngraph.redaction import first_line
 from mlflow_ngraph.tracking import index, ui
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
@@ -107,6 +108,5 @@ class ParentRun:
         except Exception as exc:
             if ml.is_store_error(exc) and not ml.store_answers(self.tracking_uri):
                 raise
-            text = str(exc).strip()
-            first = text.splitlines()[0][:300] if text else type(exc).__name__
+            first = first_line(exc) or type(exc).__name__
             log.warning("the MLflow view of this run was not written: %s", first)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlflow_ngraph import faultpoint
 from mlflow_ngraph.errors import HostFault, StoreAway, host_fix
+from mlflow_ngraph.redaction import first_line
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking.catchup import CatchUp, ModelLogger
 from mlflow_ngraph.tracking.description import CellDescription
@@ -305,7 +306,7 @@ class StoreSession:
                 with interrupts_after():
                     ml.finish(self.client, run_id, "KILLED")
             except Exception as finish_exc:
-                log.debug("could not mark run %s KILLED: %s", run_id, finish_exc)
+                log.debug("could not mark run %s KILLED: %s", run_id, first_line(finish_exc))
 
     def finish(self, host_failures: Sequence[str] = (), rows: Sequence[Any] = ()) -> None:
         """The designed view of ``rows`` (the summary's rows, :mod:`..ui`), the results
@@ -334,7 +335,7 @@ class StoreSession:
                 return
             except Exception as exc:
                 if not self.link.lost(exc):
-                    raise
+                    raise closing_failed(exc, self.tracking_uri) from None
         waiting = sum(len(self.journal.cell(c.key).unlogged()) for c in self.cells)
         unsent = sum(self.journal.cell(c.key).unsent() for c in self.cells)
         uri = ml.redact(self.tracking_uri)
@@ -344,3 +345,17 @@ class StoreSession:
             f"'mlflow-ngraph sync --tracking-uri {uri} --home {self.home}' or by running the "
             "same command again"
         )
+
+
+def closing_failed(exc: Exception, tracking_uri: str) -> Exception:
+    """What the end of an invocation raises when the store answered its closing writes (the
+    view, the results index, the parent's status) with an error: a store error as one
+    redacted line (every result is in the store and the journal), anything else as it is."""
+    if not ml.is_store_error(exc):
+        return exc
+    return ml.store_failed(
+        exc,
+        tracking_uri,
+        hint="every measured result is in the journal: run the same command again to "
+        "finish the benchmark's run",
+    )

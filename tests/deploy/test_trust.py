@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -182,6 +183,11 @@ def _tamper_logged_model(client, logged, tmp_path, how):
         )
         text = text.replace("loader_module: mlflow_ngraph.deploy.pyfunc_model",
                             "loader_module: evil_loader\n    code: code")  # fmt: skip
+    elif how == "predict_fn":  # the pyfunc wrapper calls another method of the loaded model
+        text = text.replace("    loader_module:", "    predict_fn: __init__\n    loader_module:")
+    elif how == "value":  # a key register writes, another value
+        assert "    streamable: false" in text
+        text = text.replace("    streamable: false", "    streamable: true")
     else:  # weights, the engine's manifest and the MLmodel's recorded hash rewritten
         (engine,) = [p.parent for p in local.rglob("manifest.json")]
         half_weights(engine / "model.ort.onnx")
@@ -231,7 +237,16 @@ def test_serve_serves_the_checked_registered_engine(store, tmp_path):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
 
 
-@pytest.mark.parametrize("how", ["code", "weights"])
+#: what the refusal of each change of a registered model says
+REFUSED = {
+    "code": "asks MLflow to run",
+    "weights": "engine hash is not the registered",
+    "predict_fn": "asks MLflow to run {'predict_fn': '__init__'}",
+    "value": "flavors.python_function.streamable is True, not False",
+}
+
+
+@pytest.mark.parametrize("how", list(REFUSED))
 def test_a_changed_registered_model_is_refused(store, tmp_path, how):
     uri, client = store
     name = _register_onnx(uri)
@@ -240,12 +255,12 @@ def test_a_changed_registered_model_is_refused(store, tmp_path, how):
     with _tracking(uri):
         from mlflow_ngraph import load_registered
 
-        why = "asks MLflow to run" if how == "code" else "engine hash is not the registered"
+        why = re.escape(REFUSED[how])
         with pytest.raises(NgraphError, match=why):
             load_registered(f"models:/{name}@cpu")
     served = cli("serve", f"models:/{name}@cpu", "-p", "1", "--tracking-uri", uri, env=SAFE)
     assert "refusing it" in one_error(served)
-    assert not marker.exists()
+    assert "checked" not in served.stdout and not marker.exists()
 
 
 def test_the_registered_version_pins_the_engine(store, tmp_path):

@@ -37,6 +37,7 @@ PASSWORDS = {
     "stranger": "Str-" + uuid.uuid4().hex[:10],
 }
 SAFE = {"MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
+INDEX = "ngraph/cells.json.gz"
 
 
 @contextmanager
@@ -163,6 +164,61 @@ def test_a_missing_permission_is_one_line_naming_it(server, tmp_path):
                    env=env_of("reader"))  # fmt: skip
     line = one_error(register)
     assert "'reader' lacks the EDIT permission on experiment 'deploy'" in line
+
+
+def _one_redacted_line(result, password: str, shown: str, choice: bool = False) -> str:
+    """The single line a failed command printed (after the lines of its ``choice``, on
+    standard output): no traceback, no password, the store named."""
+    everything = result.stdout + result.stderr
+    assert result.returncode != 0, everything[-3000:]
+    assert "Traceback" not in everything and password not in everything, everything[-3000:]
+    output = (result.stderr if choice else everything).strip()
+    (line,) = output.splitlines()
+    assert shown in line, line
+    return line
+
+
+def test_a_deleted_index_or_engine_file_fails_in_one_line_without_the_password(server, tmp_path):
+    # before the attack tests below: it deletes and puts back what they alter
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    url, _ = server
+    password = PASSWORDS["victim"]
+    in_uri = url.replace("http://", f"http://victim:{password}@")
+    shown = url.replace("http://", "http://victim:***@")
+    base = ["-e", EXPERIMENT, "--device", "cpu", "--model", "conv_block", "--compiler",
+            "onnxruntime", "--batch-size", "1", "--tracking-uri", in_uri]  # fmt: skip
+    # a writer of the experiment with MANAGE (a DELETE needs it), through the artifact API
+    with as_user("admin", ADMIN):
+        client = mlflow.tracking.MlflowClient(url)
+        cell = cell_run(client, "onnxruntime")
+        parent = client.get_run(cell.data.tags["mlflow.parentRunId"])
+        kept = Path(client.download_artifacts(parent.info.run_id, INDEX, str(tmp_path)))
+        repo = get_artifact_repository(parent.info.artifact_uri, tracking_uri=url)
+        repo.delete_artifacts(INDEX)
+    try:
+        compare = cli("compare", "--experiment", EXPERIMENT, "--tracking-uri", in_uri, env=SAFE)
+        line = _one_redacted_line(compare, password, shown)
+        assert "cells.json.gz" in line and "--live" in line
+        pulled = cli("pull", *base, "-o", str(tmp_path / "p1"), env=SAFE)
+        assert "--live" in _one_redacted_line(pulled, password, shown)
+    finally:
+        with as_user("admin", ADMIN):
+            client.log_artifact(parent.info.run_id, str(kept), artifact_path="ngraph")
+    with as_user("admin", ADMIN):
+        engine = download_engine(client, cell.info.run_id, 1, tmp_path / "engine")
+        (name,) = [p.name for p in engine.iterdir() if p.suffix == ".onnx"]
+        runs = get_artifact_repository(cell.info.artifact_uri, tracking_uri=url)
+        runs.delete_artifacts(f"engines/bs1/{name}")
+    try:
+        pulled = cli("pull", *base, "-o", str(tmp_path / "p2"), env=SAFE)
+        # what pull checks from the store's listing before it downloads, or the store's answer
+        line = _one_redacted_line(pulled, password, "", choice=True)
+        assert name in line and ("missing from the store" in line or shown in line), line
+    finally:
+        with as_user("admin", ADMIN):
+            client.log_artifact(cell.info.run_id, str(engine / name), artifact_path="engines/bs1")
+    assert cli("pull", *base, "-o", str(tmp_path / "p3"), env=SAFE).returncode == 0
 
 
 def test_native_code_planted_by_another_writer_does_not_run(server, tmp_path):
