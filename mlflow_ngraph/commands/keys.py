@@ -100,6 +100,8 @@ def resign(experiment: str, tracking_uri: str | None) -> None:
     Only results this home's journals hold as measured here are signed, with the journal's
     figures, and an engine only while the store's manifest is the one its run pinned.
     """
+    import os
+
     from mlflow_ngraph.cluster.sync import journals_of
     from mlflow_ngraph.commands.deploy import experiment_ids, store_errors
     from mlflow_ngraph.console import default_home
@@ -107,8 +109,6 @@ def resign(experiment: str, tracking_uri: str | None) -> None:
     from mlflow_ngraph.tracking.mlflow_log import connect, resolve_tracking_uri
     from mlflow_ngraph.tracking.provenance import producer
     from mlflow_ngraph.tracking.resign import Resigned, resign_journal
-
-    import os
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     home = default_home()
