@@ -185,8 +185,10 @@ def verify_files(
     """
     for path in (record_file, signature):
         if not path.is_file():
-            raise NgraphError("it is not signed (no signed record: measured before signing, "
-                              "or by an older version)")  # fmt: skip
+            raise NgraphError(
+                "it is not signed (measured before results were signed, or planted; whoever "
+                "measured it signs it with 'mlflow-ngraph keys resign -e EXPERIMENT')"
+            )
         if path.stat().st_size > MAX_BYTES:
             raise NgraphError(f"its signed record is over {MAX_BYTES} bytes")
     key = _signer(record_file, signature, trusted)

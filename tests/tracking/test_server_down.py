@@ -298,11 +298,11 @@ def test_store_back_at_a_results_write_sends_it_once(tmp_path, tracking_uri, run
     state = {"down": False, "failed": False}
     record, answers = CellRecorder.record, ml.store_answers
 
-    def flaky_record(self, run_id, b, result):
+    def flaky_record(self, run_id, b, result, *signed_with):
         if b == 1 and not state["failed"]:
             state["down"] = state["failed"] = True
             raise requests.ConnectionError("injected: connection refused")
-        return record(self, run_id, b, result)
+        return record(self, run_id, b, result, *signed_with)
 
     def probe(uri):
         if state["down"]:
