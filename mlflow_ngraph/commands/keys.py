@@ -36,6 +36,8 @@ def list_keys(trusted_keys: str | None) -> None:
     home = default_home()
     own = keys.own_key(home)
     path = keys.trusted_path(home, trusted_keys)
+    if trusted_keys and not path.is_file():
+        raise NgraphError(f"--trusted-keys {path}: no such file")
     rows = [[k.name, k.short, "yes" if own and own == k else ""] for k in keys.read_trusted(path)]
     if own is not None and not any(r[2] for r in rows):
         rows.insert(0, [own.name, own.short, "yes (trusted as your own)"])
