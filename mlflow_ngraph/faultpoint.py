@@ -32,6 +32,7 @@ POINTS = {
     "cell_run_created": "a cell's run was created in the store (before anything else of it)",
     "cell_begun": "a cell's run was opened and tagged",
     "journal_measured": "a result was written to the journal (MLflow has not heard of it)",
+    "result_unsigned": "a result's figures and engine were sent to MLflow, its signed record not",
     "record_sent": "a result was sent to MLflow (the journal does not say so yet)",
     "record_logged": "the journal says a result is in MLflow",
     "cell_closed_in_store": "a cell's run was ended (the journal does not say so yet)",

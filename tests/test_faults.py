@@ -91,6 +91,25 @@ def test_a_cell_run_left_untagged_is_repaired_by_a_rerun(tmp_path):
     _assert_whole(uri)
 
 
+def test_a_result_killed_before_its_signed_record_is_signed_by_the_rerun(tmp_path):
+    """Killed between a result's figures and its signed record: the re-run finds the result
+    in the run (not measured or sent again) and signs it from the journal."""
+    from mlflow_ngraph import keys
+    from mlflow_ngraph.tracking.provenance import fetch_signed
+
+    uri, home = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "home"
+    assert _run(tmp_path, uri, home, "result_unsigned").returncode == -signal.SIGKILL
+    done = _run(tmp_path, uri, home)
+    assert done.returncode == 0, done.stderr
+    _assert_whole(uri)
+    client, cells = _cells(uri)
+    trusted = keys.trusted_keys(home)
+    for run in cells:
+        for b in (1, 2):
+            signed = fetch_signed(client, run.info.run_id, b, trusted, tmp_path / "s")
+            assert signed.metrics["throughput"] == run.data.metrics[f"throughput.bs{b}"]
+
+
 # --- 2: a kill between the index and the parent's end -----------------------------------------
 @pytest.mark.parametrize("point", ["index_written", "parent_finished"])
 def test_kill_at_the_end_leaves_no_parent_running(tmp_path, point):

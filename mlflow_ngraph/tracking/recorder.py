@@ -93,6 +93,7 @@ class CellRecorder:
         )
         if record.get("engine_dir") and self.log_engines and Path(record["engine_dir"]).is_dir():
             ml.log_engine(self.client, run_id, Path(record["engine_dir"]), b)
+        faultpoint.point("result_unsigned")
         self.sign(run_id, b, record, description)
 
     def sign(self, run_id: str, b: int, record: dict, description: dict | None) -> None:
@@ -165,7 +166,8 @@ class CellRecorder:
     ) -> int:
         """Send what the journal holds of cell ``key`` to its run (``run_id``): the params
         and tags of its description, every failed batch size, and every result not logged,
-        each once (one the run already holds, sent before a kill, is only marked logged).
+        each once (one the run already holds, sent before a kill, is only signed again and
+        marked logged).
         ``send_record`` logs one result (default :meth:`record`). Returns results sent."""
         state = journal.cell(key)
         description = state.description or {}
@@ -185,6 +187,8 @@ class CellRecorder:
                 else:
                     send_record(run_id, b, state.measured[b])
                 sent += 1
+            else:  # sent before a kill, which may have come before its signed record
+                self.sign(run_id, b, state.measured[b], state.description)
             journal.logged(key, b)
         return sent
 
