@@ -89,14 +89,21 @@ def _fetch(client, key: tuple[str, int], folder: Path, keys: dict) -> Signed | N
         return exc
 
 
+def _fetch_all(client, pairs: set[tuple[str, int]], trust: Trust) -> dict:
+    """(run, batch size) -> its verified record, or why it is not trusted; fetched
+    :data:`THREADS` at a time into a work folder removed however it ends."""
+    from mlflow_ngraph.scratch import work_folder
+
+    ordered = sorted(pairs)
+    with work_folder(None, "ngraph-signed-") as folder, ThreadPoolExecutor(THREADS) as pool:
+        fetched = pool.map(lambda p: _fetch(client, p, folder, trust.keys), ordered)
+        return dict(zip(ordered, fetched))
+
+
 def verify_candidates(client, found: list[Candidate], trust: Trust, say: Callable) -> None:
     """Each candidate's signed record, verified; a verified candidate takes its signed
     figures, any other is set aside (``trust_problem``) or, allowed, marked unsigned."""
-    from mlflow_ngraph.scratch import work_folder
-
-    pairs = sorted({(c.run_id, c.batch_size) for c in found if c.batch_size})
-    with work_folder(None, "ngraph-signed-") as folder, ThreadPoolExecutor(THREADS) as pool:
-        results = dict(zip(pairs, pool.map(lambda p: _fetch(client, p, folder, trust.keys), pairs)))
+    results = _fetch_all(client, {(c.run_id, c.batch_size) for c in found if c.batch_size}, trust)
     for c in found:
         got = results.get((c.run_id, c.batch_size))
         if isinstance(got, Signed):
@@ -147,15 +154,11 @@ def verified_cells(client, raw, trust: Trust):
     """``compare --verified``: the rows of ``raw`` (compare's frame, a row per cell run and
     batch size) that a trusted producer signed, their figures and stability the signed
     ones; returns (that frame, notes on what was left out or found altered)."""
-    from mlflow_ngraph.scratch import work_folder
-
     rows = raw.reset_index(drop=True)
     keys = [
         (str(r), int(b)) if b == b else None for r, b in zip(rows["run_id"], rows["batch_size"])
     ]
-    pairs = sorted({k for k in keys if k is not None})
-    with work_folder(None, "ngraph-signed-") as folder, ThreadPoolExecutor(THREADS) as pool:
-        results = dict(zip(pairs, pool.map(lambda p: _fetch(client, p, folder, trust.keys), pairs)))
+    results = _fetch_all(client, {k for k in keys if k is not None}, trust)
     keep, altered = [], 0
     for i, key in enumerate(keys):
         got = results.get(key) if key is not None else None
