@@ -62,6 +62,9 @@ def resolve_version(client, model_uri: str):
 def _download(client, uri: str, directory: Path) -> Path:
     import mlflow
 
+    # one bar per file of the model would flood the terminal (pull sets the same)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
     directory.mkdir(parents=True, exist_ok=True)
     return Path(
         mlflow.artifacts.download_artifacts(
