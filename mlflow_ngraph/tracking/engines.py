@@ -4,6 +4,12 @@ An engine directory holds the runtime's files plus ``manifest.json``: input shap
 compiler, flags, versions, device, and the sha256 of every file. The cache keys directories by
 (model hash, compiler, compiler version, flags, batch size, device fingerprint); the same
 directory is logged as the run's ``engines/bs<b>`` artifact, which is what ``pull`` fetches.
+
+Where the run's artifacts are a local folder on the same file system as the cache (MLflow's
+default ``./mlruns`` beside ``mlflow.db``), the engine's files are hard-linked into it
+(:func:`link_into`), not copied: the bytes are on disk once, deleting either name keeps the
+other, and a cache entry whose files were edited through the store fails :func:`verify` at
+its next lookup and is built again.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import logging
 import os
 import shutil
 import tempfile
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +103,44 @@ class EngineCache:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return target
+
+
+def local_artifact_dir(artifact_uri: str) -> Path | None:
+    """The folder of a run's artifact URI when it is a local path (``file://`` or bare);
+    ``None`` for a tracking server's or a cloud store's."""
+    parsed = urllib.parse.urlparse(artifact_uri)
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        return Path(urllib.request.url2pathname(parsed.path))
+    if parsed.scheme == "" and artifact_uri.startswith("/"):
+        return Path(artifact_uri)
+    return None
+
+
+def link_into(directory: Path, target: Path) -> bool:
+    """Hard-link every file of ``directory`` into ``target`` (made if missing), each link
+    made under a temporary name and moved into place, so a file already there is replaced
+    whole. ``False``, with nothing half-linked left, where the two lie on different file
+    systems or links are refused: the caller copies instead."""
+    made: list[Path] = []
+    try:
+        for path in sorted(Path(directory).rglob("*")):
+            if path.is_dir():
+                continue
+            dest = target / path.relative_to(directory)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".link-{os.getpid()}-{dest.name}")
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            os.link(path, tmp)
+            os.replace(tmp, dest)
+            made.append(dest)
+    except OSError as exc:
+        log.debug("linking %s into %s: %s; copying instead", directory, target, exc)
+        for dest in made:
+            with contextlib.suppress(OSError):
+                dest.unlink()
+        return False
+    return True
 
 
 def engine_param(batch_size: int) -> str:

@@ -744,12 +744,21 @@ def log_engine(client, run_id: str, directory: Path, batch_size: int) -> None:
     """The engine folder as ``engines/bs<b>``, and the sha256 of its manifest as the run's
     param ``engine.bs<b>.manifest_sha256``, first: params are write-once, so whoever can
     write the experiment's artifacts later cannot make ``pull`` accept another engine. An
-    engine whose run already holds another hash for the batch size is not logged again."""
-    from mlflow_ngraph.tracking.engines import MANIFEST, engine_param, file_sha256
+    engine whose run already holds another hash for the batch size is not logged again.
+    Where the run's artifacts are a local folder its files are hard-linked, not copied
+    (:func:`~mlflow_ngraph.tracking.engines.link_into`)."""
+    from mlflow_ngraph.tracking.engines import (
+        MANIFEST,
+        engine_param,
+        file_sha256,
+        link_into,
+        local_artifact_dir,
+    )
 
     key = engine_param(batch_size)
     digest = file_sha256(Path(directory) / MANIFEST)
-    held = client.get_run(run_id).data.params.get(key)
+    run = client.get_run(run_id)
+    held = run.data.params.get(key)
     if held is None:
         log_batch(client, run_id, params={key: digest})
     elif held != digest:
@@ -760,7 +769,11 @@ def log_engine(client, run_id: str, directory: Path, batch_size: int) -> None:
             held[:12],
         )
         return
-    client.log_artifacts(run_id, str(directory), artifact_path=f"engines/bs{batch_size}")
+    artifact_path = f"engines/bs{batch_size}"
+    local = local_artifact_dir(run.info.artifact_uri)
+    if local is not None and link_into(Path(directory), local / artifact_path):
+        return  # the cache's files, linked: on disk once
+    client.log_artifacts(run_id, str(directory), artifact_path=artifact_path)
 
 
 def _log_json(client, run_id: str, name: str, data: Any) -> None:
