@@ -73,9 +73,8 @@ class Verdict:
             "the winner's" if t is self.winner else "the runner-up's" for t in self.unstable
         )
         return (
-            f": {whose} figures are UNSTABLE (the host's noise exceeded the stability rule), "
-            "so neither the figure nor the ranking is to be trusted: measure again on a "
-            "quiet host (the same tune with --remeasure unstable)"
+            f": {whose} figures are UNSTABLE, so neither figure nor ranking can be trusted: "
+            "measure again on a quiet host (the same tune with --remeasure unstable)"
         )
 
 
