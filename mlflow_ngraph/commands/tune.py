@@ -251,7 +251,13 @@ def _conclude(job):
     """Print the tables and the winner, log them to the tune's run; the verdict, or a
     one-line error when nothing met the constraints (after logging what was measured)."""
     from mlflow_ngraph.tune.choose import closest_miss, spec_fragment, verdict
-    from mlflow_ngraph.tune.report import best_table, failures_table, front_table, log_tune
+    from mlflow_ngraph.tune.report import (
+        best_table,
+        failures_table,
+        front_table,
+        log_tune,
+        stop_lines,
+    )
     from mlflow_ngraph.tune.settings import OBJECTIVE_METRICS
 
     _, higher = OBJECTIVE_METRICS[job.settings.objectives[0]]
@@ -272,13 +278,7 @@ def _conclude(job):
     click.echo("\nPareto front, throughput against p99 latency (every valid trial):")
     click.echo(front_table(job))
     log_tune(job, result, miss, fragment)
-    reason = {
-        "budget": "the budget",
-        "trials": "--trials",
-        "no_improvement": f"--patience ({job.settings.patience} trials without improvement)",
-        "space_exhausted": "convergence: Optuna proposed only configurations measured already",
-    }
-    click.echo(f"\nstopped by {reason.get(job.stop_reason, 'the end of the search')}")
+    click.echo("\n" + "\n".join(stop_lines(job)))
     if result is None:
         raise NgraphError(miss)
     click.echo(visible(result.sentence()))

@@ -16,8 +16,11 @@ from mlflow_ngraph.tune.trials import Trial, short_flags
 
 @dataclass
 class Verdict:
-    """The winner of a tune, the runner-up it was measured against, and whether its lead
-    is beyond noise (their speedup intervals, from the same rounds, do not overlap)."""
+    """The winner of a tune, the runner-up it was measured against (the next finalist on the
+    ranking the winner was chosen on), and whether its lead is beyond noise (their speedup
+    intervals, from the same rounds, do not overlap). A lead is judged only between two
+    figures that are both STABLE: where either is UNSTABLE, ``beyond_noise`` is False and
+    the lead reads "not judged: UNSTABLE"."""
 
     winner: Trial
     runner_up: Trial | None
@@ -25,18 +28,36 @@ class Verdict:
     #: a tie in which the finalist with the lower estimate was chosen: its interval's low
     #: end is the higher (the surer figure)
     surer: bool = False
+    #: what the finalists at the winner's batch size were ranked on
+    ranked_on: str = "throughput"
+
+    @property
+    def unstable(self) -> list[Trial]:
+        """The winner and the runner-up, those of them whose figures are UNSTABLE."""
+        return [t for t in (self.winner, self.runner_up) if t is not None and t.stable is False]
+
+    def lead(self) -> str:
+        """The lead in a few words: what the ``ngraph.tune.lead`` tag says."""
+        if self.runner_up is None:
+            return "no other finalist"
+        if self.unstable:
+            return "not judged: UNSTABLE"
+        return "beyond noise" if self.beyond_noise else "tie within noise"
 
     def sentence(self) -> str:
         w = self.winner
         head = f"winner: {w.label} at bs{w.batch_size}: {_figure(w)} over eager"
         if self.runner_up is None:
-            return head + " (no other finalist at its batch size)"
+            return head + " (no other finalist at its batch size)" + self._unstable_note()
         r = self.runner_up
+        nxt = f"{r.label} ({_figure(r)}), the next finalist on the {self.ranked_on}"
+        if self.unstable:
+            return head + f"; its lead over {nxt}, is not judged" + self._unstable_note()
         if self.beyond_noise:
-            return head + f"; its lead over {r.label} ({_figure(r)}) is beyond noise"
+            return head + f"; its lead over {nxt}, is beyond noise"
         text = (
-            head + f"; a tie within noise with {r.label} ({_figure(r)}): their intervals "
-            "overlap, so either is as good on this host"
+            head + f"; a tie within noise with {nxt}: their intervals overlap, so either is "
+            "as good on this host"
         )
         if self.surer:
             text += (
@@ -44,11 +65,25 @@ class Verdict:
             )
         return text
 
+    def _unstable_note(self) -> str:
+        """What an UNSTABLE winner or runner-up means for the answer ("": none is)."""
+        if not self.unstable:
+            return ""
+        whose = " and ".join(
+            "the winner's" if t is self.winner else "the runner-up's" for t in self.unstable
+        )
+        return (
+            f": {whose} figures are UNSTABLE, so neither figure nor ranking can be trusted: "
+            "measure again on a quiet host (the same tune with --remeasure unstable)"
+        )
+
 
 def _figure(t: Trial) -> str:
     text = f"{t.speedup:.2f}x" if t.speedup is not None else "-"
     if t.interval:
         text += f" [{t.interval[0]:.2f}-{t.interval[1]:.2f}]"
+    if t.stable is False:
+        text += " UNSTABLE"
     return text
 
 
@@ -56,7 +91,10 @@ def lead_beyond_noise(winner: Trial, other: Trial, higher: bool = True) -> bool:
     """Whether ``winner``'s speedup interval clears ``other``'s (the direction of the
     objective: for a latency to minimize the winner's speedup is still the higher): their
     re-run intervals where the host has measured its spread between sittings (a lead a
-    re-run keeps), else this sitting's."""
+    re-run keeps), else this sitting's. Never between figures either of which is UNSTABLE:
+    their intervals do not hold the host's noise."""
+    if winner.stable is False or other.stable is False:
+        return False
     a, b = winner.rerun_interval, other.rerun_interval
     if a is not None and b is not None:
         return a[0] > b[1]
@@ -67,8 +105,8 @@ def lead_beyond_noise(winner: Trial, other: Trial, higher: bool = True) -> bool:
 
 
 def verdict(finals: Sequence[Trial], value, higher: bool, paired: bool = False) -> Verdict | None:
-    """The winner among feasible finalists, and its lead over the best other finalist at
-    the same batch size.
+    """The winner among feasible finalists, and its lead over the next finalist at the same
+    batch size on the same ranking (the runner-up).
 
     The batch size is the one whose best finalist is best by ``value(trial)`` (the
     objective's own metric: only an absolute figure compares batch sizes). Within it, with
@@ -76,25 +114,35 @@ def verdict(finals: Sequence[Trial], value, higher: bool, paired: bool = False) 
     finalists are ranked on those speedups: they come from the same rounds (the host's drift
     cancels) and are what the lead's "beyond noise" is judged on, where the throughputs'
     order may say the opposite (windows of different lengths weigh the host's slow spells
-    differently). Where the first two tie within noise, the one whose interval's low end is
-    the higher is chosen: the surer figure (an engine with few, long windows can read a high
-    estimate with a wide interval)."""
+    differently). Where the first two tie within noise (both STABLE), the one whose
+    interval's low end is the higher is chosen: the surer figure (an engine with few, long
+    windows can read a high estimate with a wide interval)."""
     pool = [t for t in finals if t.feasible and value(t) is not None]
     if not pool:
         return None
     pool.sort(key=value, reverse=higher)
     same_b = [t for t in pool if t.batch_size == pool[0].batch_size]
+    ranked_on = "throughput" if higher else "latency"
     if paired and all(t.speedup is not None for t in same_b):
         same_b.sort(key=lambda t: t.speedup, reverse=True)
+        ranked_on = "paired speedups"
     winner = same_b[0]
     runner_up = same_b[1] if len(same_b) > 1 else None
     beyond = runner_up is not None and lead_beyond_noise(winner, runner_up)
     surer = False
-    if paired and runner_up is not None and not beyond and winner.interval and runner_up.interval:
+    stable = winner.stable is not False and (runner_up is None or runner_up.stable is not False)
+    if (
+        paired
+        and runner_up is not None
+        and stable
+        and not beyond
+        and winner.interval
+        and (runner_up.interval)
+    ):
         # a tie: the figure a deployment can count on is the interval's low end
         if runner_up.interval[0] > winner.interval[0]:
             winner, runner_up, surer = runner_up, winner, True
-    return Verdict(winner, runner_up, beyond, surer)
+    return Verdict(winner, runner_up, beyond, surer, ranked_on)
 
 
 def closest_miss(trials: Sequence[Trial], constraints) -> str:
@@ -117,35 +165,40 @@ def closest_miss(trials: Sequence[Trial], constraints) -> str:
 
 
 def pareto_front(points: Sequence[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
-    """The points no other beats on both throughput (higher) and p99 latency (lower), by
-    throughput descending. ``points``: ``(throughput, p99 ms, payload)``."""
-    ordered = sorted(points, key=lambda p: (-p[0], p[1]))
-    front: list[tuple[float, float, Any]] = []
-    best_latency = math.inf
-    for point in ordered:
-        if point[1] < best_latency:
-            front.append(point)
-            best_latency = point[1]
-    return front
+    """The points no other dominates, by throughput descending (then p99 ascending).
+    ``points``: ``(throughput, p99 ms, payload)``; higher throughput and lower p99 are
+    better. A point is dominated when another is at least as good on both axes and better
+    on one: two points equal on both are both on the front. A point without a finite
+    figure on both axes is left out (it cannot be placed)."""
+    placed = [p for p in points if math.isfinite(p[0]) and math.isfinite(p[1])]
+    front = [p for p in placed if not any(_dominates(q, p) for q in placed)]
+    return sorted(front, key=lambda p: (-p[0], p[1]))
+
+
+def _dominates(q: tuple[float, float, Any], p: tuple[float, float, Any]) -> bool:
+    """Whether ``q`` is at least as good as ``p`` on both axes and better on one."""
+    return q[0] >= p[0] and q[1] <= p[1] and (q[0] > p[0] or q[1] < p[1])
 
 
 def best_per_compiler(trials: Sequence[Trial], higher: bool) -> list[Trial]:
-    """The best valid trial of each (compiler, batch size) by its paired figure; a final
-    measurement of a configuration stands for its search trial."""
+    """The trial shown for each (compiler, batch size): its best finalist measured valid in
+    the final round (the figure the winner was called on, with a paired figure or not),
+    else its best valid search trial, by the paired figure."""
     best: dict[tuple[str, int], Trial] = {}
     for trial in trials:
-        if trial.status != S.STATUS_OK or not trial.values:
+        if trial.status != S.STATUS_OK or (trial.stage != "final" and not trial.values):
             continue
         key = (trial.compiler, trial.batch_size)
         held = best.get(key)
-        if held is None or (trial.stage == "final" and held.stage != "final"):
-            best[key] = trial
-            continue
-        if trial.stage == held.stage and (
-            (trial.values[0] > held.values[0]) if higher else (trial.values[0] < held.values[0])
-        ):
+        if held is None or _rank(trial, higher) < _rank(held, higher):
             best[key] = trial
     return sorted(best.values(), key=lambda t: (t.batch_size, t.compiler))
+
+
+def _rank(trial: Trial, higher: bool) -> tuple[bool, bool, float]:
+    """Lower is better: a finalist first, one with a paired figure first, the best figure."""
+    value = trial.values[0] if trial.values else 0.0
+    return (trial.stage != "final", not trial.values, -value if higher else value)
 
 
 def spec_fragment(winner: Trial, model_label: str, model_name: str, params: dict) -> str:

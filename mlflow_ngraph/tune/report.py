@@ -25,6 +25,15 @@ T_WINNER_RUN = "ngraph.tune.winner_run"
 T_WINNER_BATCH = "ngraph.tune.winner_batch_size"
 T_LEAD = "ngraph.tune.lead"
 T_STOP = "ngraph.tune.stop_reason"
+T_UNREACHED = "ngraph.tune.unreached"
+
+#: why the search stopped, as the end of "stopped by ..."
+STOP_REASONS = {
+    "budget": "the budget",
+    "trials": "--trials",
+    "no_improvement": "--patience",
+    "space_exhausted": "convergence: Optuna proposed only configurations measured already",
+}
 
 
 def _num(value: float | None, digits: str = ".4g") -> str:
@@ -44,6 +53,36 @@ def _speedup(t: Trial) -> str:
     return text
 
 
+def stability(t: Trial) -> str:
+    """A row's stability mark: STABLE, UNSTABLE, or "-" where its record has none."""
+    return {True: "STABLE", False: "UNSTABLE"}.get(t.stable, "-")
+
+
+def _phase(tune: Tune, t: Trial) -> tuple[str, str]:
+    """A row's phase (``finalist`` where its configuration was measured in the final
+    round, else ``search``) and a note on a finalist shown by its search figures."""
+    final = next(
+        (
+            f
+            for f in tune.trials
+            if f.stage == "final" and f.batch_size == t.batch_size and f.config() == t.config()
+        ),
+        None,
+    )
+    if final is None:
+        return "search", ""
+    if t.stage == "final":
+        return "finalist", ""
+    return "finalist", f"final round {final.status or 'not measured'}: search figures"
+
+
+def _limit_note(t: Trial) -> str:
+    """Why a row shown was not in the running for the winner ("": it was)."""
+    if t.feasible:
+        return ""
+    return "no paired figure" if not t.values else "misses a limit"
+
+
 def best_table(tune: Tune, width: int | None = None) -> str:
     """The best configuration per compiler and batch size."""
     higher = OBJECTIVES[tune.settings.objectives[0]] == "maximize"
@@ -53,24 +92,27 @@ def best_table(tune: Tune, width: int | None = None) -> str:
             counts[(t.compiler, t.batch_size)] = counts.get((t.compiler, t.batch_size), 0) + 1
     rows = []
     for t in best_per_compiler(tune.trials, higher):
+        phase, note = _phase(tune, t)
+        notes = [n for n in (note, _limit_note(t)) if n]
         rows.append(
             [
                 t.batch_size,
                 t.compiler,
                 flag_text(t),
                 _speedup(t),
+                stability(t),
                 _num(t.metrics.get(S.M_THROUGHPUT), ".1f"),
                 _num(t.metrics.get(S.M_LATENCY_P99), ".3g"),
                 _num(t.metrics.get(S.M_COMPILE), ".1f"),
                 _num(tune.payback(t), ".3g"),
                 counts.get((t.compiler, t.batch_size), 0),
-                "final" if t.stage == "final" else "search",
-                "" if t.feasible else "misses a limit",
+                phase,
+                "; ".join(notes),
             ]
         )
     headers = [
-        "bs", "compiler", "flags", "speedup [95%]", "throughput", "p99_ms", "compile_s",
-        "payback", "trials", "measured", "note",
+        "bs", "compiler", "flags", "speedup [95%]", "stability", "throughput", "p99_ms",
+        "compile_s", "payback", "trials", "phase", "note",
     ]  # fmt: skip
     return format_table(headers, rows, width=width or terminal_width(), keep=2)
 
@@ -88,7 +130,8 @@ def failures_table(tune: Tune) -> str | None:
 
 def front(tune: Tune) -> list[tuple[float, float, Trial]]:
     """The Pareto front of throughput against p99 latency over every valid trial (the
-    final measurement of a configuration stands for its search trial)."""
+    final measurement of a configuration stands for its search trial, as in the table):
+    the points no other beats on both axes."""
     latest: dict[tuple, Trial] = {}
     for t in tune.trials:
         if t.status != S.STATUS_OK:
@@ -99,17 +142,65 @@ def front(tune: Tune) -> list[tuple[float, float, Trial]]:
     points = [
         (t.metrics[S.M_THROUGHPUT], t.metrics[S.M_LATENCY_P99], t)
         for t in latest.values()
-        if t.metrics.get(S.M_THROUGHPUT) and t.metrics.get(S.M_LATENCY_P99)
+        if t.metrics.get(S.M_THROUGHPUT) is not None and t.metrics.get(S.M_LATENCY_P99) is not None
     ]
     return pareto_front(points)
 
 
 def front_table(tune: Tune) -> str:
     rows = [
-        [f"{thr:.1f}", f"{p99:.3g}", t.batch_size, t.label, _speedup(t)]
+        [f"{thr:.1f}", f"{p99:.3g}", t.batch_size, t.label, _speedup(t), stability(t)]
         for thr, p99, t in front(tune)
     ]
-    return format_table(["throughput", "p99_ms", "bs", "configuration", "speedup"], rows)
+    headers = ["throughput", "p99_ms", "bs", "configuration", "speedup", "stability"]
+    return format_table(headers, rows)
+
+
+def unreached(tune: Tune) -> dict[int, str]:
+    """The batch sizes asked for that the tune has no answer at, each with why: never
+    searched (and what stopped the search first), its trials not measured, every one of
+    them failed or invalid, none within the constraints, or no finalist measured valid."""
+    out: dict[int, str] = {}
+    for b in tune.settings.batch_sizes:
+        asked = [t for t in tune.trials if t.batch_size == b and t.stage == "search"]
+        measured = [t for t in asked if t.status is not None]
+        if not asked:
+            out[b] = f"never searched: {_stopped_first(tune)}"
+        elif not measured:
+            out[b] = f"its {len(asked)} trial(s) were asked but not measured (interrupted)"
+        elif not any(t.status == S.STATUS_OK for t in measured):
+            out[b] = f"every one of its {len(measured)} trial(s) FAILED or was INVALID"
+        elif not any(t.feasible for t in measured):
+            out[b] = f"none of its {len(measured)} trial(s) met the constraints"
+        elif not any(t.stage == "final" and t.batch_size == b and t.feasible for t in tune.trials):
+            out[b] = "no finalist was measured valid in the final round"
+    return out
+
+
+def _stopped_first(tune: Tune) -> str:
+    """What ended the search before a batch size's first group."""
+    groups = {t.group for t in tune.trials if t.stage == "search"}
+    done = f"after {len(groups)} group(s) at other batch sizes"
+    if tune.stop_reason == "budget":
+        budget = tune.settings.budget_s
+        spent = f" ({budget / 60:.3g} min)" if budget else ""
+        return f"the budget{spent} was spent {done} (a larger --budget reaches it)"
+    if tune.stop_reason == "trials":
+        return f"--trials was reached {done}"
+    if tune.stop_reason == "no_improvement":
+        return f"--patience stopped the search {done}"
+    return f"the search ended {done}"
+
+
+def stop_lines(tune: Tune) -> list[str]:
+    """Why the search stopped, then a line per batch size with no answer and why."""
+    reason = STOP_REASONS.get(tune.stop_reason, "the end of the search")
+    if tune.stop_reason == "no_improvement":
+        reason += f" ({tune.settings.patience} trials without improvement)"
+    lines = [f"stopped by {reason}"]
+    for b, why in unreached(tune).items():
+        lines.append(f"bs{b} not reached: {why}")
+    return lines
 
 
 def plot_front(tune: Tune, path: Path) -> Path | None:
@@ -156,17 +247,19 @@ def description(tune: Tune, verdict: Verdict | None, miss: str | None) -> str:
     """The tune run's description (the first thing its page shows)."""
     s = tune.settings
     head = f"**Tune of {s.model.label} on {s.device}** ({', '.join(s.objectives)})\n\n"
+    stops = [f"- {line}" for line in stop_lines(tune)]
     if verdict is None:
-        return head + (miss or "no winner") + "\n"
+        return head + (miss or "no winner") + "\n\n" + "\n".join(stops) + "\n"
     w = verdict.winner
     lines = [
         head + verdict.sentence() + ".",
         "",
         f"- flags: `{json.dumps({k: v for k, v in w.flags.items() if v is not None})}`",
         f"- throughput {w.metrics.get(S.M_THROUGHPUT, float('nan')):.1f} samples/s, p99 "
-        f"{w.metrics.get(S.M_LATENCY_P99, float('nan')):.3g} ms",
+        f"{w.metrics.get(S.M_LATENCY_P99, float('nan')):.3g} ms ({stability(w)})",
         f"- {sum(t.stage == 'search' for t in tune.trials)} trials; every trial is a child "
         "run; `winner.yaml` is the winner as a spec for `mlflow-ngraph benchmark --spec`",
+        *stops,
     ]
     return "\n".join(lines) + "\n"
 
@@ -186,6 +279,9 @@ def log_tune(tune: Tune, verdict: Verdict | None, miss: str | None, fragment: st
         "tune_s": tune.spent(),
     }
     tags = {T_STOP: tune.stop_reason or "done"}
+    missing = unreached(tune)
+    if missing:
+        tags[T_UNREACHED] = "; ".join(f"bs{b}: {why}" for b, why in missing.items())
     if verdict is not None:
         w = verdict.winner
         metrics.update(
@@ -199,7 +295,7 @@ def log_tune(tune: Tune, verdict: Verdict | None, miss: str | None, fragment: st
             {
                 T_WINNER: w.label,
                 T_WINNER_BATCH: str(w.batch_size),
-                T_LEAD: "beyond noise" if verdict.beyond_noise else "tie within noise",
+                T_LEAD: verdict.lead(),
             }
         )
         if w.run_id:
@@ -241,6 +337,7 @@ def _trial_record(tune: Tune, t: Trial) -> dict[str, Any]:
         "status": t.status,
         "reason": t.reason,
         "feasible": t.feasible,
+        "stable": t.stable,
         "values": t.values,
         "speedup": t.speedup,
         "speedup_interval": t.interval,
