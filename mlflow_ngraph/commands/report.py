@@ -132,9 +132,7 @@ def remeasure_commands(unstable: pd.DataFrame, names: dict[str, str]) -> list[st
     return out
 
 
-def _notes(
-    frame: pd.DataFrame, superseded: int, names: dict[str, str] | None = None
-) -> list[str]:
+def _notes(frame: pd.DataFrame, superseded: int, names: dict[str, str] | None = None) -> list[str]:
     notes = []
     if superseded:
         notes.append(f"{superseded} older run(s) of a re-measured cell left out (newest kept)")

@@ -21,7 +21,6 @@ from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.journal import CellState, Journal
 from mlflow_ngraph.tracking.provenance import Producer
 
-
 #: the tags of a batch size that a result sets only where it has them
 _PER_BATCH_TAGS = ("ngraph.note", S.T_STOP_REASON, S.T_MOVED, S.T_RERUN, S.T_SITTINGS,
                    S.T_STABILITY_REASON, S.T_ERROR)  # fmt: skip
