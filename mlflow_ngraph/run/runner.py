@@ -226,10 +226,8 @@ class Runner:
         self.store: StoreSession | None = None  # once run() started
         self.estimate: Estimate | None = None  # once run() has planned what is left
         self.groups: GroupDispatch | None = None  # once run() started
-        #: ``unstable`` / ``all``: the measurements the store holds measured again, in place
-        self.remeasure = remeasure
-        #: the command that does it, for the line that says UNSTABLE ones are left
-        self.remeasure_hint = remeasure_hint
+        #: ``unstable``/``all``: stored measurements measured again in place; and the command
+        self.remeasure, self.remeasure_hint = remeasure, remeasure_hint
 
     @property
     def rows(self) -> list[Row]:
