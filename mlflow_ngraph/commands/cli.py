@@ -189,6 +189,14 @@ def cli() -> None:
     help="Cache and journal directory (default: MLFLOW_NGRAPH_HOME or ~/.cache/mlflow-ngraph).",
 )
 @click.option("--retry-failed", is_flag=True, help="Measure cells that failed before again.")
+@click.option(
+    "--remeasure",
+    metavar="unstable|all",
+    help="Measure again, into their own cell runs, the measurements the store holds that "
+    "are UNSTABLE (unstable) or every one (all): a model's whole group at each such batch "
+    "size, its identity baseline included (speedups stay paired); figures, intervals, marks "
+    "and signed records are replaced, MLflow keeps the metric history.",
+)
 @click.option("--no-engine-artifacts", is_flag=True, help="Do not log engines as artifacts.")
 @click.option(
     "--log-models",
@@ -283,6 +291,7 @@ def benchmark(**o: Any) -> None:
         ),
         quiet=o["quiet"],
         experiment_explicit=o["experiment"] is not None,
+        remeasure=o["remeasure"],
     )
 
 
@@ -324,14 +333,19 @@ def _run(
     policy: RunPolicy | None = None,
     quiet: bool = False,
     experiment_explicit: bool = False,
+    remeasure: str | None = None,
 ) -> None:
     """Validate the merged settings and the run's ``policy`` (how it judges and repeats
-    its measurements), run every cell and print the summary."""
+    its measurements), run every cell and print the summary (``remeasure``: which stored
+    measurements are measured again, in place)."""
     from mlflow_ngraph.deploy.register import log_cell_engine
     from mlflow_ngraph.plan.config import RunPolicy
     from mlflow_ngraph.run.live import make_view
-    from mlflow_ngraph.run.runner import Runner, check_sittings
+    from mlflow_ngraph.run.runner import Runner, check_remeasure, check_sittings
 
+    check_remeasure(remeasure)
+    ctx = click.get_current_context(silent=True)
+    hint = remeasure_command(ctx) if ctx is not None else None
     policy = policy or RunPolicy()
     _check_cell_timeout(cell_timeout)
     policy.validate()
@@ -343,27 +357,59 @@ def _run(
         work, uri, home, retry_failed=retry_failed, isolation=isolation,
         cell_timeout_s=cell_timeout, policy=policy, view=make_view(len(work.cells), quiet),
         experiment_explicit=experiment_explicit, model_logger=log_cell_engine,
+        remeasure=remeasure, remeasure_hint=hint,
     )  # fmt: skip
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         rows = runner.run()
     except NgraphError:  # e.g. the server did not come back: what was measured still shows
         if runner.rows:
-            click.echo(_summary(runner.rows, spec, runner))
+            click.echo(_summary(runner.rows, spec, runner, hint))
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-    click.echo(_summary(rows, spec, runner))
+    click.echo(_summary(rows, spec, runner, hint))
     _say_view(runner, uri)
 
 
-def _summary(rows, spec, runner) -> str:
-    """The summary, fitted to the terminal's width when standard output is one."""
+def _summary(rows, spec, runner, remeasure: str | None = None) -> str:
+    """The summary, fitted to the terminal's width when standard output is one
+    (``remeasure``: the command that measures its UNSTABLE measurements again)."""
     from mlflow_ngraph.report.summary import format_summary
     from mlflow_ngraph.table import terminal_width
 
     width = terminal_width() if sys.stdout.isatty() else None
-    return format_summary(rows, spec, experiment=runner.experiment_name, width=width)
+    return format_summary(
+        rows, spec, experiment=runner.experiment_name, width=width, remeasure=remeasure
+    )
+
+
+#: options a re-measuring command leaves out (how much it says is the user's to choose)
+_NOT_REPEATED = ("remeasure", "verbose", "quiet")
+
+
+def remeasure_command(ctx: click.Context, mode: str = "unstable") -> str:
+    """The command that measures the UNSTABLE measurements of this invocation again, in
+    place: the options given on its command line (the same cells, store and experiment),
+    then ``--remeasure mode``; secrets in it redacted."""
+    import shlex
+
+    from click.core import ParameterSource
+
+    words = ["mlflow-ngraph", ctx.info_name or "benchmark"]
+    for param in ctx.command.params:
+        name = param.name or ""
+        if not isinstance(param, click.Option) or name in _NOT_REPEATED:
+            continue
+        if ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
+            continue
+        flag, value = max(param.opts, key=len), ctx.params[name]
+        if param.is_flag:
+            words += [flag] if value else []
+        else:
+            values = value if param.multiple else [value]
+            words += [w for v in values for w in (flag, str(v))]
+    return redact_text(shlex.join([*words, "--remeasure", mode]))
 
 
 def _say_view(runner, uri: str) -> None:
@@ -486,11 +532,19 @@ def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) 
 @click.option("--tracking-uri")
 @click.option("--home", type=click.Path(path_type=Path))
 @click.option("--retry-failed", is_flag=True)
+@click.option(
+    "--remeasure",
+    metavar="unstable|all",
+    help="Measure again, into their own cell runs, the measurements the store holds that "
+    "are UNSTABLE (unstable) or every one (all): a model's whole group at each such batch "
+    "size, its identity baseline included (speedups stay paired); figures, intervals, marks "
+    "and signed records are replaced, MLflow keeps the metric history.",
+)
 @click.option("-v", "--verbose", count=True)
 def blocks(**o: Any) -> None:
     """Run the depth x width x batch grid of conv_block and mha_block (Tables VII/VIII)."""
     setup_logging(o["verbose"])
-    _run(_blocks_data(o), o["home"], o["retry_failed"])
+    _run(_blocks_data(o), o["home"], o["retry_failed"], remeasure=o["remeasure"])
 
 
 def _blocks_data(o: dict[str, Any]) -> dict[str, Any]:

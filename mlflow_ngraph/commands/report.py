@@ -7,6 +7,7 @@ of the main CLI (``cli.add_command(compare)``).
 from __future__ import annotations
 
 import logging
+import shlex
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -110,7 +111,28 @@ def explain_selection(frame: pd.DataFrame, query: RunQuery) -> str:
     return "no runs match the filters together (each alone matches some runs)"
 
 
-def _notes(frame: pd.DataFrame, superseded: int) -> list[str]:
+def remeasure_commands(unstable: pd.DataFrame, names: dict[str, str]) -> list[str]:
+    """The command that measures the ``unstable`` rows again in place, per experiment and
+    device (``names``: experiment id -> name): the blocks' grid, a packaged spec's
+    benchmark, or a benchmark of the experiment (with the options that filled it)."""
+    from mlflow_ngraph.report.query import BLOCKS_EXPERIMENT, packaged_specs
+
+    packaged = packaged_specs()
+    out = []
+    pairs = unstable[["experiment_id", "device"]].drop_duplicates().itertuples(index=False)
+    for experiment_id, device in pairs:
+        name = names.get(str(experiment_id), str(experiment_id))
+        if name == BLOCKS_EXPERIMENT:
+            words = ["blocks", "--device", str(device), "..."]
+        elif name in packaged:
+            words = ["benchmark", "--spec", packaged[name], "--device", str(device)]
+        else:
+            words = ["benchmark", "--experiment", name, "--device", str(device), "..."]
+        out.append(visible(shlex.join(["mlflow-ngraph", *words, "--remeasure", "unstable"])))
+    return out
+
+
+def _notes(frame: pd.DataFrame, superseded: int, names: dict[str, str] | None = None) -> list[str]:
     notes = []
     if superseded:
         notes.append(f"{superseded} older run(s) of a re-measured cell left out (newest kept)")
@@ -124,8 +146,9 @@ def _notes(frame: pd.DataFrame, superseded: int) -> list[str]:
     if len(unstable):
         notes.append(
             f"{len(unstable)} UNSTABLE measurement(s) (marked): their CV or the host's other "
-            "load passed the threshold; re-measure them on a quiet host with "
-            "--stable-retries K"
+            "load passed the threshold; measure them again in their own runs, on a quiet "
+            "host, with the command that measured them and --remeasure unstable: "
+            + "; ".join(remeasure_commands(unstable, names or {}))
         )
     hits = frame[frame["cache_hit"] == 1]
     if len(hits):
@@ -164,11 +187,17 @@ def run_compare(
         raise NgraphError(explain_selection(frame, query))
     depth_batches = query.batch_sizes or tables.DEFAULT_DEPTH_BATCHES
     built = build_tables(selected, table_names, ranges, depth_batches)
-    notes = trust_notes + _notes(selected, superseded)
+    names = {i: _experiment_name(client, i) for i in selected["experiment_id"].unique()}
+    notes = trust_notes + _notes(selected, superseded, names)
     why = {n: tables.why_empty(n, selected, depth_batches) for n, t in built.items() if t.empty}
     if "depth" in built and (note := tables.single_depth_note(built["depth"])):
         notes.append(note)
     return Comparison(built, selected, notes, why)
+
+
+def _experiment_name(client: MlflowClient, experiment_id: str) -> str:
+    experiment = client.get_experiment(str(experiment_id))
+    return experiment.name if experiment is not None else str(experiment_id)
 
 
 def _filters(query: RunQuery, ranges: str) -> dict[str, str]:

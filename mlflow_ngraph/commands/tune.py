@@ -112,6 +112,13 @@ log = logging.getLogger("mlflow_ngraph")
     show_default=True,
     help="Measure an UNSTABLE group again up to K times.",
 )
+@click.option(
+    "--remeasure",
+    metavar="unstable|all",
+    help="Measure the final round again, in its own cell runs with its baseline, where a "
+    "finalist's figures are UNSTABLE (unstable) or at every batch size (all); the search's "
+    "trials are left as they are.",
+)
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
 def tune(**o: Any) -> None:
@@ -121,6 +128,9 @@ def tune(**o: Any) -> None:
 
     # the trials' benchmark lines only with -v: the tune's own lines are its live view
     setup_logging(-1 if o["quiet"] or not o["verbose"] else o["verbose"] - 1)
+    from mlflow_ngraph.run.runner import check_remeasure
+
+    check_remeasure(o["remeasure"])
     settings, home, uri = _settings(o)
     from mlflow_ngraph.tune.search import Tune
 
@@ -134,6 +144,7 @@ def tune(**o: Any) -> None:
         final_precision=o["final_precision"],
         final_max_s=o["final_max_duration"],
         experiment_explicit=o["experiment"] is not None,
+        remeasure=o["remeasure"],
     )
     job.prepare()
     previous = signal.signal(signal.SIGTERM, interrupt)

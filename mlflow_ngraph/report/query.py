@@ -182,7 +182,7 @@ def fill_hint(name: str, client: MlflowClient | None = None) -> str:
             "`mlflow-ngraph blocks --small` fills it (minutes on 2 cores; without --small the "
             "paper's grid, hours)"
         )
-    packaged = _packaged_specs()
+    packaged = packaged_specs()
     if name in packaged:
         return f"`mlflow-ngraph benchmark --spec {packaged[name]}` fills it"
     if client is not None:
@@ -196,7 +196,7 @@ def fill_hint(name: str, client: MlflowClient | None = None) -> str:
 BLOCKS_EXPERIMENT = "ngraph-blocks"
 
 
-def _packaged_specs() -> dict[str, str]:
+def packaged_specs() -> dict[str, str]:
     """Experiment name -> the packaged spec that fills it (``ngraph-default`` -> ``default``)."""
     from importlib import resources
 

@@ -86,14 +86,17 @@ SUMMARY_HEADERS = [
 ]
 
 
-def format_summary(rows, spec, experiment: str | None = None, width: int | None = None) -> str:
+def format_summary(
+    rows, spec, experiment: str | None = None, width: int | None = None, remeasure=None
+) -> str:
     """One line per model x compiler setting x batch size, identity's speedup alongside,
     then the fastest valid compiler per model and batch size.
 
     ``experiment`` is the experiment the results went to (under ``mlflow run`` that of the
     project run), the spec's by default. With ``width`` (a terminal's columns) the tables
     wrap into panels that fit it, each repeating model, compiler and batch size; without,
-    a row is one line (what a log file or a pipe wants).
+    a row is one line (what a log file or a pipe wants). ``remeasure``: the command that
+    measures the UNSTABLE measurements again in place, named where there are some.
     """
     _label(rows)
     paper = getattr(spec.measure, "protocol", "rounds") == "paper"
@@ -109,7 +112,8 @@ def format_summary(rows, spec, experiment: str | None = None, width: int | None 
             f"{unstable} of {len(rows)} measurements UNSTABLE after their re-measurements "
             "(interval wider than --max-interval, other processes took the CPU, or the host "
             "drifted; the log says which): read their numbers, and the speedups built on "
-            "them, as noise; measure again on a quiet host"
+            "them, as noise; measure them again in their own runs, on a quiet host, with: "
+            f"{remeasure or 'the same command with --remeasure unstable'}"
         )
     out += _winners_part(rows, width, paper)
     if width is not None:  # the sentences too

@@ -3,7 +3,8 @@
 earlier run measured shown as the run reaches them.
 
 A resumed run measures only what the journal lacks; a cell, a model or a whole invocation
-finished before is shown from the journal and left as it ended.
+finished before is shown from the journal and left as it ended. ``--remeasure`` makes
+measurements the journal holds pending again (:meth:`Resume.remeasure`), in their own runs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from mlflow_ngraph.tracking.sink import ResultSink
 
 log = logging.getLogger("mlflow_ngraph.run.runner")  # the runner's lines
 
+#: what ``--remeasure`` takes: the UNSTABLE measurements the store holds, or every one
+REMEASURE_MODES = ("unstable", "all")
+
 
 class Resume:
     """The pending work of a plan's ``cells`` in one store session, and the opening of each
@@ -33,8 +37,11 @@ class Resume:
         store: StoreSession,
         sink: ResultSink,
         view: PlainView | None = None,
+        remeasure_hint: str | None = None,
     ) -> None:
         self.spec = spec
+        #: the command that measures the UNSTABLE measurements again (said when none is due)
+        self.remeasure_hint = remeasure_hint
         self.cells = cells
         self.journal = journal
         self.store = store
@@ -71,6 +78,7 @@ class Resume:
             log.info("the parent run of the last invocation was left unfinished: ending it")
             return False
         log.info("every cell was measured and logged by an earlier run: nothing to do")
+        self._say_unstable()
         for cell in self.cells:
             self.sink.earlier(cell)
             self.sink.set_speedups(cell)
@@ -115,3 +123,52 @@ class Resume:
         self.sink.set_speedups(cell)
         notify(self.view, "cell_done", cell.title, self.sink.cell_rows(cell))
         return True
+
+    def remeasure(self, mode: str) -> int:
+        """Make measurements the journal holds pending again, to be measured into the runs
+        they are in: ``unstable``: every batch size of a model at which some cell's result
+        is UNSTABLE, ``all``: every batch size. The unit is a model's whole group at a batch
+        size, its identity baseline included: the cells of a model are measured in
+        interleaved rounds and their speedups paired within them, so a cell measured again
+        alone would be paired with nothing, or its speedup would mix figures measured
+        apart. Returns how many measurements are pending again (none: the journal is left
+        as it was, and a finished invocation still has nothing to do)."""
+        marked = 0
+        for model_spec in self.spec.models:
+            cells = self.model_cells(model_spec)
+            states = [self.journal.cell(c.key) for c in cells]
+            if mode == "all":
+                sizes = {b for s in states for b in s.logged if b in s.measured}
+            else:
+                sizes = {b for s in states for b in s.unstable()}
+            for b in sorted(sizes & set(self.spec.batch_sizes)):
+                for cell, state in zip(cells, states, strict=True):
+                    if b in state.measured and b in state.logged:
+                        self.journal.remeasure(cell.key, b)
+                        marked += 1
+        if marked:
+            log.warning(
+                "measuring %d measurement(s) again (--remeasure %s), each into its own cell "
+                "run: a model's whole group at each such batch size, baseline included",
+                marked,
+                mode,
+            )
+        return marked
+
+    def unstable_count(self) -> tuple[int, int]:
+        """(UNSTABLE measurements, measurements) the journal holds of the plan's cells."""
+        states = [self.journal.cell(c.key) for c in self.cells]
+        measured = sum(len([b for b in s.logged if b in s.measured]) for s in states)
+        return sum(len(s.unstable()) for s in states), measured
+
+    def _say_unstable(self) -> None:
+        unstable, measured = self.unstable_count()
+        if unstable:
+            command = self.remeasure_hint or "the same command with --remeasure unstable"
+            log.warning(
+                "%d of %d measurements in the store are UNSTABLE: measure them again in their "
+                "own runs with: %s",
+                unstable,
+                measured,
+                command,
+            )

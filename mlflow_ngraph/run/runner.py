@@ -33,7 +33,7 @@ from mlflow_ngraph.run.cellwork import CellWork, Outcome
 from mlflow_ngraph.run.combine import SittingsCombiner
 from mlflow_ngraph.run.groups import GroupDispatch
 from mlflow_ngraph.run.live import PlainView
-from mlflow_ngraph.run.resume import Resume
+from mlflow_ngraph.run.resume import REMEASURE_MODES, Resume
 from mlflow_ngraph.run.worker import (
     CHECK_SEED,
     compare_outputs,
@@ -128,6 +128,16 @@ def check_sittings(sittings: int, isolation: str, protocol: str) -> None:
         raise NgraphError("--sittings combines rounds: use it with --protocol rounds")
 
 
+def check_remeasure(mode: str | None) -> None:
+    """Raises:
+    NgraphError: a ``--remeasure`` that is neither ``unstable`` nor ``all``."""
+    if mode is not None and mode not in REMEASURE_MODES:
+        raise NgraphError(
+            f"--remeasure {mode}: not a choice; use --remeasure unstable (the UNSTABLE "
+            "measurements) or --remeasure all (every one)"
+        )
+
+
 def _identity_first(compilers: list[CompilerSpec]) -> list[CompilerSpec]:
     return sorted(compilers, key=lambda c: c.name != "identity")
 
@@ -184,9 +194,12 @@ class Runner:
         reference: bool = False,
         parent_run: str | None = None,
         model_logger: ModelLogger | None = None,
+        remeasure: str | None = None,
+        remeasure_hint: str | None = None,
     ) -> None:
         if isolation not in ISOLATION_MODES:
             raise NgraphError(f"isolation {isolation!r} is not one of: process, none")
+        check_remeasure(remeasure)
         self.policy = policy or RunPolicy()
         self.policy.validate()
         check_sittings(self.policy.sittings, isolation, plan_.spec.measure.protocol)
@@ -213,6 +226,8 @@ class Runner:
         self.store: StoreSession | None = None  # once run() started
         self.estimate: Estimate | None = None  # once run() has planned what is left
         self.groups: GroupDispatch | None = None  # once run() started
+        #: ``unstable``/``all``: stored measurements measured again in place; and the command
+        self.remeasure, self.remeasure_hint = remeasure, remeasure_hint
 
     @property
     def rows(self) -> list[Row]:
@@ -265,6 +280,8 @@ class Runner:
 
     def _run(self) -> list[Row]:
         self._open()
+        if self.remeasure:
+            self.resume.remeasure(self.remeasure)
         if self.resume.finished_before():
             self._order_rows()
             return self.rows
@@ -292,8 +309,9 @@ class Runner:
             self._item_done,
         )  # fmt: skip
         self.resume = Resume(
-            self.spec, self.plan.cells, self.journal, self.store, self.sink, self.view
-        )
+            self.spec, self.plan.cells, self.journal, self.store, self.sink, self.view,
+            self.remeasure_hint,
+        )  # fmt: skip
         self.combiner = SittingsCombiner(self.home, self.policy)
         self.work = CellWork(
             self.spec, self.profile, self.home, self.policy, self.store, self.sink,

@@ -6,7 +6,9 @@ it. On a re-run, logged records are skipped, measured-but-unlogged ones are sent
 from the journal (a tracking server that was down loses nothing) and the rest is measured.
 An ``indexed`` record closes an invocation whose results index was written: a re-run that
 finds it last, with every cell done, has nothing to tell MLflow and never opens the store.
-The cluster sweep reads the same journal to resume a task on another attempt.
+The cluster sweep reads the same journal to resume a task on another attempt. A
+``remeasure`` record (``--remeasure``) makes a logged batch size of a cell pending again: it
+is measured anew into the run the cell already has.
 
 A journal never stands in for a store it was not written against: it records the
 experiment's id and creation time, and when it is opened again the store is probed (the
@@ -48,6 +50,7 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "logged": {"cell": str, "batch_size": int},
     "failed": {"cell": str, "batch_size": int, "reason": str},
     "reset": {"cell": str},
+    "remeasure": {"cell": str, "batch_size": int},
     "indexed": {"spec_hash": str, "parent_id": str},
 }
 
@@ -76,6 +79,14 @@ class CellState:
     description: dict[str, Any] | None = None
     #: the store holds the cell's final status (no ``cell`` record since)
     closed: bool = False
+
+    def unstable(self) -> list[int]:
+        """Batch sizes whose logged result was judged UNSTABLE."""
+        return sorted(
+            b
+            for b, r in self.measured.items()
+            if b in self.logged and (r.get("stability") or {}).get("stable") is False
+        )
 
     def unlogged(self) -> list[int]:
         """Batch sizes measured but not (known to be) in the store."""
@@ -203,6 +214,10 @@ class Journal:
             cell.description, cell.closed = record, False
         elif kind == "closed":
             cell.closed = True
+        elif kind == "remeasure":  # ``--remeasure``: measured again, into the same run
+            cell.measured.pop(record["batch_size"], None)
+            cell.logged.discard(record["batch_size"])
+            cell.closed = False
         elif kind == "reset":  # its run is gone from the store: the cell starts over
             self.cells[record["cell"]] = CellState()
 
@@ -349,6 +364,11 @@ class Journal:
 
     def failed(self, key: str, batch_size: int, reason: str) -> None:
         self._append({"kind": "failed", "cell": key, "batch_size": batch_size, "reason": reason})
+
+    def remeasure(self, key: str, batch_size: int) -> None:
+        """``(key, batch_size)`` is to be measured again (``--remeasure``): pending until its
+        new result is logged, to the run the cell already has (its run id is kept)."""
+        self._append({"kind": "remeasure", "cell": key, "batch_size": batch_size})
 
     def indexed(self, spec_hash: str, parent_id: str) -> None:
         """The parent's results index holds every cell of ``spec_hash`` as logged."""

@@ -21,6 +21,10 @@ from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.journal import CellState, Journal
 from mlflow_ngraph.tracking.provenance import Producer
 
+#: the tags of a batch size that a result sets only where it has them
+_PER_BATCH_TAGS = ("ngraph.note", S.T_STOP_REASON, S.T_MOVED, S.T_RERUN, S.T_SITTINGS,
+                   S.T_STABILITY_REASON, S.T_ERROR)  # fmt: skip
+
 
 class CellRecorder:
     """Writes one cell's run; ``run_id`` is known once :meth:`open` returned."""
@@ -79,6 +83,7 @@ class CellRecorder:
             tags[f"{S.T_ATTEMPTS}.bs{b}"] = str(stability.get("attempts", 1))
         if record.get("times_ms"):  # before the metrics: a run holding a result holds it
             self.client.log_text(run_id, paper_times_csv(record["times_ms"]), S.times_file(b))
+        self._drop_replaced(run_id, b, tags)
         ml.log_batch(self.client, run_id, metrics=ml.batch_metrics(record["metrics"], b), tags=tags)
         runtime = record.get("runtime", {})
         # what the runtime chose, per batch size (``runtime.bs<b>.<key>``); ``runtime.<key>``
@@ -95,6 +100,16 @@ class CellRecorder:
             ml.log_engine(self.client, run_id, Path(record["engine_dir"]), b)
         faultpoint.point("result_unsigned")
         self.sign(run_id, b, record, description)
+
+    def _drop_replaced(self, run_id: str, b: int, tags: dict[str, str]) -> None:
+        """A result measured again into its run (``--remeasure``): the batch size's tags the
+        new result does not set (a stability reason, a note, an error) are deleted, so that
+        nothing of the measurement it replaces is read beside it."""
+        held = self.client.get_run(run_id).data.tags
+        for name in _PER_BATCH_TAGS:
+            key = f"{name}.bs{b}"
+            if key in held and key not in tags:
+                self.client.delete_tag(run_id, key)
 
     def sign(self, run_id: str, b: int, record: dict, description: dict | None) -> None:
         """The result's record signed by this producer, to its run (nothing without a

@@ -31,6 +31,7 @@ class FinalRound:
         *,
         precision: float,
         max_s: float,
+        remeasure: str | None = None,
     ) -> None:
         self.book = book
         self.bench = bench
@@ -38,6 +39,8 @@ class FinalRound:
         self.say = say
         self.precision = precision
         self.max_s = max_s
+        #: ``unstable`` / ``all``: finalists measured before are measured again, in place
+        self.remeasure = remeasure
 
     def run(self, group: int, defaults: set[tuple[str, str]]) -> None:
         """The finalists measured from group ``group`` on, one group per batch size
@@ -63,9 +66,24 @@ class FinalRound:
                 self.say(f"[tune] bs{b}: measuring the {len(batch)} finalist(s) again, together")
                 self.bench.measure(batch, b, group, measure, self.precision)
                 self.bench.read(batch, b)
+            elif self._remeasured(batch):
+                self.say(
+                    f"[tune] bs{b}: measuring the {len(batch)} finalist(s) again in their own "
+                    f"runs, with their baseline (--remeasure {self.remeasure})"
+                )
+                self.bench.measure(batch, b, group, measure, self.precision, self.remeasure)
+                self.bench.read(batch, b)
             for trial in batch:
                 self._judge(trial)
             group += 1
+
+    def _remeasured(self, batch: list[Trial]) -> bool:
+        """Whether ``--remeasure`` asks for this batch size's final round again: ``all``,
+        or ``unstable`` where a finalist's figures are UNSTABLE (the winner is called on
+        them; the search's trials only steered the search and are left as they are)."""
+        if self.remeasure == "all":
+            return True
+        return self.remeasure == "unstable" and any(t.stable is False for t in batch)
 
     def _judge(self, trial: Trial) -> None:
         """A finalist's figures paired with its group's identity, and whether it is

@@ -52,9 +52,12 @@ class GroupBenchmark:
         self.references: dict[tuple[int, int], dict] = {}  # (group, b) -> identity's record
         self.journal = None  # the benchmark journal, once a group ran or was read
 
-    def measure(self, batch, b, group, measure: MeasureSettings, precision) -> None:
+    def measure(
+        self, batch, b, group, measure: MeasureSettings, precision, remeasure: str | None = None
+    ) -> None:
         """The group's cells measured as one benchmark of the model at ``b``, nested under
-        the tune's run, each paired with identity in the same rounds."""
+        the tune's run, each paired with identity in the same rounds (``remeasure``: the
+        group's stored results measured again, in their own cells: ``unstable``/``all``)."""
         from mlflow_ngraph.run.runner import Runner, plan
 
         unique: dict[tuple[str, str], Trial] = {}
@@ -80,6 +83,7 @@ class GroupBenchmark:
             experiment_explicit=True,
             reference=True,
             parent_run=self.run_id,
+            remeasure=remeasure,
         )
         with environment({ENV_TUNE_RUN: self.run_id, ENV_PARENT_RUN: None, "MLFLOW_RUN_ID": None}):
             runner.run()

@@ -79,8 +79,11 @@ class Tune:
         experiment_explicit: bool = True,
         final_precision: float = FINAL_PRECISION,
         final_max_s: float = FINAL_MAX_S,
+        remeasure: str | None = None,
     ) -> None:
         self.settings = settings
+        #: ``--remeasure``: the final round's stored results measured again, in place
+        self.remeasure = remeasure
         self.home = Path(home)
         self.uri = tracking_uri
         self.say = say or (lambda text: log.info("%s", text))
@@ -178,6 +181,7 @@ class Tune:
             self.say,
             precision=self.final_precision,
             max_s=self.final_max_s,
+            remeasure=self.remeasure,
         )
         final.run(group, defaults)
         return self.trials
