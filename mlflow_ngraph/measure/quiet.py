@@ -127,13 +127,13 @@ class HostCheck:
             not wait).
         busy_ok: go on at once on a busy host (``--busy-ok``); its figures are marked
             UNSTABLE as the stability rule finds them.
-        sample_s: seconds of each sample.
+        sample_s: seconds of each sample (None: :data:`SAMPLE_S`).
     """
 
     max_other_cpu: float
     wait_s: float = WAIT_QUIET_S
     busy_ok: bool = False
-    sample_s: float = SAMPLE_S
+    sample_s: float | None = None
     sampler: Callable[[float], HostLoad] = sample_host
 
     def __post_init__(self) -> None:
@@ -148,7 +148,7 @@ class HostCheck:
 
         Raises:
             NgraphError: the host stayed busy for ``wait_s`` seconds (exit status 2)."""
-        load = self.sampler(self.sample_s)
+        load = self.sampler(self.sample_s or SAMPLE_S)
         if not self.busy(load):
             return load
         limit = f"> {self.max_other_cpu:g}% allowed"
@@ -168,7 +168,8 @@ class HostCheck:
     def _wait(self, load: HostLoad) -> HostLoad:
         deadline = time.monotonic() + self.wait_s
         while time.monotonic() < deadline:
-            load = self.sampler(min(self.sample_s, max(deadline - time.monotonic(), 0.1)))
+            left = max(deadline - time.monotonic(), 0.1)
+            load = self.sampler(min(self.sample_s or SAMPLE_S, left))
             if not self.busy(load):
                 log.warning("the host is quiet now (%s): measuring", load.said())
                 return load

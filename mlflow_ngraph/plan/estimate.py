@@ -371,9 +371,7 @@ class Estimate:
             self.learned[item.key] = cost
             self.timings.record(item.key, cost)
         # what is left, re-priced with what this run has learned
-        self.costs = predict_all(
-            self.remaining, self.policy, self.timings, self.learned, self.host
-        )
+        self.costs = predict_all(self.remaining, self.policy, self.timings, self.learned, self.host)
         if not self.remaining and self.finished_predicted_s > 0:
             self.timings.record(FACTOR_KEY, round(self.factor, 3))
 

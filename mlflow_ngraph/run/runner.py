@@ -25,10 +25,10 @@ from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
 from mlflow_ngraph.env import host_fingerprint
 from mlflow_ngraph.errors import NgraphError, host_fault
+from mlflow_ngraph.measure.quiet import HostCheck
 from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.plan.cells import Cell, cell_run_name, differing_flags
 from mlflow_ngraph.plan.config import CompilerSpec, ModelSpec, RunPolicy, Spec
-from mlflow_ngraph.measure.quiet import HostCheck
 from mlflow_ngraph.plan.estimate import Estimate, Host, Item, Timings, describe
 from mlflow_ngraph.run.cellwork import CellWork, Outcome
 from mlflow_ngraph.run.combine import SittingsCombiner
