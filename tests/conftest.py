@@ -280,6 +280,7 @@ os.environ.setdefault("MLFLOW_NGRAPH_TUNE_MAX_DURATION", "1")
 # benchmark would find the host busy (the tests of the check itself set what they check)
 os.environ.setdefault("MLFLOW_NGRAPH_BENCHMARK_BUSY_OK", "1")
 os.environ.setdefault("MLFLOW_NGRAPH_BLOCKS_BUSY_OK", "1")
+os.environ.setdefault("MLFLOW_NGRAPH_TUNE_BUSY_OK", "1")
 os.environ.setdefault("MLFLOW_NGRAPH_TUNE_PRECISION", "0.5")
 os.environ.setdefault("MLFLOW_NGRAPH_TUNE_STABLE_RETRIES", "0")
 # a tune's trials are measured for 0.5 s a batch size by default: the floor that still

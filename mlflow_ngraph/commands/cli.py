@@ -144,8 +144,9 @@ def host_options(command):
         show_default=True,
         metavar="SECONDS",
         help="Before measuring, the host is sampled for a few seconds; where other processes "
-        "take more of the CPU than --max-other-cpu allows, wait up to SECONDS for it to go "
-        "quiet, then stop with exit status 2 (0: look, do not wait).",
+        "take more of the CPU than a stable measurement allows (--max-other-cpu, 25% by "
+        "default), wait up to SECONDS for it to go quiet, then stop with exit status 2 (0: "
+        "look, do not wait).",
     )(command)
     return click.option(
         "--busy-ok",
@@ -155,7 +156,7 @@ def host_options(command):
     )(command)
 
 
-def _host_check(o: dict[str, Any], max_other_cpu: float):
+def host_check_of(o: dict[str, Any], max_other_cpu: float):
     """The sample before the run that ``o``'s ``--busy-ok`` and ``--wait-quiet`` ask for."""
     from mlflow_ngraph.measure.quiet import HostCheck
 
@@ -311,7 +312,7 @@ def benchmark(**o: Any) -> None:
         ),
         quiet=o["quiet"],
         experiment_explicit=o["experiment"] is not None,
-        host_check=_host_check(o, o["max_other_cpu"]),
+        host_check=host_check_of(o, o["max_other_cpu"]),
     )
 
 
@@ -525,7 +526,7 @@ def blocks(**o: Any) -> None:
     from mlflow_ngraph.plan.config import RunPolicy
 
     setup_logging(o["verbose"])
-    check = _host_check(o, RunPolicy().max_other_cpu)
+    check = host_check_of(o, RunPolicy().max_other_cpu)
     _run(_blocks_data(o), o["home"], o["retry_failed"], host_check=check)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from mlflow_ngraph.commands.cli import host_check_of, host_options
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.text import visible
 
@@ -112,12 +113,14 @@ log = logging.getLogger("mlflow_ngraph")
     show_default=True,
     help="Measure an UNSTABLE group again up to K times.",
 )
+@host_options
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
 def tune(**o: Any) -> None:
     """Find the fastest verified configuration of a model on this device across compilers
     and their knobs (Optuna TPE), every trial a benchmark cell paired with eager."""
     from mlflow_ngraph.console import interrupt, setup_logging
+    from mlflow_ngraph.plan.config import RunPolicy
 
     # the trials' benchmark lines only with -v: the tune's own lines are its live view
     setup_logging(-1 if o["quiet"] or not o["verbose"] else o["verbose"] - 1)
@@ -134,6 +137,7 @@ def tune(**o: Any) -> None:
         final_precision=o["final_precision"],
         final_max_s=o["final_max_duration"],
         experiment_explicit=o["experiment"] is not None,
+        host_check=host_check_of(o, RunPolicy().max_other_cpu),
     )
     job.prepare()
     previous = signal.signal(signal.SIGTERM, interrupt)
