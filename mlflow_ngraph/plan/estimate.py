@@ -376,8 +376,9 @@ class Estimate:
             self.timings.record(FACTOR_KEY, round(self.factor, 3))
 
 
-def describe(seconds: float, known: int, count: int) -> str:
-    """``about 12 min for 48 batch sizes to measure (31 timed on this host before)``."""
+def describe(seconds: float, known: int, count: int, host: Host | None = None) -> str:
+    """``about 12 min for 48 batch sizes to measure (31 timed on this host before)``, and
+    the load it was priced at where the host was found busy."""
     minutes = seconds / 60
     when = f"{seconds:.0f} s" if seconds < 90 else f"{minutes:.0f} min"
     basis = (
@@ -385,6 +386,8 @@ def describe(seconds: float, known: int, count: int) -> str:
         if known == count
         else f"{known} of them timed on this host before, the rest rough"
     )
+    if host is not None and host.busy:
+        basis += f"; at today's load, other processes taking {host.share:.0%} of the CPU"
     return f"estimated time: about {when} for {count} batch size(s) to measure ({basis})"
 
 

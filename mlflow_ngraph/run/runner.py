@@ -336,7 +336,7 @@ class Runner:
             grouped=self.isolation == "process", sittings=self.policy.sittings, host=host,
         )  # fmt: skip
         if todo:
-            log.info(describe(self.estimate.total_s, self.estimate.known, len(todo)))
+            log.info(describe(self.estimate.total_s, self.estimate.known, len(todo), host))
         if self.view:
             self.view.start(self.estimate)
 

@@ -138,6 +138,9 @@ def test_the_default_experiment_is_priced_within_a_quarter_of_its_wall_on_a_quie
     assert quiet.total_s == approx(641, rel=0.25)
     assert busy.total_s == approx(33 * 60, rel=0.25)
     assert unsampled.total_s == approx(31 * 60, rel=0.05)  # a run that did not look: as before
+    said = describe(busy.total_s, 0, 80, busy.host)
+    assert "about 36 min" in said and "other processes taking 97% of the CPU" in said
+    assert "load" not in describe(quiet.total_s, 0, 80, quiet.host)
 
 
 def test_the_estimate_scales_with_the_measured_load(tmp_path):
