@@ -135,6 +135,34 @@ def cli() -> None:
     """Benchmark graph compilers on this device; every result goes to MLflow."""
 
 
+def host_options(command):
+    """``--busy-ok`` and ``--wait-quiet``: what a run does when the host is busy before it
+    measures (:mod:`mlflow_ngraph.measure.quiet`)."""
+    command = click.option(
+        "--wait-quiet",
+        default="300",
+        show_default=True,
+        metavar="SECONDS",
+        help="Before measuring, the host is sampled for a few seconds; where other processes "
+        "take more of the CPU than a stable measurement allows (--max-other-cpu, 25% by "
+        "default), wait up to SECONDS for it to go quiet, then stop with exit status 2 (0: "
+        "look, do not wait).",
+    )(command)
+    return click.option(
+        "--busy-ok",
+        is_flag=True,
+        help="Measure on a busy host at once (its figures are marked UNSTABLE where the "
+        "load disturbed them).",
+    )(command)
+
+
+def host_check_of(o: dict[str, Any], max_other_cpu: float):
+    """The sample before the run that ``o``'s ``--busy-ok`` and ``--wait-quiet`` ask for."""
+    from mlflow_ngraph.measure.quiet import HostCheck
+
+    return HostCheck(max_other_cpu, o["wait_quiet"], o["busy_ok"])
+
+
 @cli.command()
 @click.option(
     "--spec",
@@ -267,6 +295,7 @@ def cli() -> None:
     "again (each to a looser target, the default cap shared): every figure is their mean, "
     "and its re-run interval rests on the spread between sittings this run measured.",
 )
+@host_options
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
 def benchmark(**o: Any) -> None:
@@ -292,6 +321,7 @@ def benchmark(**o: Any) -> None:
         quiet=o["quiet"],
         experiment_explicit=o["experiment"] is not None,
         remeasure=o["remeasure"],
+        host_check=host_check_of(o, o["max_other_cpu"]),
     )
 
 
@@ -334,10 +364,11 @@ def _run(
     quiet: bool = False,
     experiment_explicit: bool = False,
     remeasure: str | None = None,
+    host_check=None,
 ) -> None:
     """Validate the merged settings and the run's ``policy`` (how it judges and repeats
-    its measurements), run every cell and print the summary (``remeasure``: which stored
-    measurements are measured again, in place)."""
+    its measurements), run every cell (after ``host_check`` looked at the host) and print
+    the summary (``remeasure``: which stored measurements are measured again, in place)."""
     from mlflow_ngraph.deploy.register import log_cell_engine
     from mlflow_ngraph.plan.config import RunPolicy
     from mlflow_ngraph.run.live import make_view
@@ -358,6 +389,7 @@ def _run(
         cell_timeout_s=cell_timeout, policy=policy, view=make_view(len(work.cells), quiet),
         experiment_explicit=experiment_explicit, model_logger=log_cell_engine,
         remeasure=remeasure, remeasure_hint=hint,
+        host_check=host_check,
     )  # fmt: skip
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
@@ -540,11 +572,15 @@ def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) 
     "size, its identity baseline included (speedups stay paired); figures, intervals, marks "
     "and signed records are replaced, MLflow keeps the metric history.",
 )
+@host_options
 @click.option("-v", "--verbose", count=True)
 def blocks(**o: Any) -> None:
     """Run the depth x width x batch grid of conv_block and mha_block (Tables VII/VIII)."""
+    from mlflow_ngraph.plan.config import RunPolicy
+
     setup_logging(o["verbose"])
-    _run(_blocks_data(o), o["home"], o["retry_failed"], remeasure=o["remeasure"])
+    check = host_check_of(o, RunPolicy().max_other_cpu)
+    _run(_blocks_data(o), o["home"], o["retry_failed"], remeasure=o["remeasure"], host_check=check)
 
 
 def _blocks_data(o: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,11 @@ LIST_OPTIONS: dict[str, dict[str, str]] = {
     "tune": {"--compilers": "--compiler", "--objectives": "--objective"},
 }
 #: per entry point: the options that are flags, passed alone when their param is true
-FLAG_OPTIONS: dict[str, set[str]] = {"tune": {"--allow-precision"}}
+FLAG_OPTIONS: dict[str, set[str]] = {
+    "benchmark": {"--busy-ok"},
+    "blocks": {"--busy-ok"},
+    "tune": {"--allow-precision"},
+}
 TRUE = ("1", "true", "yes", "on")
 
 

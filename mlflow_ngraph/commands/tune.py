@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from mlflow_ngraph.commands.cli import host_check_of, host_options
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.text import visible
 
@@ -119,12 +120,14 @@ log = logging.getLogger("mlflow_ngraph")
     "finalist's figures are UNSTABLE (unstable) or at every batch size (all); the search's "
     "trials are left as they are.",
 )
+@host_options
 @click.option("-v", "--verbose", count=True)
 @click.option("-q", "--quiet", is_flag=True)
 def tune(**o: Any) -> None:
     """Find the fastest verified configuration of a model on this device across compilers
     and their knobs (Optuna TPE), every trial a benchmark cell paired with eager."""
     from mlflow_ngraph.console import interrupt, setup_logging
+    from mlflow_ngraph.plan.config import RunPolicy
 
     # the trials' benchmark lines only with -v: the tune's own lines are its live view
     setup_logging(-1 if o["quiet"] or not o["verbose"] else o["verbose"] - 1)
@@ -145,6 +148,7 @@ def tune(**o: Any) -> None:
         final_max_s=o["final_max_duration"],
         experiment_explicit=o["experiment"] is not None,
         remeasure=o["remeasure"],
+        host_check=host_check_of(o, RunPolicy().max_other_cpu),
     )
     job.prepare()
     previous = signal.signal(signal.SIGTERM, interrupt)

@@ -21,6 +21,14 @@ request, the compile or load seconds, the measured seconds, the attempts), so th
 estimate of it is learned rather than rough; a batch size never measured borrows the seconds
 of a request from another batch size of its model.
 
+The host's load, sampled before the run (:mod:`mlflow_ngraph.measure.quiet`), sets the
+rough terms and stretches every item (:class:`Host`): on a quiet host an engine's rounds
+stop at their precision well before the cap and few figures are measured again; on a busy
+one they run to the cap and many are; and other processes' share of the cores lengthens
+every second of the run's own (a known item's seconds are scaled from the share recorded
+with them to today's). Without a sample (a run that did not look) the rough terms are a
+busy host's.
+
 While a run goes on, the wall time its finished items took is set against what the model
 said of them: the ratio (the host's factor: worker starts, contention, what the model does
 not count) scales what is left, and is kept for the next run's first estimate.
@@ -52,6 +60,15 @@ RETRY_SHARE = 0.5
 PRIOR_WEIGHT_S = 60.0
 #: the key of the host factor in the timings file
 FACTOR_KEY = "_host_factor"
+#: on a host sampled quiet, what the rough terms become. The declared compile allowances are
+#: generous (a busy host's, with room); the default experiment with empty caches on a quiet
+#: 2-core host took 10m41s where the busy terms said 31 min: these three reproduce it
+#: (docs/resume.md). The share of the allowance an engine's build takes ...
+QUIET_PREPARE_SHARE = 0.3
+#: ... the share of the cap an engine's rounds take to reach their precision ...
+QUIET_MEASURED_SHARE = 0.4
+#: ... and the share of items measured again as UNSTABLE (2 of 80 on that run)
+QUIET_RETRY_SHARE = 0.05
 
 
 def timing_key(model: str, compiler: str, flags: dict[str, Any], batch_size: int) -> str:
@@ -106,6 +123,9 @@ def cost_of(record: dict) -> dict[str, float] | None:
     prepare = float(m.get("compile_s") or 0.0) + float(m.get("first_inference_ms") or 0.0) / 1e3
     cost = {"request_s": duration / requests, "measured_s": float(duration), "attempts": attempts}
     cost["load_s" if m.get("cache_hit") else "compile_s"] = round(prepare, 3)
+    others = m.get("host_other_cpu_percent")
+    if isinstance(others, (int, float)) and others >= 0:  # the load its seconds were made under
+        cost["others"] = min(float(others), 100.0) / 100.0
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in cost.items()}
 
 
@@ -119,6 +139,22 @@ class Item:
     @property
     def key(self) -> str:
         return timing_key(self.model, self.compiler, self.flags, self.batch_size)
+
+
+@dataclass(frozen=True)
+class Host:
+    """What the sample before the run found (:mod:`mlflow_ngraph.measure.quiet`)."""
+
+    #: other processes' share of all cores, 0..1
+    share: float = 0.0
+    #: more than the stability rule allows (``--max-other-cpu``)
+    busy: bool = False
+
+    @property
+    def slowdown(self) -> float:
+        """How much longer each second of the run's own work takes: the others' share of
+        the cores is taken from it (a fully loaded host doubles it)."""
+        return 1.0 + min(max(self.share, 0.0), 1.0)
 
 
 @dataclass
@@ -164,41 +200,58 @@ class Policy:
         return max(floor, self.repetitions * request_s, MIN_ROUNDS * request_s)
 
 
-def predict(item: Item, policy: Policy, timings: Timings, learned: dict[str, dict]) -> float:
+def predict(
+    item: Item, policy: Policy, timings: Timings, learned: dict[str, dict], host: Host | None = None
+) -> float:
     """Seconds ``item`` will take (before the host factor). ``learned``: this run's results
-    by item key (they come before the file's, which holds earlier runs')."""
-    return predict_all([item], policy, timings, learned)[0]
+    by item key (they come before the file's, which holds earlier runs'); ``host``: the
+    sample before the run (None: none was made)."""
+    return predict_all([item], policy, timings, learned, host)[0]
 
 
-def predict_all(items, policy: Policy, timings: Timings, learned: dict[str, dict]) -> list[float]:
+def predict_all(
+    items, policy: Policy, timings: Timings, learned: dict[str, dict], host: Host | None = None
+) -> list[float]:
     """:func:`predict` of each of ``items``."""
     costs = [(json.loads(k), v) for k, v in {**timings.data, **learned}.items()
              if isinstance(v, dict) and k != FACTOR_KEY and "request_s" in v]  # fmt: skip
     retry_share = _retry_share(timings)
-    return [_predict(i, policy, timings, learned, costs, retry_share) for i in items]
+    return [_predict(i, policy, timings, learned, costs, retry_share, host) for i in items]
 
 
-def _predict(item: Item, policy: Policy, timings, learned, costs, retry_share) -> float:
+def _predict(item: Item, policy: Policy, timings, learned, costs, retry_share, host) -> float:
     known = learned.get(item.key) or timings.get(item.key)
     request_s = known.get("request_s") if known else _borrowed_request_s(item, costs)
+    quiet = host is not None and not host.busy
     if known:
         prepare = known.get("load_s", min(known.get("compile_s", LOAD_S), LOAD_S))
     else:
-        prepare = _allowance(item.compiler, item.flags)
+        prepare = _allowance(item.compiler, item.flags) * (QUIET_PREPARE_SHARE if host else 1.0)
     if policy.protocol == "paper" and request_s is not None:  # exactly these requests, once
-        return prepare + OVERHEAD_S + (policy.warmup + policy.repetitions) * request_s
+        seconds = prepare + OVERHEAD_S + (policy.warmup + policy.repetitions) * request_s
+        return seconds * _stretch(host, known)
     floor = policy.floor_s(request_s)
     cap = policy.cap_s
     if known:
         measured = max(floor, min(cap, known.get("measured_s", cap)))
         attempts = 1 + min(known.get("attempts", 1) - 1, policy.retries)
     else:
-        measured = max(floor, cap)
-        attempts = 1 + policy.retries * retry_share
+        measured = max(floor, cap * (QUIET_MEASURED_SHARE if quiet else 1.0))
+        attempts = 1 + policy.retries * (QUIET_RETRY_SHARE if quiet else retry_share)
     warm = policy.warmup * (request_s if request_s is not None else measured / policy.repetitions)
     sitting = OVERHEAD_S + attempts * (warm + measured)
     # each later sitting loads the engine the first one built or loaded, in fresh workers
-    return prepare + sitting + (policy.sittings - 1) * (min(prepare, LOAD_S) + sitting)
+    seconds = prepare + sitting + (policy.sittings - 1) * (min(prepare, LOAD_S) + sitting)
+    return seconds * _stretch(host, known)
+
+
+def _stretch(host: Host | None, known: dict | None) -> float:
+    """How much longer than its model an item takes under ``host``'s load: its slowdown,
+    over the slowdown a known item's seconds were recorded under."""
+    if host is None:
+        return 1.0
+    then = Host(known.get("others", 0.0)) if known else Host()
+    return host.slowdown / then.slowdown
 
 
 def _borrowed_request_s(item: Item, costs) -> float | None:
@@ -238,12 +291,14 @@ class Estimate:
             measures them.
         grouped: the cells of a model are measured together, batch size by batch size (the
             process isolation), rather than one cell after the other.
+        host: what the sample before the run found (None: the run did not look).
     """
 
     items: list[Item]
     policy: Policy
     timings: Timings
     grouped: bool = True
+    host: Host | None = None
     learned: dict[str, dict] = field(default_factory=dict)
     #: predicted seconds of each item (the host factor not applied), made at the start
     predicted: dict[str, float] = field(default_factory=dict)
@@ -253,16 +308,16 @@ class Estimate:
 
     def __post_init__(self) -> None:
         self.remaining = list(self.items)
-        self.costs = predict_all(self.items, self.policy, self.timings, self.learned)
+        self.costs = predict_all(self.items, self.policy, self.timings, self.learned, self.host)
         self.predicted = {i.key: c for i, c in zip(self.items, self.costs)}
 
     @classmethod
     def of(
         cls, items, measure, timings: Timings, retries: int = 1, grouped: bool = True,
-        sittings: int = 1,
+        sittings: int = 1, host: Host | None = None,
     ):  # fmt: skip
         policy = Policy.of(measure, retries, sittings)
-        return cls([Item(*i) for i in items], policy, timings, grouped)
+        return cls([Item(*i) for i in items], policy, timings, grouped, host)
 
     @property
     def factor(self) -> float:
@@ -316,13 +371,14 @@ class Estimate:
             self.learned[item.key] = cost
             self.timings.record(item.key, cost)
         # what is left, re-priced with what this run has learned
-        self.costs = predict_all(self.remaining, self.policy, self.timings, self.learned)
+        self.costs = predict_all(self.remaining, self.policy, self.timings, self.learned, self.host)
         if not self.remaining and self.finished_predicted_s > 0:
             self.timings.record(FACTOR_KEY, round(self.factor, 3))
 
 
-def describe(seconds: float, known: int, count: int) -> str:
-    """``about 12 min for 48 batch sizes to measure (31 timed on this host before)``."""
+def describe(seconds: float, known: int, count: int, host: Host | None = None) -> str:
+    """``about 12 min for 48 batch sizes to measure (31 timed on this host before)``, and
+    the load it was priced at where the host was found busy."""
     minutes = seconds / 60
     when = f"{seconds:.0f} s" if seconds < 90 else f"{minutes:.0f} min"
     basis = (
@@ -330,6 +386,8 @@ def describe(seconds: float, known: int, count: int) -> str:
         if known == count
         else f"{known} of them timed on this host before, the rest rough"
     )
+    if host is not None and host.busy:
+        basis += f"; at today's load, other processes taking {host.share:.0%} of the CPU"
     return f"estimated time: about {when} for {count} batch size(s) to measure ({basis})"
 
 

@@ -25,10 +25,11 @@ from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
 from mlflow_ngraph.env import host_fingerprint
 from mlflow_ngraph.errors import NgraphError, host_fault
+from mlflow_ngraph.measure.quiet import HostCheck
 from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.plan.cells import Cell, cell_run_name, differing_flags
 from mlflow_ngraph.plan.config import CompilerSpec, ModelSpec, RunPolicy, Spec
-from mlflow_ngraph.plan.estimate import Estimate, Item, Timings, describe
+from mlflow_ngraph.plan.estimate import Estimate, Host, Item, Timings, describe
 from mlflow_ngraph.run.cellwork import CellWork, Outcome
 from mlflow_ngraph.run.combine import SittingsCombiner
 from mlflow_ngraph.run.groups import GroupDispatch
@@ -177,6 +178,9 @@ class Runner:
             process, as a baseline for the cost of isolation).
         cell_timeout_s: a worker still running after this many seconds is killed and its
             cell's remaining batch sizes are FAILED (process isolation only).
+        host_check: samples the host before the first compile of a run with work to do
+            (says when it is busy, waits or stops; the estimate takes its load); None: the
+            run does not look.
     """
 
     def __init__(
@@ -196,6 +200,7 @@ class Runner:
         model_logger: ModelLogger | None = None,
         remeasure: str | None = None,
         remeasure_hint: str | None = None,
+        host_check: HostCheck | None = None,
     ) -> None:
         if isolation not in ISOLATION_MODES:
             raise NgraphError(f"isolation {isolation!r} is not one of: process, none")
@@ -212,8 +217,7 @@ class Runner:
         self.on_row = on_row or (lambda row: None)
         self.isolation = isolation
         self.cell_timeout_s = cell_timeout_s
-        self.view = view
-        self.sink: ResultSink | None = None  # once run() started
+        self.view, self.sink = view, None  # the sink once run() started
         #: the experiment was named on the command line (not taken from the spec file)
         self.experiment_explicit = experiment_explicit
         #: a group whose identity cell was measured before gets an identity engine of its
@@ -223,6 +227,7 @@ class Runner:
         self.model_logger = model_logger
         #: the run the cells nest under, owned by the caller (a tune), else the benchmark's
         self.parent_run = parent_run
+        self.host_check = host_check  # looks at the host before the first compile
         self.store: StoreSession | None = None  # once run() started
         self.estimate: Estimate | None = None  # once run() has planned what is left
         self.groups: GroupDispatch | None = None  # once run() started
@@ -323,15 +328,19 @@ class Runner:
         )  # fmt: skip
 
     def _start(self, todo: list[tuple]) -> None:
-        """Open the store's parent run (the workers' template importing meanwhile) and say
-        what the ``todo`` items will cost."""
+        """Look at the host, open the store's parent run (the workers' template importing
+        meanwhile) and say what the ``todo`` items will cost."""
         from mlflow_ngraph.run.environment import environment
 
+        host = None
         try:
             if todo and self.isolation == "process":
                 from mlflow_ngraph.run import template
 
-                template.context()  # the workers' template imports while the store opens
+                template.context()  # the workers' template imports while the host is sampled
+            if todo and self.host_check is not None:  # before a parent run a stop would leave
+                load = self.host_check.run()
+                host = Host(load.share, self.host_check.busy(load))
             self.store.start(environment(self.profile.name, self.profile.kind, self.home))
         except BaseException:
             if self.isolation == "process":
@@ -341,10 +350,10 @@ class Runner:
             raise
         self.estimate = Estimate.of(
             todo, self.spec.measure, Timings(self.home), self.policy.stable_retries,
-            grouped=self.isolation == "process", sittings=self.policy.sittings,
+            grouped=self.isolation == "process", sittings=self.policy.sittings, host=host,
         )  # fmt: skip
         if todo:
-            log.info(describe(self.estimate.total_s, self.estimate.known, len(todo)))
+            log.info(describe(self.estimate.total_s, self.estimate.known, len(todo), host))
         if self.view:
             self.view.start(self.estimate)
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from mlflow_ngraph.compilers.base import HostLimits
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
 from mlflow_ngraph.devices import check_profile_runs_here, get_profile
+from mlflow_ngraph.measure.quiet import HostCheck
 from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tune.book import TrialBook
@@ -65,6 +66,8 @@ class Tune:
     Args:
         say: where the live lines go (trials done, the best so far, the time left).
         max_interval / stable_retries: the stability rule of every trial's cell.
+        host_check: samples the host before the first group is measured (busy: said,
+            waited for or stopped at; the wait is not charged to the budget); None: no look.
     """
 
     def __init__(
@@ -80,10 +83,12 @@ class Tune:
         final_precision: float = FINAL_PRECISION,
         final_max_s: float = FINAL_MAX_S,
         remeasure: str | None = None,
+        host_check: HostCheck | None = None,
     ) -> None:
         self.settings = settings
         #: ``--remeasure``: the final round's stored results measured again, in place
         self.remeasure = remeasure
+        self.host_check = host_check
         self.home = Path(home)
         self.uri = tracking_uri
         self.say = say or (lambda text: log.info("%s", text))
@@ -166,6 +171,7 @@ class Tune:
         self.bench.references.update(self.journal.references())
         self.studies = Studies(self.settings, self.space)
         self._resume(asked)
+        self._look()
         group = self.book.next_group()
         while not self._should_stop():
             b = self.settings.batch_sizes[group % len(self.settings.batch_sizes)]
@@ -269,6 +275,15 @@ class Tune:
 
     def left(self) -> float | None:
         return self.budget.left()
+
+    def _look(self) -> None:
+        """The host sampled, unless the search has nothing left to measure (a resume of a
+        finished one does not pay for it); a wait for quiet is not charged to the budget."""
+        if self.host_check is None or self._should_stop():
+            return
+        started = time.monotonic()
+        self.host_check.run()
+        self.budget.started += time.monotonic() - started
 
     def _should_stop(self) -> bool:
         self.stop_reason = reason_to_stop(

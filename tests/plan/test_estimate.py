@@ -13,8 +13,10 @@ from mlflow_ngraph.plan.estimate import (
     LOAD_S,
     OVERHEAD_S,
     Estimate,
+    Host,
     Item,
     Timings,
+    cost_of,
     describe,
     timing_key,
 )
@@ -111,3 +113,59 @@ def test_run_prints_an_estimate_and_records_what_each_batch_size_cost(run_cli, t
     assert len(recorded) == 2
     assert all(r["request_s"] > 0 and r["measured_s"] > 0 and r["attempts"] >= 1 for r in recorded)
     assert Timings(home).factor is not None
+
+
+#: the default experiment: 4 models x 5 CPU compilers x batch 1-8, 3 warm-up and 10
+#: requests over at least 0.5 s, one retry of an UNSTABLE figure
+DEFAULT = MeasureSettings(warmup=3, repetitions=10, min_duration_s=0.5)
+DEFAULT_ITEMS = [
+    (m, c, {}, b)
+    for m in ("resnet18", "deit3_small_patch16_224", "conv_block", "mha_block")
+    for c in ("identity", "torchscript", "inductor", "onnxruntime", "openvino")
+    for b in (1, 2, 4, 8)
+]
+
+
+def test_the_default_experiment_is_priced_within_a_quarter_of_its_wall_on_a_quiet_and_a_busy_host(
+    tmp_path,
+):
+    """Empty caches, nothing timed: a quiet 2-core host took 10m41s, a busy one (load 4-8,
+    other processes taking every core) 33 min; without a look at the host it said 31 min for
+    both."""
+    quiet = Estimate.of(DEFAULT_ITEMS, DEFAULT, Timings(tmp_path), host=Host(0.02, False))
+    busy = Estimate.of(DEFAULT_ITEMS, DEFAULT, Timings(tmp_path), host=Host(0.97, True))
+    unsampled = Estimate.of(DEFAULT_ITEMS, DEFAULT, Timings(tmp_path))
+    assert quiet.total_s == approx(641, rel=0.25)
+    assert busy.total_s == approx(33 * 60, rel=0.25)
+    assert unsampled.total_s == approx(31 * 60, rel=0.05)  # a run that did not look: as before
+    said = describe(busy.total_s, 0, 80, busy.host)
+    assert "about 36 min" in said and "other processes taking 97% of the CPU" in said
+    assert "load" not in describe(quiet.total_s, 0, 80, quiet.host)
+
+
+def test_the_estimate_scales_with_the_measured_load(tmp_path):
+    items = [("m", "onnxruntime", {}, 1), ("m", "openvino", {}, 8)]
+
+    def total(host):
+        return Estimate.of(items, DEFAULT, Timings(tmp_path), host=host).total_s
+
+    # other processes' share of the cores is taken from the run's own seconds
+    assert total(Host(1.0, True)) == approx(total(Host(0.5, True)) * 2.0 / 1.5)
+    assert total(Host(0.2, False)) == approx(total(Host(0.0, False)) * 1.2)
+    # busy beyond the stability rule: the rounds run to the cap and more are measured again
+    assert total(Host(0.3, True)) > total(Host(0.3, False)) * 1.5
+    assert Host(7.0).slowdown == 2.0  # never more than every core
+
+
+def test_a_known_item_is_rescaled_from_the_load_it_was_timed_under(tmp_path):
+    timings = Timings(tmp_path)
+    key = timing_key("conv", "openvino", {}, 8)
+    record = _record(0.6, 100)
+    record["metrics"]["host_other_cpu_percent"] = 50.0
+    cost = cost_of(record)
+    assert cost["others"] == 0.5
+    timings.record(key, cost)
+    item = [("conv", "openvino", {}, 8)]
+    then = Estimate.of(item, PAPER, Timings(tmp_path), retries=0, host=Host(0.5, True))
+    now = Estimate.of(item, PAPER, Timings(tmp_path), retries=0, host=Host(0.0, False))
+    assert then.total_s == approx(now.total_s * 1.5)
