@@ -33,8 +33,9 @@ COLUMNS = {
     "*: the ratio of the throughputs parts from it (the line under the table says both)",
     "speedup CI": "95% interval of the speedup: the paired rounds' where it holds the "
     "speedup, else the two throughputs' intervals combined (the same rule in compare)",
-    "re-run CI": "where a re-run on this host is expected to land, 95% (the speedup's; "
-    "eager's throughput's), from the spread between sittings this host has shown",
+    "re-run CI": "where a re-run on this host is expected to land, 95%, from the spread "
+    "between sittings this host has shown (the speedup's where the row has one, else the "
+    "throughput's)",
     "throughput re-run": "where a re-run's throughput is expected to land, 95%, samples/s",
     "speedup re-run": "where a re-run's speedup is expected to land, 95%, x",
     "drift %": "how much eager's rate moved from round to round while this was measured "
@@ -45,7 +46,8 @@ COLUMNS = {
     "status": "OK, INVALID (the outputs differ from eager's beyond the tolerance) or FAILED",
     "stable": "UNSTABLE: this batch size's figure is noise on this host (interval wider "
     "than --max-interval, other processes took the CPU, or the host drifted); yes: judged "
-    "stable; -: not judged",
+    "stable; -: not judged; (own, next, baseline), where shown: which figures behind a "
+    "winner's verdict are UNSTABLE",
     "stability": "UNSTABLE: this batch size's figure is noise on this host (interval wider "
     "than --max-interval, other processes took the CPU, or the host drifted); STABLE; empty: "
     "not judged",
