@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from mlflow_ngraph.measure.verdict import PARTED_REASON
+
 #: the meaning of a column, by the header a table shows
 COLUMNS = {
     "model": "the model (a block with its parameters)",
@@ -29,8 +31,7 @@ COLUMNS = {
     "cpu_percent": "CPU time of the engine's process over wall time, % of all cores",
     "speedup": "the speedup over eager (identity) at the same batch size, x: the paired "
     "estimate of the rounds (the median of the per-round ratios; the host's drift cancels) "
-    "where they were measured together, else the ratio of the throughputs [its 95% interval]; "
-    "*: the ratio of the throughputs parts from it (the line under the table says both)",
+    "where they were measured together, else the ratio of the throughputs [its 95% interval]",
     "speedup CI": "95% interval of the speedup: the paired rounds' where it holds the "
     "speedup, else the two throughputs' intervals combined (the same rule in compare)",
     "re-run CI": "where a re-run on this host is expected to land, 95%, from the spread "
@@ -59,8 +60,7 @@ COLUMNS = {
     "where the host measured its spread); within noise: they overlap; not judged: a side "
     "is UNSTABLE",
     "throughput_ratio": "T_c / T_eager, x [95% interval], shown only where it parts from the "
-    "paired speedup beyond both intervals: a ratio of totals over different windows; the "
-    "speedup is the estimate",
+    f"paired speedup beyond both intervals: {PARTED_REASON}",
     "rtr": "RTR: throughput at this batch size over batch 1's, x (how the engine scales)",
     "ase": "ASE: RTR / batch size, 0-1 (1: the throughput grows with the batch)",
     "bsr": "BSR: the compiler's RTR over eager's, x (>1: it scales better than eager)",

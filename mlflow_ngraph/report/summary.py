@@ -145,6 +145,8 @@ def _summary_legend(rows, paper: bool) -> list[str]:
                 "  95% CI: 95% interval of the throughput, samples/s: of the mean of b/t over "
                 "the timed inferences (the engines were timed one after the other, unpaired)"
             )
+        if line.startswith("  speedup:") and any(getattr(r, "ratio_parted", None) for r in rows):
+            lines[i] = line + "; *: the ratio of the throughputs parts from it (see above)"
         if line.startswith("  re-run CI:") and not any(_rerun(r) != "-" for r in rows):
             lines[i] = line + (
                 " (none yet: the same engines need measuring in a second run, or give --rerun-sd)"
@@ -187,9 +189,12 @@ def _winners_part(rows, width: int | None, paper: bool) -> list[str]:
 
 def _wrap(lines: list[str], width: int) -> list[str]:
     """``lines`` with each sentence longer than ``width`` filled to it (a table, which has
-    its own line breaks, as it is)."""
+    its own line breaks, as it is; a legend line's continuation indented under it)."""
     return [
-        line if "\n" in line or len(line) <= width else textwrap.fill(line, width) for line in lines
+        line
+        if "\n" in line or len(line) <= width
+        else textwrap.fill(line, width, subsequent_indent=" " * 4 * line.startswith("  "))
+        for line in lines
     ]
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from mlflow_ngraph.measure.verdict import noise_text
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tune.trials import Trial, short_flags
 
@@ -17,7 +18,8 @@ from mlflow_ngraph.tune.trials import Trial, short_flags
 @dataclass
 class Verdict:
     """The winner of a tune, the runner-up it was measured against, and whether its lead
-    is beyond noise (their speedup intervals, from the same rounds, do not overlap)."""
+    is beyond noise (their speedup intervals, from the same rounds, do not overlap; judged
+    only where both figures are STABLE, as everywhere: measure/verdict.py)."""
 
     winner: Trial
     runner_up: Trial | None
@@ -25,6 +27,14 @@ class Verdict:
     #: a tie in which the finalist with the lower estimate was chosen: its interval's low
     #: end is the higher (the surer figure)
     surer: bool = False
+    #: which of the two figures are UNSTABLE (``own``: the winner's, ``next``): the lead
+    #: is then not judged
+    unstable: tuple[str, ...] = ()
+
+    @property
+    def noise(self) -> str:
+        """The lead's verdict in the words every output uses (:func:`noise_text`)."""
+        return noise_text(self.beyond_noise if self.runner_up else None, self.unstable)
 
     def sentence(self) -> str:
         w = self.winner
@@ -32,6 +42,8 @@ class Verdict:
         if self.runner_up is None:
             return head + " (no other finalist at its batch size)"
         r = self.runner_up
+        if self.unstable:
+            return head + f"; its lead over {r.label} ({_figure(r)}) is {self.noise}"
         if self.beyond_noise:
             return head + f"; its lead over {r.label} ({_figure(r)}) is beyond noise"
         text = (
@@ -94,7 +106,10 @@ def verdict(finals: Sequence[Trial], value, higher: bool, paired: bool = False) 
         # a tie: the figure a deployment can count on is the interval's low end
         if runner_up.interval[0] > winner.interval[0]:
             winner, runner_up, surer = runner_up, winner, True
-    return Verdict(winner, runner_up, beyond, surer)
+    unstable = tuple(
+        role for role, t in (("own", winner), ("next", runner_up)) if t and t.stable is False
+    )
+    return Verdict(winner, runner_up, beyond and not unstable, surer, unstable)
 
 
 def closest_miss(trials: Sequence[Trial], constraints) -> str:

@@ -199,7 +199,7 @@ def log_tune(tune: Tune, verdict: Verdict | None, miss: str | None, fragment: st
             {
                 T_WINNER: w.label,
                 T_WINNER_BATCH: str(w.batch_size),
-                T_LEAD: "beyond noise" if verdict.beyond_noise else "tie within noise",
+                T_LEAD: "tie within noise" if verdict.noise == "within noise" else verdict.noise,
             }
         )
         if w.run_id:
