@@ -177,7 +177,7 @@ def throughputs_interval(centre, own, own_ci, base, base_ci) -> tuple[float, flo
     below_c, above_c = _log_halves(own, own_ci)
     below_i, above_i = _log_halves(base, base_ci)
     down, up = math.hypot(below_c, above_i), math.hypot(above_c, below_i)
-    if centre is None or math.isnan(down) or math.isnan(up):
+    if centre is None or math.isnan(centre) or math.isnan(down) or math.isnan(up):
         return None
     return centre * math.exp(-down), centre * math.exp(up)
 

@@ -315,7 +315,9 @@ def _speedup_figures(row: pd.Series, own: float, own_ci, base: float, base_ci):
     paired_ci = _pair(float(row[schema.M_SPEEDUP_CI_LOW]), float(row[schema.M_SPEEDUP_CI_HIGH]))
     interval = speedup_interval(speedup, paired_ci, own, own_ci, base, base_ci)
     value = float(row[RATIO])
-    ratio_ci = None if math.isnan(value) else throughputs_interval(value, own, own_ci, base, base_ci)
+    ratio_ci = (
+        None if math.isnan(value) else throughputs_interval(value, own, own_ci, base, base_ci)
+    )
     parts = (value, *ratio_ci) if ratio_ci and parted(interval, ratio_ci) else nan3
     return (interval or nan2), parts
 
