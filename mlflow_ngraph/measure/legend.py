@@ -52,8 +52,7 @@ COLUMNS = {
     "stability": "UNSTABLE: this batch size's figure is noise on this host (interval wider "
     "than --max-interval, other processes took the CPU, or the host drifted); STABLE; empty: "
     "not judged",
-    "note": "what else the run said of this row; resumed: measured by an earlier run, read "
-    "back",
+    "note": "what else the run said of this row; resumed: measured by an earlier run, read back",
     "lead over": "the next-fastest valid row (eager included)",
     "next": "the next-fastest valid row (eager included)",
     "lead": "the winner's speedup over the next row's, x (same rounds where paired)",
