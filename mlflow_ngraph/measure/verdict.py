@@ -1,24 +1,53 @@
 """Which engine won, and whether beyond noise: per model and batch size, the fastest valid
 engine, its lead over the next one, judged on the re-run intervals where they exist, else
-on the sitting's (the summary, the MLflow view and compare all read this one verdict)."""
+on the sitting's (the summary, the MLflow view and compare all read this one verdict).
+
+The rules every output shares live here, so that no two places say different things:
+
+- a lead (or any order of two figures) is judged "beyond noise" only where both figures
+  are STABLE; a figure marked UNSTABLE is noise on this host, and an order built on it is
+  "not judged" (:func:`noise_text` names which side);
+- the speedup is one quantity: the paired estimate where the engines were measured in
+  rounds with eager (the median of the per-round ratios: each ratio's two windows are
+  seconds apart, so the host's drift cancels), else the ratio of the two throughputs; its
+  interval follows one rule (:func:`speedup_interval`);
+- the ratio of the two throughputs is shown beside the paired speedup only where the two
+  part by more than their intervals (:func:`parted`), with the reason (:data:`PARTED_REASON`).
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+#: why the ratio of two throughputs can part from the paired speedup of the same rounds:
+#: each throughput is the samples over the seconds of its engine's own windows, and those
+#: differ. Eager keeps taking windows while any engine paired with it is not done (rounds
+#: the engine was not in), the screen leaves out different windows on each side, and a
+#: window lasts at least one call, so a slow spell weighs by its length. The ratio compares
+#: totals over different stretches of time; the paired estimate compares the two engines
+#: inside each round.
+PARTED_REASON = (
+    "the throughputs were measured over different windows (eager's include rounds the "
+    "engine was not in, and a slow window weighs by its length); the paired one compares "
+    "the two inside each round and is the estimate"
+)
 
 
 def winners(rows) -> list[dict[str, Any]]:
     """Per model and batch size, the fastest valid (status OK) row that is not the baseline,
     with its lead over the next-fastest valid row of any compiler (the baseline included):
     ``beyond`` is True when the two 95% intervals separate, False when they overlap and None
-    when either was not measured; ``stable`` is the winner row's own mark (the one the
-    summary shows for that row: a paired speedup's mark already holds its baseline's noise);
-    ``unstable`` names which of the winner, the next row and the baseline were judged
-    UNSTABLE. Rows carry ``label``.
+    when either was not measured, or when the winner or the next row is UNSTABLE (an order
+    of noise is not judged); ``noise`` says it in words (:func:`noise_text`); ``stable`` is
+    the winner row's own mark at its batch size (the one the summary shows for that row: a
+    paired speedup's mark already holds its baseline's noise); ``unstable`` names which of
+    the winner, the next row and the baseline were judged UNSTABLE. Rows carry ``label``.
 
     Rows are ranked, and the lead is a ratio, on the paired speedups where every valid row
     of the group has one (identity's is 1): those come from the same rounds, so the host's
     drift cancels, and they are what ``beyond`` judges. Otherwise on the throughputs."""
+    settle(rows)
     out = []
     for (model, b), valid in _valid_groups(rows).items():
         won = _winner(model, b, valid)
@@ -49,6 +78,8 @@ def _winner(model: str, b: int, valid: list[Any]) -> dict[str, Any] | None:
     rest = [r for r in ranked if r is not best]
     second = rest[0] if rest else None
     baseline = next((r for r in ranked if r.compiler == "identity"), None)
+    unstable = _unstable_roles(best, second, baseline)
+    beyond = None if _not_judged(unstable) else _beyond(best, second)
     return {
         "model": model,
         "batch_size": b,
@@ -57,9 +88,10 @@ def _winner(model: str, b: int, valid: list[Any]) -> dict[str, Any] | None:
         "speedup": best.speedup,
         "next": second.label if second is not None else None,
         "lead": score(best) / score(second) if second is not None and score(second) else None,
-        "beyond": _beyond(best, second),
+        "beyond": beyond,
+        "noise": noise_text(beyond, unstable),
         "stable": getattr(best, "stable", None),
-        "unstable": _unstable_roles(best, second, baseline),
+        "unstable": unstable,
     }
 
 
@@ -80,19 +112,15 @@ def _paired(row) -> float | None:
 def _beyond(best, second) -> bool | None:
     """Whether ``best`` leads ``second`` beyond noise: judged on the speedups' re-run
     intervals where the host has measured its spread between sittings (a lead a re-run
-    keeps), else on their 95% intervals of this sitting (paired with identity in the same
-    rounds: the host's drift cancels), the throughputs' where a speedup has none. ``None``
-    when neither can say."""
+    keeps), else on their 95% intervals of this sitting as shown (:func:`speedup_interval`:
+    paired with identity in the same rounds where they can be), the throughputs' where a
+    speedup has none. ``None`` when neither can say."""
     if second is None:
         return None
-    for low_name, high_name in (
-        ("speedup_rerun_low", "speedup_rerun_high"),
-        ("speedup_ci_low", "speedup_ci_high"),
-    ):
-        low = getattr(best, low_name, None)
+    for interval in (_rerun, _shown):
+        low, high = interval(best)[0], interval(second)[1]
         if second.compiler == "identity" and low is not None:
             return low > 1.0
-        high = getattr(second, high_name, None)
         if low is not None and high is not None:
             return low > high
     for low_name, high_name in (("rerun_low", "rerun_high"), ("ci_low", "ci_high")):
@@ -100,3 +128,101 @@ def _beyond(best, second) -> bool | None:
         if low is not None and high is not None:
             return low > high
     return None
+
+
+def _rerun(row) -> tuple[float | None, float | None]:
+    return getattr(row, "speedup_rerun_low", None), getattr(row, "speedup_rerun_high", None)
+
+
+def _shown(row) -> tuple[float | None, float | None]:
+    """A row's speedup interval as every output shows it (:func:`settle`)."""
+    return getattr(row, "speedup_interval", None) or (None, None)
+
+
+def _not_judged(unstable) -> list[str]:
+    """The sides of a lead that are UNSTABLE (the winner's, the next row's): an order of
+    two figures is judged only where both are STABLE. The baseline's noise is in each
+    paired speedup's own mark."""
+    return [role for role in unstable if role in ("own", "next")]
+
+
+def noise_text(beyond: bool | None, unstable=()) -> str:
+    """The one wording of a lead's verdict: ``beyond noise``, ``within noise``, ``not
+    judged: winner UNSTABLE`` (``next``, ``winner and next``) where either side is noise on
+    this host, ``-`` where no interval says."""
+    sides = _not_judged(unstable)
+    if sides:
+        names = " and ".join("winner" if s == "own" else "next" for s in sides)
+        return f"not judged: {names} UNSTABLE"
+    return {True: "beyond noise", False: "within noise", None: "-"}[beyond]
+
+
+def _log_halves(value, interval) -> tuple[float, float]:
+    """The half-widths of ``interval`` around ``value`` on the log scale (below, above): NaN
+    where either is missing or not positive."""
+    if value is None or interval is None or None in interval or not value > 0:
+        return math.nan, math.nan
+    low, high = interval
+    below = math.log(value) - math.log(low) if low and low > 0 else math.nan
+    above = math.log(high) - math.log(value) if high and high > 0 else math.nan
+    return below, above
+
+
+def throughputs_interval(centre, own, own_ci, base, base_ci) -> tuple[float, float] | None:
+    """A 95% interval around ``centre`` (a speedup) from the two throughputs' intervals,
+    taken as independent measurements: ``log S = log T_c - log T_i``, so each side's log
+    half-widths (below and above: the intervals need not be symmetric) add in quadrature.
+    Interval arithmetic (``low_c / high_i`` to ``high_c / low_i``) would assume both ends at
+    once and is about 1.4x too wide. ``None`` where an interval is missing."""
+    below_c, above_c = _log_halves(own, own_ci)
+    below_i, above_i = _log_halves(base, base_ci)
+    down, up = math.hypot(below_c, above_i), math.hypot(above_c, below_i)
+    if centre is None or math.isnan(centre) or math.isnan(down) or math.isnan(up):
+        return None
+    return centre * math.exp(-down), centre * math.exp(up)
+
+
+def speedup_interval(speedup, paired_ci, own, own_ci, base, base_ci):
+    """The one rule for a speedup's 95% interval, wherever it is shown: the interval of the
+    paired rounds where it holds the speedup (the host's drift cancels within a round);
+    else (too few rounds for a signed-rank interval, or the engines measured apart) the one
+    the two throughputs' intervals give around the speedup (:func:`throughputs_interval`);
+    else ``None``."""
+    if speedup is None or speedup != speedup:
+        return None
+    if paired_ci is not None and None not in paired_ci and paired_ci[0] <= speedup <= paired_ci[1]:
+        return paired_ci
+    return throughputs_interval(speedup, own, own_ci, base, base_ci)
+
+
+def parted(speedup_ci, ratio_ci) -> bool:
+    """Whether the speedup and the ratio of the throughputs part by more than their
+    intervals (the two do not overlap); False where either is missing."""
+    if speedup_ci is None or ratio_ci is None:
+        return False
+    return speedup_ci[1] < ratio_ci[0] or ratio_ci[1] < speedup_ci[0]
+
+
+def settle(rows) -> None:
+    """Give each row the speedup figures every output shows, by the rules above:
+    ``speedup_interval`` (low, high or None), and where the speedup is paired and the ratio
+    of the throughputs parts from it, ``ratio_parted`` (the ratio and its interval; else
+    None). The baseline is the identity row of the same model and batch size."""
+    base = {(r.model, r.batch_size): r for r in rows if r.compiler == "identity"}
+    for r in rows:
+        r.speedup_interval, r.ratio_parted = None, None
+        ident = base.get((r.model, r.batch_size))
+        if r.compiler == "identity" or ident is None:
+            continue
+        own_ci = (getattr(r, "ci_low", None), getattr(r, "ci_high", None))
+        base_ci = (getattr(ident, "ci_low", None), getattr(ident, "ci_high", None))
+        paired_ci = (getattr(r, "speedup_ci_low", None), getattr(r, "speedup_ci_high", None))
+        r.speedup_interval = speedup_interval(
+            r.speedup, paired_ci, r.throughput, own_ci, ident.throughput, base_ci
+        )
+        ratio = getattr(r, "speedup_ratio", None)
+        if ratio is None or not getattr(r, "paired", False):
+            continue
+        ratio_ci = throughputs_interval(ratio, r.throughput, own_ci, ident.throughput, base_ci)
+        if parted(r.speedup_interval, ratio_ci):
+            r.ratio_parted = (ratio, ratio_ci)

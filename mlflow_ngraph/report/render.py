@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mlflow_ngraph.measure.legend import legend
 from mlflow_ngraph.text import visible
 
 FORMATS = ("terminal", "csv", "markdown", "json")
@@ -60,6 +61,8 @@ HIDDEN = {
     "cells": ("family", "model_params", "flags", "scenario", "experiment_id", "run_id", "error"),
     "flips": ("identity_order", "compiler_order"),
 }
+#: columns left out for people where no row has a value (CSV and JSON keep them)
+HIDDEN_IF_EMPTY = ("throughput_ratio",)
 
 
 def format_number(value: object) -> str:
@@ -108,6 +111,8 @@ def _text_columns(frame: pd.DataFrame, hidden: Sequence[str] = ()) -> dict[str, 
     for column in frame.columns:
         if column in hidden or _companion(column, frame):
             continue
+        if column in HIDDEN_IF_EMPTY and not frame[column].notna().any():
+            continue
         text = _format_column(frame[column])
         std, low, high = f"{column}_std", f"{column}_ci_low", f"{column}_ci_high"
         spreads = frame[std].tolist() if std in frame else [None] * len(text)
@@ -154,8 +159,9 @@ def to_terminal(
     keep: int = 1,
     why_empty: str = "",
 ) -> str:
-    """A fixed-width text table (the tool's one table printer); numbers right-aligned. With
-    ``width``, a wider table wraps to fit, its first ``keep`` columns in every panel."""
+    """A fixed-width text table (the tool's one table printer); numbers right-aligned, a
+    line under it per column that says what it means. With ``width``, a wider table wraps
+    to fit, its first ``keep`` columns in every panel (and the legend's lines too)."""
     from mlflow_ngraph.table import format_table
 
     shown = _text_columns(frame, hidden)
@@ -163,7 +169,14 @@ def to_terminal(
         return f"(no rows: {why_empty})" if why_empty else "(no rows)"
     numeric = [c in frame and pd.api.types.is_numeric_dtype(frame[c]) for c in shown]
     headers = [SHORT.get(c, c) for c in shown]
-    return format_table(headers, _rows(shown), numeric, width=width, keep=keep)
+    table = format_table(headers, _rows(shown), numeric, width=width, keep=keep)
+    lines = legend(headers)
+    if width:
+        lines = [
+            textwrap.fill(line, width, subsequent_indent="    ", break_on_hyphens=False)
+            for line in lines
+        ]
+    return "\n".join([table, *lines])
 
 
 def _terminal_order(frame: pd.DataFrame, keep: int, first: Sequence[str]) -> pd.DataFrame:
@@ -209,7 +222,14 @@ def to_markdown(frame: pd.DataFrame, hidden: Sequence[str] = ()) -> str:
     lines = ["| " + " | ".join(_escape(c) for c in shown) + " |"]
     lines.append("|" + "|".join(" --- " for _ in shown) + "|")
     lines += ["| " + " | ".join(_escape(v) for v in row) + " |" for row in _rows(shown)]
-    return "\n".join(lines)
+    explained = [_legend_markdown(line) for line in legend(shown)[1:]]
+    return "\n".join(lines) + ("\n\n" + "  \n".join(explained) if explained else "")
+
+
+def _legend_markdown(line: str) -> str:
+    """A legend line as markdown: the column as code (its name may hold ``_`` and ``*``)."""
+    header, _, text = line.strip().partition(": ")
+    return f"`{header}`: {_escape(text)}"
 
 
 def _markdown_or_why(frame: pd.DataFrame, hidden: Sequence[str], why_empty: str) -> str:
@@ -326,6 +346,7 @@ def to_html(
             cut = f"first {HTML_MAX_ROWS} of {len(frame)} rows; all rows: tables/{name}.csv"
             parts.append(f'<p class="note">{cut}</p>')
         parts.append(shown.to_html(index=False, escape=True, border=0))
+        parts += [f'<p class="note">{html.escape(line)}</p>' for line in legend(shown)[1:]]
     if plots:
         parts.append("<h2>Figures</h2>")
         parts += [_image(path) for path in plots]

@@ -6,7 +6,8 @@ import math
 import textwrap
 from typing import Any
 
-from mlflow_ngraph.measure.verdict import winners
+from mlflow_ngraph.measure.legend import legend
+from mlflow_ngraph.measure.verdict import PARTED_REASON, settle, winners
 from mlflow_ngraph.plan.cells import compiler_label, differing_flags
 from mlflow_ngraph.table import format_table
 
@@ -28,24 +29,15 @@ def _stability(stable: bool | None) -> str:
     return "-" if stable is None else ("yes" if stable else "UNSTABLE")
 
 
-def _winners_table(best: list[dict[str, Any]], width: int | None = None) -> str:
-    def noise(w: dict[str, Any]) -> str:
-        verdict = {True: "beyond noise", False: "within noise", None: "-"}[w["beyond"]]
-        others = [role for role in w.get("unstable", ()) if role != "own"]
-        return verdict + (f" ({' and '.join(others)} UNSTABLE)" if others else "")
+#: the winners table's columns
+WINNER_HEADERS = [
+    "model", "bs", "compiler", "samples/s", "speedup", "lead over", "lead", "noise", "stable",
+]  # fmt: skip
 
+
+def _winners_table(best: list[dict[str, Any]], width: int | None = None) -> str:
     return format_table(
-        [
-            "model",
-            "bs",
-            "compiler",
-            "samples/s",
-            "speedup",
-            "lead over",
-            "lead",
-            "95% CIs",
-            "stable",
-        ],  # fmt: skip
+        WINNER_HEADERS,
         [
             [
                 w["model"],
@@ -55,7 +47,7 @@ def _winners_table(best: list[dict[str, Any]], width: int | None = None) -> str:
                 f"{w['speedup']:.2f}x" if w["speedup"] is not None else "-",
                 w["next"] or "-",
                 f"{w['lead']:.2f}x" if w["lead"] is not None else "-",
-                noise(w),
+                w["noise"],
                 _stability(w["stable"]),
             ]
             for w in best
@@ -99,13 +91,14 @@ def format_summary(
     measures the UNSTABLE measurements again in place, named where there are some.
     """
     _label(rows)
+    settle(rows)
     paper = getattr(spec.measure, "protocol", "rounds") == "paper"
     title = _title(spec, experiment, paper)
     footer = _status_counts(rows)
     table = format_table(SUMMARY_HEADERS, [_summary_row(r) for r in rows], width=width, keep=3)
-    out = [title, table, footer]
+    out = [title, table, footer, *_parted_notes(rows)]
     if any(r.throughput is not None for r in rows):
-        out.append(_intervals_note(rows, paper))
+        out += _summary_legend(rows, paper)
     unstable = sum(1 for r in rows if getattr(r, "stable", None) is False)
     if unstable:
         out.append(
@@ -145,26 +138,40 @@ def _status_counts(rows) -> str:
     return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
 
 
-def _intervals_note(rows, paper: bool) -> str:
-    """What the interval columns say: this run's own, and where a re-run is expected to
-    land (or why none of the rows has that yet)."""
-    rerun = any(_rerun(r) != "-" for r in rows)
-    sitting = (
-        "95% CI: this run's, of the mean of b/t over the timed inferences (no speedup CI: "
-        "the engines were timed one after the other, unpaired)"
-        if paper
-        else "95% CI and speedup CI: this run's (its rounds on this host now)"
-    )
-    return (
-        sitting + "; re-run CI: where "
-        "a re-run on this host is expected to land, from the spread between sittings this "
-        "host has shown"
-        + (
-            ""
-            if rerun
-            else " (none yet: the same engines need measuring in a second run, or give --rerun-sd)"
+def _summary_legend(rows, paper: bool) -> list[str]:
+    """A line per column of the summary (:mod:`mlflow_ngraph.measure.legend`), with what
+    this run's intervals rest on: the paper protocol's, and why no row has a re-run
+    interval yet."""
+    lines = legend(SUMMARY_HEADERS)
+    for i, line in enumerate(lines):
+        if paper and line.startswith("  95% CI:"):
+            lines[i] = (
+                "  95% CI: 95% interval of the throughput, samples/s: of the mean of b/t over "
+                "the timed inferences (the engines were timed one after the other, unpaired)"
+            )
+        if line.startswith("  speedup:") and any(getattr(r, "ratio_parted", None) for r in rows):
+            lines[i] = line + "; *: the ratio of the throughputs parts from it (see above)"
+        if line.startswith("  re-run CI:") and not any(_rerun(r) != "-" for r in rows):
+            lines[i] = line + (
+                " (none yet: the same engines need measuring in a second run, or give --rerun-sd)"
+            )
+    return lines
+
+
+def _parted_notes(rows) -> list[str]:
+    """A line per row whose speedup (the paired estimate) and ratio of throughputs part by
+    more than their intervals: both figures, and why the paired one is the estimate."""
+    lines = []
+    for r in rows:
+        if getattr(r, "ratio_parted", None) is None:
+            continue
+        ratio, ratio_ci = r.ratio_parted
+        lines.append(
+            f"* {r.model} {r.label} bs{r.batch_size}: {r.speedup:.2f}x paired "
+            f"[{_interval(*r.speedup_interval, 2)}] (throughput ratio {ratio:.2f}x "
+            f"[{_interval(*ratio_ci, 2)}]: {PARTED_REASON})"
         )
-    )
+    return lines
 
 
 def _winners_part(rows, width: int | None, paper: bool) -> list[str]:
@@ -177,18 +184,21 @@ def _winners_part(rows, width: int | None, paper: bool) -> list[str]:
         "",
         "fastest valid compiler per model and batch size:",
         _winners_table(best, width),
-        "(lead: over the next-fastest valid row, the ratio of their speedups over identity "
+        *legend(["lead over", "lead", "noise"]),
+        "(lead: the ratio of the two speedups over identity "
         + ("(T_c / T_identity, timed one after the other)" if paper else "from the same rounds")
-        + "; beyond noise when the two 95% intervals separate: the re-run intervals where "
-        "this host has measured its spread between sittings, else this run's own)",
+        + "; judged only where both figures are STABLE)",
     ]
 
 
 def _wrap(lines: list[str], width: int) -> list[str]:
     """``lines`` with each sentence longer than ``width`` filled to it (a table, which has
-    its own line breaks, as it is)."""
+    its own line breaks, as it is; a legend line's continuation indented under it)."""
     return [
-        line if "\n" in line or len(line) <= width else textwrap.fill(line, width) for line in lines
+        line
+        if "\n" in line or len(line) <= width
+        else textwrap.fill(line, width, subsequent_indent=" " * 4 * line.startswith("  "))
+        for line in lines
     ]
 
 
@@ -237,8 +247,8 @@ def _summary_row(r) -> list[Any]:
         _interval(getattr(r, "ci_low", None), getattr(r, "ci_high", None)),
         _num(r.latency_p50_ms, 2),
         _num(r.cpu_percent),
-        _num(r.speedup, 2),
-        _interval(getattr(r, "speedup_ci_low", None), getattr(r, "speedup_ci_high", None), 2),
+        _num(r.speedup, 2) + ("*" if getattr(r, "ratio_parted", None) else ""),
+        _interval(*(getattr(r, "speedup_interval", None) or (None, None)), 2),
         _rerun(r),
         _num(100 * drift if drift is not None else None),
         _num(r.compile_s, 2),

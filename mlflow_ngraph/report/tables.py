@@ -19,11 +19,15 @@ import numpy as np
 import pandas as pd
 
 from mlflow_ngraph.measure import metrics
+from mlflow_ngraph.measure.verdict import parted, speedup_interval, throughputs_interval
 from mlflow_ngraph.models.registry import family_of
 from mlflow_ngraph.tracking import schema
 
 IDENTITY = "identity"
+UNSTABLE = schema.STABILITY_UNSTABLE
 RELATIVE = ("speedup", "rtr", "ase", "bsr")
+#: the ratio of the throughputs, shown beside a paired speedup where the two part
+RATIO = "throughput_ratio"
 BLOCK_FAMILIES = ("conv_block", "mha_block")
 #: the block builders' defaults (models/registry.py), for runs that did not log the param
 BLOCK_DEFAULTS = {"conv_block": {"width": 64, "depth": 1}, "mha_block": {"width": 128, "depth": 1}}
@@ -217,9 +221,11 @@ def add_relative_metrics(frame: pd.DataFrame) -> pd.DataFrame:
     out = pd.concat([out, values], axis=1)
     out[columns] = out[columns].astype(float)
     # a speedup measured in rounds with its baseline (the Hodges-Lehmann estimate of the
-    # per-round ratios) stands in for the ratio of the two throughputs, as in the logged values
+    # per-round ratios) stands in for the ratio of the two throughputs, as in the logged values;
+    # the ratio is kept beside it (add_intervals shows it where the two part)
     paired = out[schema.M_SPEEDUP_PAIRED].astype(float)
     use = out["speedup"].notna() & paired.notna() & (out["compiler"] != IDENTITY)
+    out[RATIO] = out["speedup"].where(use)
     out.loc[use, "speedup"] = paired[use]
     return add_intervals(out, baseline)
 
@@ -253,53 +259,67 @@ def _bounds(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return np.where(too_few, np.nan, low), np.where(too_few, np.nan, high)
 
 
-def add_intervals(frame: pd.DataFrame, baseline: dict[str, str]) -> pd.DataFrame:
-    """The identity's interval beside each row, and a 95% interval of the speedup.
+def _pair(low: float, high: float) -> tuple[float, float] | None:
+    return None if math.isnan(low) or math.isnan(high) else (low, high)
 
-    A speedup measured interleaved with its baseline logs its own interval, from the paired
-    rounds (the host's drift cancels within a round): it is kept wherever it holds the
-    speedup the report computes. Otherwise the two throughputs are taken as independent
-    measurements, so their uncertainties add in log
-    space: ``log S = log T_c - log T_i``; each side's half-widths of ``log T`` (below and
-    above, the intervals need not be symmetric) add in quadrature. Interval arithmetic
-    (``low_c / high_i`` to ``high_c / low_i``) would assume both ends at once and is
-    about 1.4x too wide. An identity row's speedup is 1 by definition: no interval.
+
+def add_intervals(frame: pd.DataFrame, baseline: dict[str, str]) -> pd.DataFrame:
+    """The identity's interval beside each row, a 95% interval of the speedup, and the ratio
+    of the throughputs where it parts from the paired speedup.
+
+    The speedup's interval follows the one rule the summary follows too
+    (:func:`mlflow_ngraph.measure.verdict.speedup_interval`): the paired rounds' interval
+    wherever it holds the speedup, else the two throughputs' intervals combined in log space
+    around it. An identity row's speedup is 1 by definition: no interval. ``throughput_ratio``
+    (with its interval) is kept only where it and the paired speedup part by more than their
+    intervals (:func:`mlflow_ngraph.measure.verdict.parted`), NaN elsewhere.
     """
     out = frame.copy()
     low, high = _bounds(out)
     tput = out[schema.M_THROUGHPUT].to_numpy(dtype=float, na_value=np.nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        below = np.log(tput) - np.log(np.where(low > 0, low, np.nan))
-        above = np.log(high) - np.log(tput)
     key_of = {}
     for i, (run, b) in enumerate(zip(_list(out["run_id"]), _list(out["batch_size"]), strict=True)):
         if not pd.isna(b):
             key_of[(run, int(b))] = i
-    ident_low = np.full(len(out), np.nan)
-    ident_high = np.full(len(out), np.nan)
-    s_low = np.full(len(out), np.nan)
-    s_high = np.full(len(out), np.nan)
-    speedup = out["speedup"].to_numpy(dtype=float, na_value=np.nan)
-    paired_low = out[schema.M_SPEEDUP_CI_LOW].to_numpy(dtype=float, na_value=np.nan)
-    paired_high = out[schema.M_SPEEDUP_CI_HIGH].to_numpy(dtype=float, na_value=np.nan)
+    ident = np.full((2, len(out)), np.nan)
+    stability = _list(out["stability"])
+    ident_stability = [""] * len(out)
+    shown = np.full((2, len(out)), np.nan)
+    ratio = np.full((3, len(out)), np.nan)  # the ratio and its interval, where they part
     rows = zip(_list(out["baseline_key"]), _list(out["batch_size"]), _list(out["compiler"]))
     for i, (key, b, compiler) in enumerate(rows):
         j = key_of.get((baseline.get(key, ""), int(b))) if not pd.isna(b) else None
         if j is None:
             continue
-        ident_low[i], ident_high[i] = low[j], high[j]
-        if compiler == IDENTITY or np.isnan(speedup[i]):
-            continue
-        if paired_low[i] <= speedup[i] <= paired_high[i]:  # NaN compares False
-            s_low[i], s_high[i] = paired_low[i], paired_high[i]
-            continue
-        down = math.hypot(below[i], above[j])
-        up = math.hypot(above[i], below[j])
-        if not (math.isnan(down) or math.isnan(up)):
-            s_low[i], s_high[i] = speedup[i] * math.exp(-down), speedup[i] * math.exp(up)
-    out["identity_ci_low"], out["identity_ci_high"] = ident_low, ident_high
-    out["speedup_ci_low"], out["speedup_ci_high"] = s_low, s_high
+        ident[:, i] = low[j], high[j]
+        ident_stability[i] = stability[j]
+        if compiler != IDENTITY:
+            shown[:, i], ratio[:, i] = _speedup_figures(
+                out.iloc[i], tput[i], _pair(low[i], high[i]), tput[j], _pair(low[j], high[j])
+            )
+    out["identity_ci_low"], out["identity_ci_high"] = ident
+    out["identity_stability"] = ident_stability
+    out["speedup_ci_low"], out["speedup_ci_high"] = shown
+    out[RATIO], out[f"{RATIO}_ci_low"], out[f"{RATIO}_ci_high"] = ratio
     return out
+
+
+def _speedup_figures(row: pd.Series, own: float, own_ci, base: float, base_ci):
+    """(the speedup's interval as shown, (the ratio of the throughputs, its interval) where
+    the two part; NaN where not) of one compiled row, by the rules of
+    :mod:`mlflow_ngraph.measure.verdict`."""
+    nan2, nan3 = (math.nan, math.nan), (math.nan, math.nan, math.nan)
+    speedup = float(row["speedup"])
+    if math.isnan(speedup):
+        return nan2, nan3
+    paired_ci = _pair(float(row[schema.M_SPEEDUP_CI_LOW]), float(row[schema.M_SPEEDUP_CI_HIGH]))
+    interval = speedup_interval(speedup, paired_ci, own, own_ci, base, base_ci)
+    value = float(row[RATIO])
+    ratio_ci = (
+        None if math.isnan(value) else throughputs_interval(value, own, own_ci, base, base_ci)
+    )
+    parts = (value, *ratio_ci) if ratio_ci and parted(interval, ratio_ci) else nan3
+    return (interval or nan2), parts
 
 
 def _run_series(frame: pd.DataFrame, tput: dict) -> list[tuple[str, str, dict]]:
@@ -424,6 +444,9 @@ CELL_COLUMNS = [
     "speedup_ci_high",
     schema.M_SPEEDUP_RERUN_LOW,
     schema.M_SPEEDUP_RERUN_HIGH,
+    RATIO,
+    f"{RATIO}_ci_low",
+    f"{RATIO}_ci_high",
     *RELATIVE[1:],
     "cpu_reduction_pct",
     schema.M_MAX_ABS_ERROR,
@@ -788,9 +811,16 @@ def _rankings(part: pd.DataFrame, keys: list[str], column: str) -> dict[tuple, d
         "speedup_ci_high",
         schema.M_SPEEDUP_RERUN_LOW,
         schema.M_SPEEDUP_RERUN_HIGH,
+        "unstable",
+        "identity_unstable",
     ]
     low, high = _bounds(part)
-    part = part.assign(ci_low=low, ci_high=high)
+    part = part.assign(
+        ci_low=low,
+        ci_high=high,
+        unstable=(part["stability"] == UNSTABLE).astype(float),
+        identity_unstable=(part["identity_stability"] == UNSTABLE).astype(float),
+    )
     grouped = part.groupby([*keys, column], dropna=False)[values]
     means = grouped.mean().where(grouped.count().eq(grouped.size(), axis=0))
     out: dict[tuple, dict[str, list]] = {}
@@ -800,6 +830,16 @@ def _rankings(part: pd.DataFrame, keys: list[str], column: str) -> dict[tuple, d
         for name, value in zip(values, row, strict=True):
             group[name].append(float(value))
     return out
+
+
+def _unstable_sides(group: dict[str, list], i: int, j: int) -> str:
+    """Which figures of the swapped pair ``i``, ``j`` are UNSTABLE (an item's compiled
+    figure by its name, its eager one as ``<name> eager``; a family's where any of its
+    models' is), in words; empty where every one is STABLE or not judged."""
+    names = group["names"]
+    sides = [names[k] for k in (i, j) if group["unstable"][k] > 0]
+    sides += [f"{names[k]} eager" for k in (i, j) if group["identity_unstable"][k] > 0]
+    return " and ".join(sides)
 
 
 def _flip_row(group: dict[str, list]) -> dict | None:
@@ -815,6 +855,10 @@ def _flip_row(group: dict[str, list]) -> dict | None:
     # this run's; the compiler throughputs' intervals where a speedup has none
     verdicts = []
     for i, j in pairs:
+        noise = _unstable_sides(group, i, j)
+        if noise:  # an order of two figures is judged only where both are STABLE
+            verdicts.append(f"not judged: {noise} UNSTABLE")
+            continue
         second = _separate(
             group[schema.M_SPEEDUP_RERUN_LOW], group[schema.M_SPEEDUP_RERUN_HIGH], i, j
         )

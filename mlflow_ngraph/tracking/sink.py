@@ -56,6 +56,11 @@ class Row:
     speedup_rerun_high: float | None = None
     rerun_low: float | None = None
     rerun_high: float | None = None
+    #: T_c / T_identity, the ratio of the two throughputs, and whether ``speedup`` is the
+    #: paired estimate of the rounds instead (measure/verdict.py shows the ratio beside it
+    #: where the two part by more than their intervals)
+    speedup_ratio: float | None = None
+    paired: bool = False
 
 
 class ResultSink:
@@ -198,6 +203,8 @@ class ResultSink:
             if row_of(found, cell):
                 ratio = M.speedup(own.get(found.batch_size), identity.get(found.batch_size))
                 found.speedup = paired.get(found.batch_size, ratio) if ratio is not None else None
+                found.speedup_ratio = ratio
+                found.paired = ratio is not None and found.batch_size in paired
                 if found.compiler != "identity" and not found.cache_hit:
                     found.payback = M.payback(
                         found.compile_s, identity.get(found.batch_size), found.speedup,

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
+from mlflow_ngraph.measure.legend import meaning
 from mlflow_ngraph.measure.verdict import winners
 from mlflow_ngraph.plan.cells import compiler_label, differing_flags
 from mlflow_ngraph.tracking import schema as S
@@ -345,6 +346,20 @@ def verdicts(best: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+#: the winners table's columns in a description
+WINNER_COLUMNS = ("model", "batch", "fastest", "samples/s", "speedup", "next", "lead", "noise",
+                  "stable")  # fmt: skip
+#: a cell run's table of its batch sizes
+CELL_COLUMNS = ("batch", "samples/s", "95% CI", "re-run CI", "speedup", "status", "stable")
+
+
+def legend_markdown(columns: Sequence[str]) -> str:
+    """One line per column of a description's table (:mod:`mlflow_ngraph.measure.legend`),
+    as one markdown paragraph with a line break after each."""
+    lines = [f"*{c}*: {meaning(c)}" for c in columns if meaning(c)]
+    return "  \n".join(lines)
+
+
 def winners_markdown(
     best: Sequence[dict[str, Any]], links: dict[tuple[str, str], str] | None = None
 ) -> list[str]:
@@ -352,9 +367,8 @@ def winners_markdown(
     winner whose (model, compiler label) is in ``links`` links to that address."""
     if not best:
         return []
-    noise = {True: "beyond noise", False: "within noise", None: "-"}
     lines = [
-        "| model | batch | fastest | samples/s | speedup | next | lead | 95% CIs | stable |",
+        "| " + " | ".join(WINNER_COLUMNS) + " |",
         "|---|---:|---|---:|---:|---|---:|---|---|",
     ]
     for w in best:
@@ -366,7 +380,7 @@ def winners_markdown(
             _fmt(w["speedup"], 2, "x"),
             w["next"] or "-",
             _fmt(w["lead"], 2, "x"),
-            noise[w["beyond"]],
+            w["noise"],
             _stable(w),
         ]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
@@ -409,11 +423,9 @@ def description(
     table = winners_markdown(best, links)
     tail = [
         "",
-        "*stable*: **UNSTABLE** marks a figure that is noise on this host (its interval too "
-        "wide, other processes took the CPU, or the host drifted): measure it again on a quiet "
-        "host. *lead*: over the next-fastest valid row; *beyond noise* on the re-run intervals "
-        "(where a re-run on this host is expected to land) once the host has measured its "
-        "spread between sittings, else on this run's. All rows: `mlflow-ngraph compare`.",
+        legend_markdown(WINNER_COLUMNS),
+        "",
+        "**UNSTABLE**: measure it again on a quiet host. All rows: `mlflow-ngraph compare`.",
     ]
     text = "\n".join(head + table + tail)
     while len(text) > limit and len(table) > 3:
@@ -427,7 +439,7 @@ def cell_note(rows: Sequence[Any], best: Sequence[dict[str, Any]], view: str) ->
     """A cell run's description: its figures per batch size, where it is the fastest, and
     the way to the view of all cells."""
     lines = [
-        "| batch | samples/s | 95% CI | re-run CI | speedup | status | stable |",
+        "| " + " | ".join(CELL_COLUMNS) + " |",
         "|---:|---:|---|---|---:|---|---|",
     ]
     for r in sorted(rows, key=lambda r: r.batch_size):
@@ -448,7 +460,8 @@ def cell_note(rows: Sequence[Any], best: Sequence[dict[str, Any]], view: str) ->
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     won = [str(w["batch_size"]) for w in best]
     verdict = f"Fastest for its model at batch {', '.join(won)}. " if won else ""
-    return "\n".join([f"{verdict}[All cells, winner first]({view})", "", *lines])[:MAX_RUN_TAG]
+    head = f"{verdict}[All cells, winner first]({view})"
+    return "\n".join([head, "", *lines, "", legend_markdown(CELL_COLUMNS)])[:MAX_RUN_TAG]
 
 
 def merge_sections(existing: str, key: str, section: str, limit: int) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from mlflow_ngraph.measure.verdict import noise_text
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tune.trials import Trial, short_flags
 
@@ -36,13 +37,17 @@ class Verdict:
         """The winner and the runner-up, those of them whose figures are UNSTABLE."""
         return [t for t in (self.winner, self.runner_up) if t is not None and t.stable is False]
 
+    @property
+    def noise(self) -> str:
+        """The lead's verdict in the words every output uses (:func:`noise_text`)."""
+        roles = tuple("own" if t is self.winner else "next" for t in self.unstable)
+        return noise_text(self.beyond_noise if self.runner_up else None, roles)
+
     def lead(self) -> str:
         """The lead in a few words: what the ``ngraph.tune.lead`` tag says."""
         if self.runner_up is None:
             return "no other finalist"
-        if self.unstable:
-            return "not judged: UNSTABLE"
-        return "beyond noise" if self.beyond_noise else "tie within noise"
+        return "tie within noise" if self.noise == "within noise" else self.noise
 
     def sentence(self) -> str:
         w = self.winner
@@ -52,7 +57,7 @@ class Verdict:
         r = self.runner_up
         nxt = f"{r.label} ({_figure(r)}), the next finalist on the {self.ranked_on}"
         if self.unstable:
-            return head + f"; its lead over {nxt}, is not judged" + self._unstable_note()
+            return head + f"; its lead over {nxt}, is {self.noise}" + self._unstable_note()
         if self.beyond_noise:
             return head + f"; its lead over {nxt}, is beyond noise"
         text = (
@@ -142,7 +147,7 @@ def verdict(finals: Sequence[Trial], value, higher: bool, paired: bool = False) 
         # a tie: the figure a deployment can count on is the interval's low end
         if runner_up.interval[0] > winner.interval[0]:
             winner, runner_up, surer = runner_up, winner, True
-    return Verdict(winner, runner_up, beyond, surer, ranked_on)
+    return Verdict(winner, runner_up, beyond and stable, surer, ranked_on)
 
 
 def closest_miss(trials: Sequence[Trial], constraints) -> str:

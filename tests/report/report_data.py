@@ -55,6 +55,8 @@ class Cell:
     speedup_ci: dict[int, tuple[float, float]] = field(default_factory=dict)
     #: logged re-run intervals of the speedup, by batch size
     speedup_rerun: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: logged paired speedups (measured in rounds with identity), by batch size
+    speedup_paired: dict[int, float] = field(default_factory=dict)
 
 
 def _per_batch(cell: Cell) -> dict[str, dict[int, float]]:
@@ -80,6 +82,8 @@ def _per_batch(cell: Cell) -> dict[str, dict[int, float]]:
     if cell.speedup_ci:
         values[S.M_SPEEDUP_CI_LOW] = {b: low for b, (low, _) in cell.speedup_ci.items()}
         values[S.M_SPEEDUP_CI_HIGH] = {b: high for b, (_, high) in cell.speedup_ci.items()}
+    if cell.speedup_paired:
+        values[S.M_SPEEDUP_PAIRED] = dict(cell.speedup_paired)
     if cell.speedup_rerun:
         values[S.M_SPEEDUP_RERUN_LOW] = {b: lo for b, (lo, _) in cell.speedup_rerun.items()}
         values[S.M_SPEEDUP_RERUN_HIGH] = {b: hi for b, (_, hi) in cell.speedup_rerun.items()}

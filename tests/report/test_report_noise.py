@@ -36,6 +36,10 @@ def noisy_store(tmp_path_factory):
             ci={1: (380, 420)},
             stability={1: "UNSTABLE"},
         ),  # fmt: skip
+        # onnxruntime: the same figures as openvino's, every one STABLE
+        Cell("cpu", A, "resnet", "onnxruntime", {1: 200}, ci={1: (190, 210)}),
+        Cell("cpu", B, "resnet", "onnxruntime", {1: 300}, ci={1: (280, 320)}),
+        Cell("cpu", C, "efficientnet", "onnxruntime", {1: 400}, ci={1: (380, 420)}),
     ]
     log_benchmark(client, exp, "cpu", cells)
     return uri
@@ -76,12 +80,19 @@ def test_unstable_rows_are_marked_and_counted(noisy_store):
 
 def test_flips_say_which_are_beyond_noise(noisy_store):
     flips = _json(noisy_store, "--table", "flips")
-    row = one(flips, compiler="openvino", level="model")
+    row = one(flips, compiler="onnxruntime", level="model")
     assert row["swapped"] == 3 and row["beyond_noise"] == 2
     pairs = dict(p.rsplit(" (", 1) for p in row["swapped_pairs"].split("; "))
     assert pairs[f"{A} > {B}"] == "within noise)"  # identity intervals overlap
     assert pairs[f"{A} > {C}"] == "beyond noise)"
     assert pairs[f"{B} > {C}"] == "beyond noise)"
+    # the same figures with C's openvino figure UNSTABLE: no order built on it is judged
+    row = one(flips, compiler="openvino", level="model")
+    assert row["swapped"] == 3 and row["beyond_noise"] == 0
+    pairs = dict(p.rsplit(" (", 1) for p in row["swapped_pairs"].split("; "))
+    assert pairs[f"{A} > {B}"] == "within noise)"
+    assert pairs[f"{A} > {C}"] == f"not judged: {C} UNSTABLE)"
+    assert pairs[f"{B} > {C}"] == f"not judged: {C} UNSTABLE)"
     assert row["kendall_tau"] == pytest.approx(-1.0)
     assert row["tau_ci_low"] <= row["kendall_tau"] <= row["tau_ci_high"]
     assert row["tau_ci_high"] > -1.0  # the A/B flip could be noise: tau is not surely -1

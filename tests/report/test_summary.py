@@ -88,6 +88,11 @@ def _winner_line(rows):
     return out, next(line for line in table.splitlines() if line.startswith("m "))
 
 
+def _not_legend(out: str) -> str:
+    """The summary without its legend lines (they name UNSTABLE to explain it)."""
+    return "\n".join(line for line in out.splitlines() if not line.startswith("  "))
+
+
 def test_winner_lead_beyond_or_within_noise_and_its_stability():
     base = Row("m", "identity", 1, "OK", throughput=100.0, ci_low=95.0, ci_high=105.0, stable=True)
     ov = Row("m", "openvino", 1, "OK", throughput=300.0, ci_low=290.0, ci_high=310.0, stable=True)
@@ -95,22 +100,29 @@ def test_winner_lead_beyond_or_within_noise_and_its_stability():
     ort.stable = True
     out, line = _winner_line([base, ov, ort])
     assert "openvino" in line and "onnxruntime" in line and "1.20x" in line
-    assert "beyond noise" in line and "UNSTABLE" not in out
+    assert "beyond noise" in line and "UNSTABLE" not in _not_legend(out)
     ort.ci_high = 295.0  # the intervals overlap: the order is within noise
     _, line = _winner_line([base, ov, ort])
     assert "within noise" in line
-    base.stable = False  # the baseline is noise: said beside the lead, not as the winner's mark
+    base.stable = False  # the baseline's noise is its own row's mark, not the lead's
     out, line = _winner_line([base, ov, ort])
-    assert "within noise (baseline UNSTABLE)" in line and line.endswith("yes")
+    assert "within noise" in line and "UNSTABLE" not in line and line.endswith("yes")
     assert "1 of 3 measurements UNSTABLE after their re-measurements" in out
+    ort.ci_high = 260.0  # the intervals separate, but the next row is noise: not judged
+    ort.stable = False
+    _, line = _winner_line([base, ov, ort])
+    assert "not judged: next UNSTABLE" in line and "beyond" not in line
     ov.stable = False
     _, line = _winner_line([base, ov, ort])
-    assert line.endswith("UNSTABLE")
+    assert "not judged: winner and next UNSTABLE" in line and line.endswith("UNSTABLE")
+    ort.stable, ov.stable, ort.ci_high = True, True, 295.0
     base.stable, ov.speedup_ci_low, ov.speedup_ci_high = True, 1.15, 1.25
+    ov.speedup, ort.speedup = 1.2, 1.19
     ort.speedup_ci_low, ort.speedup_ci_high = 1.18, 1.22  # paired: the speedups overlap
     _, line = _winner_line([base, ov, ort])
     assert "within noise" in line
-    ort.speedup_ci_high = 1.12  # separate, though the throughput intervals overlap
+    ort.speedup, ort.speedup_ci_low, ort.speedup_ci_high = 1.1, 1.05, 1.12
+    # separate, though the throughput intervals overlap
     _, line = _winner_line([base, ov, ort])
     assert "beyond noise" in line
 

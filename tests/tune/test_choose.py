@@ -269,3 +269,20 @@ def test_every_compilers_defaults_join_the_finalists_however_low_their_search_fi
     assert [t.number for t in chosen] == [2, 1]  # the best, then the default it must beat
     # a default not measured is not invented
     assert [t.number for t in finalists(pool[1:], space)] == [2]
+
+
+def test_a_lead_over_or_of_an_unstable_figure_is_not_judged():
+    """Separate intervals, but one of the two figures is noise on this host: the tune calls
+    no lead beyond noise, and says which side is UNSTABLE."""
+    a = trial(1, 2.0, 1.9, 2.1, throughput=200)
+    b = trial(2, 1.5, 1.45, 1.55, throughput=150)
+    b.stable = False
+    result = verdict([a, b], by_throughput, higher=True)
+    assert result.winner is a and not result.beyond_noise
+    assert result.noise == "not judged: next UNSTABLE"
+    assert "not judged: next UNSTABLE" in result.sentence() and "beyond" not in result.sentence()
+    a.stable, b.stable = False, True
+    result = verdict([a, b], by_throughput, higher=True)
+    assert result.noise == "not judged: winner UNSTABLE"
+    a.stable = True
+    assert verdict([a, b], by_throughput, higher=True).noise == "beyond noise"

@@ -88,7 +88,8 @@ def test_every_trial_is_a_cell_under_the_tune_run(tuned):
     # the project run is the tune run: its trials nest under it
     assert tags.get("mlflow.project.entryPoint") == "tune"
     assert tags["ngraph.tune.winner"].split("{")[0] in ("onnxruntime", "torchscript")
-    assert tags["ngraph.tune.lead"] in ("beyond noise", "tie within noise", "not judged: UNSTABLE")
+    lead = tags["ngraph.tune.lead"]
+    assert lead in ("beyond noise", "tie within noise") or lead.startswith("not judged: "), lead
     assert "winner:" in tags["mlflow.note.content"]
     cells = client.search_runs([experiment.experiment_id], "tags.`ngraph.role` = 'cell'")
     assert cells and all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in cells)
