@@ -207,5 +207,5 @@ def test_no_lead_is_judged_between_unstable_figures(tmp_path):
     ort.stable, ov.stable = True, False
     ov.metrics.update({S.M_SPEEDUP_CI_LOW: 2.0, S.M_SPEEDUP_CI_HIGH: 2.2})
     result = verdict([ort, ov], throughput, True, paired=True)
-    assert result.lead() == "not judged: winner UNSTABLE" and not result.surer
+    assert result.lead() == "not judged: next UNSTABLE" and not result.surer
     assert "the runner-up's figures are UNSTABLE" in result.sentence()
