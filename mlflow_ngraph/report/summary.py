@@ -28,41 +28,37 @@ def _stability(stable: bool | None) -> str:
     return "-" if stable is None else ("yes" if stable else "UNSTABLE")
 
 
-def _winners_table(best: list[dict[str, Any]], width: int | None = None) -> str:
+def winner_cells(best: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """The winners table's headers and rows, as the summary shows them (the HTML report
+    shows the same cells)."""
+
     def noise(w: dict[str, Any]) -> str:
         verdict = {True: "beyond noise", False: "within noise", None: "-"}[w["beyond"]]
         others = [role for role in w.get("unstable", ()) if role != "own"]
         return verdict + (f" ({' and '.join(others)} UNSTABLE)" if others else "")
 
-    return format_table(
+    headers = ["model", "bs", "compiler", "samples/s", "speedup", "lead over", "lead",
+               "95% CIs", "stable"]  # fmt: skip
+    rows = [
         [
-            "model",
-            "bs",
-            "compiler",
-            "samples/s",
-            "speedup",
-            "lead over",
-            "lead",
-            "95% CIs",
-            "stable",
-        ],  # fmt: skip
-        [
-            [
-                w["model"],
-                w["batch_size"],
-                w["label"],
-                _num(w["throughput"]),
-                f"{w['speedup']:.2f}x" if w["speedup"] is not None else "-",
-                w["next"] or "-",
-                f"{w['lead']:.2f}x" if w["lead"] is not None else "-",
-                noise(w),
-                _stability(w["stable"]),
-            ]
-            for w in best
-        ],
-        width=width,
-        keep=2,
-    )
+            w["model"],
+            w["batch_size"],
+            w["label"],
+            _num(w["throughput"]),
+            f"{w['speedup']:.2f}x" if w["speedup"] is not None else "-",
+            w["next"] or "-",
+            f"{w['lead']:.2f}x" if w["lead"] is not None else "-",
+            noise(w),
+            _stability(w["stable"]),
+        ]
+        for w in best
+    ]
+    return headers, rows
+
+
+def _winners_table(best: list[dict[str, Any]], width: int | None = None) -> str:
+    headers, rows = winner_cells(best)
+    return format_table(headers, rows, width=width, keep=2)
 
 
 #: the summary's columns, one per figure of a row
