@@ -37,6 +37,17 @@ ARTIFACT = "report.html"
 OTHER_COLOR = "#17becf"
 #: line styles telling apart several settings of one compiler (one colour per compiler)
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+#: the frame's columns the page reads (others are dropped first: the frame has hundreds)
+COLUMNS = (
+    "section", "model_label", "device", "scenario", "compiler", "compiler_label", "batch_size",
+    "status", "stability", "stability_reason", "parent_run_id", "start_time",
+    S.M_THROUGHPUT, S.M_THROUGHPUT_CI_LOW, S.M_THROUGHPUT_CI_HIGH, S.M_THROUGHPUT_RERUN_LOW,
+    S.M_THROUGHPUT_RERUN_HIGH, "speedup", "speedup_ci_low", "speedup_ci_high",
+    S.M_SPEEDUP_RERUN_LOW, S.M_SPEEDUP_RERUN_HIGH, "rtr", "ase", "bsr",
+)  # fmt: skip
+#: an UNSTABLE point further than this factor beyond the STABLE points' span is left off
+#: the axis (an arrow at its edge says its figure)
+OUTLIER = 3.0
 #: a throughput panel spanning more than this ratio is drawn on a log axis
 LOG_RATIO = 20.0
 #: Plotly's options for every figure: no logo, no link to its cloud editor
@@ -60,21 +71,27 @@ def _number(value: object) -> float | None:
 
 
 # --- the rows the verdict reads ---------------------------------------------------------
-def keyed(frame: pd.DataFrame) -> pd.DataFrame:
-    """The measured rows, each with its ``section`` (the model, with the device and the
-    scenario where the frame holds several) and its ``trace`` label (the compiler label)."""
-    part = frame[frame["batch_size"].notna()].copy()
+def keyed(frame: pd.DataFrame) -> list[dict]:
+    """The measured rows as records of the columns the page reads, each with its
+    ``section`` (the model, with the device and the scenario where the frame holds
+    several), sorted by section, compiler label and batch size."""
+    part = frame[frame["batch_size"].notna()]
+    part = part.reindex(columns=[c for c in COLUMNS if c != "section"])  # absent: NaN
     section = part["model_label"].astype(str)
     if part["device"].nunique(dropna=False) > 1:
         section = section + " on " + part["device"].astype(str)
     if part["scenario"].nunique(dropna=False) > 1:
         section = section + " (" + part["scenario"].astype(str) + ")"
-    part["section"] = section
-    part["batch_size"] = part["batch_size"].astype(int)
-    return part.sort_values(["section", "compiler_label", "batch_size"], kind="stable")
+    part = part.assign(section=section, batch_size=part["batch_size"].astype(int))
+    part = part.sort_values(["section", "compiler_label", "batch_size"], kind="stable")
+    records = part.astype(object).where(part.notna(), None).to_dict("records")
+    for r in records:
+        r["stability"] = r["stability"] or ""
+        r["stability_reason"] = r["stability_reason"] or ""
+    return records
 
 
-def verdict_rows(part: pd.DataFrame) -> list[SimpleNamespace]:
+def verdict_rows(part: list[dict]) -> list[SimpleNamespace]:
     """The rows of :func:`keyed` as the rows :func:`~mlflow_ngraph.measure.verdict.winners`
     judges (a benchmark's summary rows have the same attributes)."""
     stable = {S.STABILITY_STABLE: True, S.STABILITY_UNSTABLE: False}
@@ -91,7 +108,7 @@ def verdict_rows(part: pd.DataFrame) -> list[SimpleNamespace]:
         "speedup_rerun_high": S.M_SPEEDUP_RERUN_HIGH,
     }
     rows = []
-    for record in part.to_dict("records"):
+    for record in part:
         figures = {attr: _number(record.get(column)) for attr, column in names.items()}
         rows.append(
             SimpleNamespace(
@@ -159,6 +176,19 @@ def _band(x: list, low: list, high: list, color: str, axes: tuple[str, str], gro
     return band
 
 
+def _error_bars(rows: list[dict], panel: str, low: str, high: str, color: str) -> dict:
+    """This run's 95% interval on each point (the band joins them; a lone point has only
+    its bar)."""
+    up, down = [], []
+    for r in rows:
+        value, lo, hi = _number(r[panel]), _number(r.get(low)), _number(r.get(high))
+        whole = None not in (value, lo, hi)
+        up.append(hi - value if whole else None)
+        down.append(value - lo if whole else None)
+    return {"type": "data", "symmetric": False, "array": up, "arrayminus": down,
+            "thickness": 1, "width": 4, "color": color}  # fmt: skip
+
+
 def _traces(rows: list[dict], panel: str, style: dict, group: str, legend: bool) -> list[dict]:
     """One compiler setting's line on one panel (``throughput`` or ``speedup``), its bands,
     and its points: UNSTABLE hollow."""
@@ -185,57 +215,91 @@ def _traces(rows: list[dict], panel: str, style: dict, group: str, legend: bool)
         "dash": style["dash"]}, "marker": {"size": 9, "color": style["color"],
         "symbol": ["circle-open" if u else "circle" for u in unstable],
         "line": {"width": 2, "color": style["color"]}},
+        "error_y": _error_bars(rows, panel, low, high, style["color"]),
         "hovertemplate": "%{text}<extra></extra>",
         "text": [_hover(r, panel, low, high, unit) for r in rows],
     })  # fmt: skip
     return [t for t in out if t is not None]
 
 
-def _styles(part: pd.DataFrame) -> dict[str, dict]:
+def _styles(part: list[dict]) -> dict[str, dict]:
     """Trace label -> colour (the compiler's, as in the MLflow view) and dash (which of
     that compiler's settings)."""
     colors: dict[str, str] = {}
     seen: dict[str, int] = {}
     out = {}
-    for label, compiler in dict.fromkeys(zip(part["compiler_label"], part["compiler"])):
+    for label, compiler in dict.fromkeys((r["compiler_label"], r["compiler"]) for r in part):
         index = seen.get(compiler, 0)
         seen[compiler] = index + 1
         out[label] = {"color": _color(compiler, colors), "dash": DASHES[index % len(DASHES)]}
     return out
 
 
-def _range(part: pd.DataFrame, panel: str, low: str, high: str) -> tuple[list | None, int]:
-    """The panel's y range from its STABLE points and their intervals (1 always in a
-    speedup's), and how many UNSTABLE points fall outside it: one noise point far off
-    would flatten every real figure. ``None`` (Plotly's own range) when no point is STABLE."""
-    values = part[panel].astype(float)
-    stable = part[(part["stability"] != S.STABILITY_UNSTABLE) & values.notna()]
-    if stable.empty:
-        return None, 0
-    ends = pd.concat([stable[panel], stable[low], stable[high]]).astype(float).dropna()
-    top, bottom = float(ends.max()), float(ends.min())
+def _range(part: list[dict], panel: str, low: str, high: str) -> tuple[list | None, list]:
+    """The panel's y range: its STABLE points and their intervals (1 always in a speedup's),
+    widened to the UNSTABLE points within :data:`OUTLIER` times that span; and the UNSTABLE
+    points left outside it: one noise point far off would flatten every real figure.
+    ``None`` (Plotly's own range) when no point is STABLE."""
+    drawn = [r for r in part if _number(r[panel]) is not None]
+    stable = [r for r in drawn if r["stability"] != S.STABILITY_UNSTABLE]
+    ends = [v for r in stable for k in (panel, low, high) if (v := _number(r[k])) is not None]
+    if not ends:
+        return None, []
+    top, bottom = max(ends), min(ends)
     if panel == "speedup":
         top, bottom = max(top, 1.0), min(bottom, 1.0)
+    noisy = [r for r in drawn if r["stability"] == S.STABILITY_UNSTABLE]
+    near = [r[panel] for r in noisy if bottom / OUTLIER <= r[panel] <= top * OUTLIER]
+    top, bottom = max([top, *near]), min([bottom, *near])
     pad = 0.08 * (top - bottom) or 0.1 * abs(top) or 1.0
     top, bottom = top + pad, max(bottom - pad, 0.0)
-    noisy = part[(part["stability"] == S.STABILITY_UNSTABLE) & values.notna()][panel]
-    return [bottom, top], int(((noisy > top) | (noisy < bottom)).sum())
+    return [bottom, top], [r for r in noisy if not bottom <= r[panel] <= top]
 
 
-def _axes(part: pd.DataFrame) -> tuple[dict, list[str]]:
+def _off_axis(points: list[dict], panel: str, axes: tuple[str, str], span: list,
+              sizes: list[int], log_x: bool) -> list[dict]:  # fmt: skip
+    """An arrow at the edge of the axis for each UNSTABLE point beyond it, with its figure
+    (``sizes``: the axis' batch sizes; on a log axis Plotly places an annotation in powers
+    of ten). Plotly hides an arrow whose head is off the axis: it points from just inside."""
+    inside = 0.01 * (span[1] - span[0])
+    ends = {sizes[0]: "left", sizes[-1]: "right"} if len(sizes) > 1 else {}
+    out = []
+    for r in points:
+        above, b = r[panel] > span[1], r["batch_size"]
+        out.append({
+            "x": math.log10(b) if log_x else b, "xref": axes[0], "xanchor": ends.get(b, "center"),
+            "y": span[1] - inside if above else span[0] + inside, "yref": axes[1],
+            "text": f"{render.format_number(r[panel])} UNSTABLE ({esc(r['compiler_label'])})",
+            "showarrow": True, "ax": 0, "ay": 30 if above else -30, "arrowhead": 2,
+            "bgcolor": "white", "font": {"size": 11, "color": "#b00020"},
+            "arrowcolor": "#b00020",
+        })  # fmt: skip
+    return out
+
+
+def _x_range(sizes: list[int], log: bool) -> list[float]:
+    """The batch-size axis' range, a margin either side (fixed: an arrow's label at its
+    edge would otherwise widen it); a log axis' range is in powers of ten."""
+    ends = [math.log10(max(sizes[0], 1)), math.log10(max(sizes[-1], 1))] if log else sizes
+    low, high = ends[0], ends[-1]
+    pad = 0.06 * (high - low) or 0.5
+    return [low - pad, high + pad]
+
+
+def _axes(part: list[dict]) -> dict:
     """The layout's axes (batch size on x at the measured sizes, log where they span a
-    wide range) and a note per panel whose UNSTABLE points lie off its range."""
-    sizes = sorted(set(part["batch_size"]))
+    wide range), with an arrow for each UNSTABLE point left off its range."""
+    sizes = sorted({r["batch_size"] for r in part})
     log_x = len(sizes) > 1 and sizes[-1] / max(sizes[0], 1) >= 8
     x = {
         "title": {"text": "batch size"},
         "tickvals": sizes,
         "type": "log" if log_x else "linear",
+        "range": _x_range(sizes, log_x),
         **GRID,
     }
-    layout: dict = {"xaxis": {**x, "domain": [0, 0.45]},
+    layout: dict = {"xaxis": {**x, "domain": [0, 0.45]}, "annotations": [],
                     "xaxis2": {**x, "domain": [0.55, 1], "anchor": "y2"}}  # fmt: skip
-    notes = []
     panels = (("throughput", "yaxis", S.M_THROUGHPUT_CI_LOW, S.M_THROUGHPUT_CI_HIGH,
                "throughput [samples/s]"),
               ("speedup", "yaxis2", "speedup_ci_low", "speedup_ci_high",
@@ -245,38 +309,38 @@ def _axes(part: pd.DataFrame) -> tuple[dict, list[str]]:
         if name == "yaxis2":
             axis["anchor"] = "x2"
         span, off = _range(part, panel, low, high)
-        values = part[panel].astype(float).dropna()
-        if panel == "throughput" and len(values) and values.min() > 0 and (
-            values.max() / values.min() > LOG_RATIO
+        values = [v for r in part if (v := _number(r[panel])) is not None]
+        if panel == "throughput" and values and min(values) > 0 and (
+            max(values) / min(values) > LOG_RATIO
         ):  # fmt: skip
             axis["type"] = "log"
         elif span is not None:
             axis["range"] = span
-        if off:
-            notes.append(f"{off} UNSTABLE {panel} point(s) lie off the axis (in the table below)")
+            axes = ("x", "y") if name == "yaxis" else ("x2", "y2")
+            layout["annotations"] += _off_axis(off, panel, axes, span, sizes, log_x)
         layout[name] = axis
-    return layout, notes
+    return layout
 
 
-def model_figure(part: pd.DataFrame) -> tuple[dict, list[str]]:
+def model_figure(part: list[dict]) -> dict:
     """One model's figure (throughput and speedup over batch size, a line per compiler
     setting; the identity on the throughput panel only, its speedup being 1 by definition)
-    as Plotly's JSON, and the notes said under it."""
+    as Plotly's JSON."""
     styles = _styles(part)
     data: list[dict] = []
-    for label, rows in part.groupby("compiler_label", sort=False):
-        records = rows.to_dict("records")
+    for label in styles:
+        records = [r for r in part if r["compiler_label"] == label]
         data += _traces(records, "throughput", styles[label], str(label), legend=True)
-        if rows["compiler"].iloc[0] != "identity":
+        if records[0]["compiler"] != "identity":
             data += _traces(records, "speedup", styles[label], str(label), legend=False)
-    layout, notes = _axes(part)
+    layout = _axes(part)
     layout.update(
         height=380, margin={"l": 60, "r": 20, "t": 30, "b": 50}, hovermode="closest",
         legend={"orientation": "h", "y": -0.22}, plot_bgcolor="white",
         shapes=[{"type": "line", "xref": "x2 domain", "x0": 0, "x1": 1, "yref": "y2",
                  "y0": 1, "y1": 1, "line": {"color": "#888", "width": 1, "dash": "dash"}}],
     )  # fmt: skip
-    return {"data": data, "layout": layout}, notes
+    return {"data": data, "layout": layout}
 
 
 # --- tables -----------------------------------------------------------------------------
@@ -322,10 +386,10 @@ def _stable_text(r: Mapping) -> str:
     return {S.STABILITY_STABLE: "yes"}.get(mark, "-")
 
 
-def figures_table(part: pd.DataFrame) -> str:
+def figures_table(part: list[dict]) -> str:
     """Every figure of one model: compiler setting x batch size."""
     rows = []
-    for r in part.to_dict("records"):
+    for r in part:
         rows.append([
             r["compiler_label"], r["batch_size"],
             _with_interval(r[S.M_THROUGHPUT], r[S.M_THROUGHPUT_CI_LOW], r[S.M_THROUGHPUT_CI_HIGH]),
@@ -400,26 +464,28 @@ def _verdict(section: str, best: list[dict]) -> str:
     return text and f"fastest {text}" or "no valid compiled result"
 
 
-def _section(index: int, section: str, part: pd.DataFrame, best: list[dict], first: bool) -> str:
+def _section(index: int, section: str, part: list[dict], best: list[dict], first: bool) -> str:
     """One model's part of the page: its figure, its winners, its figures."""
     import plotly.io as pio
 
-    figure, notes = model_figure(part)
+    figure = model_figure(part)
     div = pio.to_html(figure, include_plotlyjs=first, full_html=False, config=CONFIG,
                       validate=False, default_height="380px")  # fmt: skip
     out = [f'<section id="m{index}"><h2>{esc(section)}</h2>', div]
-    out += [f'<p class="note">{html.escape(n)}</p>' for n in notes]
     if best:
         out += ["<h3>Fastest valid compiler per batch size</h3>", winners_table(best)]
     out += ["<h3>Every figure</h3>", figures_table(part), "</section>"]
     return "\n".join(out)
 
 
-def _counts(part: pd.DataFrame) -> str:
-    unstable = int((part["stability"] == S.STABILITY_UNSTABLE).sum())
-    statuses = part["status"].value_counts().to_dict()
+def _counts(part: list[dict]) -> str:
+    unstable = sum(1 for r in part if r["stability"] == S.STABILITY_UNSTABLE)
+    statuses: dict[str, int] = {}
+    for r in part:
+        statuses[str(r["status"])] = statuses.get(str(r["status"]), 0) + 1
     status = ", ".join(f"{n} {esc(s)}" for s, n in sorted(statuses.items()))
-    return (f"{len(part)} measurement(s) of {part['section'].nunique()} model(s): {status}; "
+    models = len({r["section"] for r in part})
+    return (f"{len(part)} measurement(s) of {models} model(s): {status}; "
             f"{unstable} UNSTABLE (drawn hollow).")  # fmt: skip
 
 
@@ -434,7 +500,7 @@ def page(
     mapping per parent run, :func:`parent_environment`), ``notes`` said at the top."""
     part = keyed(frame)
     best = winners(verdict_rows(part))
-    sections = list(dict.fromkeys(part["section"]))
+    sections = list(dict.fromkeys(r["section"] for r in part))
     by_section = {s: [w for w in best if w["model"] == s] for s in sections}
     body = [f"<h1>{esc(title)}</h1>", f'<p class="note">{_counts(part)}</p>']
     body += [f'<p class="note">{esc(n)}</p>' for n in notes]
@@ -443,7 +509,9 @@ def page(
     body.append(f"<nav><ul>{''.join(items)}</ul></nav>")
     body.append(f'<p class="legend">{html.escape(WINNERS_LEGEND)}</p>')
     body.append(f'<p class="legend">{html.escape(FIGURE_LEGEND)}</p>')
-    groups = dict(tuple(part.groupby("section", sort=False)))
+    groups: dict[str, list[dict]] = {}
+    for r in part:
+        groups.setdefault(r["section"], []).append(r)
     for i, section in enumerate(sections):
         body.append(_section(i, section, groups[section], by_section[section], first=i == 0))
     body += ["<h2>Environment</h2>", environment_table(environments)]
