@@ -408,7 +408,7 @@ def _say_report(runner, uri: str) -> None:
         reason = first_line(exc) or type(exc).__name__
         log.warning("the HTML report was not written (%s); the results stand", reason)
         return
-    click.echo(f"report: {path}")
+    click.echo(f"report: {visible(str(path))}")
 
 
 def _plan(data: dict[str, Any], home: Path):

@@ -232,7 +232,7 @@ def _html(client: MlflowClient, uri: str, result: Comparison, query: RunQuery) -
     except Exception as exc:  # a report is an extra: its failure never fails the compare
         log.warning("the HTML report was not written (%s)", first_line(exc) or type(exc).__name__)
         return None
-    result.notes.append(f"report: {path}")
+    result.notes.append(f"report: {path}")  # made visible when printed, as every note
     return page
 
 

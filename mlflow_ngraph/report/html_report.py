@@ -431,7 +431,7 @@ def parent_environment(run) -> dict[str, str]:
     params, tags = run.data.params, run.data.tags
     out = {
         "run": run.info.run_id,
-        "device": params.get(S.P_DEVICE) or tags.get(S.T_DEVICE, "-"),
+        "device": _device(run) or "-",
         "device kind": params.get("device_kind", "-"),
         "host": tags.get(S.T_HOST, "-"),
         "scenario": params.get(S.P_SCENARIO, "-"),
@@ -535,6 +535,11 @@ def report_path(tracking_uri: str, name: str) -> Path:
     return Path.cwd() / file_name
 
 
+def _device(parent) -> str:
+    """The device a benchmark's parent run measured on (its param, else its tag)."""
+    return parent.data.params.get(S.P_DEVICE) or parent.data.tags.get(S.T_DEVICE, "")
+
+
 def invocation_frame(client, tracking_uri: str, parent) -> pd.DataFrame:
     """The frame ``compare -e <experiment> --device <device>`` builds, cut to the cells of
     the benchmark run ``parent`` (its results index) and their identity baselines, at its
@@ -543,7 +548,7 @@ def invocation_frame(client, tracking_uri: str, parent) -> pd.DataFrame:
     from mlflow_ngraph.report.query import RunQuery, fetch_cells
     from mlflow_ngraph.tracking import index
 
-    device = parent.data.params.get(S.P_DEVICE) or parent.data.tags.get(S.T_DEVICE, "")
+    device = _device(parent)
     query = RunQuery(experiments=(parent.info.experiment_id,), devices=(device,))
     frame, _ = tables.prepare(fetch_cells(client, query, tracking_uri, tables.READ_METRICS))
     own = {record["run_id"] for record in index.read(client, parent.info.run_id)}
@@ -564,7 +569,7 @@ def benchmark_report(client, tracking_uri: str, parent_id: str) -> Path:
     """
     parent = client.get_run(parent_id)
     experiment = client.get_experiment(parent.info.experiment_id).name
-    device = parent.data.params.get(S.P_DEVICE, "")
+    device = _device(parent)
     frame = invocation_frame(client, tracking_uri, parent)
     title = f"mlflow-ngraph benchmark: experiment {experiment}, device {device}"
     text = page(frame, title, [parent_environment(parent)])

@@ -171,3 +171,28 @@ def test_the_page_is_written_next_to_a_local_store(tmp_path: Path, monkeypatch):
     assert html_report.report_path(str(tmp_path / "mlruns"), "r") == tmp_path / "r.html"
     assert html_report.report_path("file:///x/mlruns", "r") == Path("/x/r.html")
     assert html_report.report_path("http://server:5000", "r") == tmp_path / "r.html"
+
+
+def test_a_benchmarks_page_holds_its_own_cells_and_their_baselines(tracking_uri, tmp_path):
+    """Logged on the parent as report.html and written beside the store: the parent's cells
+    and the identity baseline another invocation measured, not that one's other cells."""
+    from mlflow.tracking import MlflowClient
+    from report_data import R18, Cell, log_benchmark
+
+    client = MlflowClient(tracking_uri)
+    experiment = client.create_experiment("pages", artifact_location=str(tmp_path / "art"))
+    identity = Cell("cpu", R18, "resnet", "identity", {1: 100.0, 8: 300.0})
+    openvino = Cell("cpu", R18, "resnet", "openvino", {1: 150.0, 8: 600.0})
+    log_benchmark(client, experiment, "cpu", [identity, openvino])
+    onnx = Cell("cpu", R18, "resnet", "onnxruntime", {1: 120.0, 8: 900.0})
+    parent = log_benchmark(client, experiment, "cpu", [onnx])
+
+    path = html_report.benchmark_report(client, tracking_uri, parent)
+    assert path == tmp_path / "ngraph-report-pages-cpu.html"
+    page = path.read_text(encoding="utf-8")
+    logged = client.download_artifacts(parent, html_report.ARTIFACT, str(tmp_path / "dl"))
+    assert Path(logged).read_text(encoding="utf-8") == page
+    (figure,) = _figures(page)
+    names = {t["name"] for t in figure[0] if "name" in t}
+    assert names == {"identity", "onnxruntime"}  # openvino is the other invocation's
+    assert "<td>resnet18</td><td>8</td><td>onnxruntime</td><td>900.0</td><td>3.00x</td>" in page
