@@ -277,6 +277,14 @@ def _off_axis(points: list[dict], panel: str, axes: tuple[str, str], span: list,
     return out
 
 
+def _wide(part: list[dict], panel: str, span: list | None) -> bool:
+    """Whether the panel's figures (those on its range) span more than :data:`LOG_RATIO`:
+    a log axis then, else the small ones lie flat on zero."""
+    values = [v for r in part if (v := _number(r[panel])) is not None]
+    kept = [v for v in values if span is None or span[0] <= v <= span[1]]
+    return bool(kept) and min(kept) > 0 and max(kept) / min(kept) > LOG_RATIO
+
+
 def _x_range(sizes: list[int], log: bool) -> list[float]:
     """The batch-size axis' range, a margin either side (fixed: an arrow's label at its
     edge would otherwise widen it); a log axis' range is in powers of ten."""
@@ -309,11 +317,8 @@ def _axes(part: list[dict]) -> dict:
         if name == "yaxis2":
             axis["anchor"] = "x2"
         span, off = _range(part, panel, low, high)
-        values = [v for r in part if (v := _number(r[panel])) is not None]
-        if panel == "throughput" and values and min(values) > 0 and (
-            max(values) / min(values) > LOG_RATIO
-        ):  # fmt: skip
-            axis["type"] = "log"
+        if _wide(part, panel, span):
+            axis.update(type="log", dtick=1)  # a label per power of ten
         elif span is not None:
             axis["range"] = span
             axes = ("x", "y") if name == "yaxis" else ("x2", "y2")
@@ -353,8 +358,12 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], css: str = 
         cells = []
         for cell in row:
             text = esc(cell)
-            mark = ' class="unstable"' if text.startswith("UNSTABLE") else ""
-            cells.append(f"<td{mark}>{text}</td>")
+            if text.startswith("UNSTABLE"):  # the mark first, its reason smaller beside it
+                mark, _, why = text.partition(": ")
+                why = f'<span class="why">{why}</span>' if why else ""
+                cells.append(f'<td class="unstable"><b>{mark}</b>{why}</td>')
+            else:
+                cells.append(f"<td>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return (
         f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
@@ -450,7 +459,8 @@ table{border-collapse:collapse;font-size:13px;margin:.5em 0 .3em}
 th,td{border:1px solid #ddd;padding:4px 10px;text-align:right;white-space:nowrap}
 th{background:#f5f5f5}td:first-child,th:first-child{text-align:left}
 table.environment td{text-align:left;white-space:normal}
-td.unstable{color:#b00020;font-weight:600;white-space:normal;text-align:left}
+td.unstable{color:#b00020;white-space:normal;text-align:left;min-width:14em}
+td.unstable .why{display:block;font-size:11px;color:#7a2a36;max-width:40em}
 .note,.legend{color:#555;font-size:13px;max-width:70em}nav li{margin:.15em 0}"""
 
 
@@ -570,7 +580,13 @@ def benchmark_report(client, tracking_uri: str, parent_id: str) -> Path:
     parent = client.get_run(parent_id)
     experiment = client.get_experiment(parent.info.experiment_id).name
     device = _device(parent)
-    frame = invocation_frame(client, tracking_uri, parent)
+    reading = logging.getLogger("mlflow_ngraph.report.query")
+    level = reading.level
+    reading.setLevel(logging.WARNING)  # what compare says of its reading, not a run's line
+    try:
+        frame = invocation_frame(client, tracking_uri, parent)
+    finally:
+        reading.setLevel(level)
     title = f"mlflow-ngraph benchmark: experiment {experiment}, device {device}"
     text = page(frame, title, [parent_environment(parent)])
     path = report_path(tracking_uri, f"ngraph-report-{experiment}-{device}")

@@ -129,8 +129,9 @@ def test_an_unstable_outlier_does_not_set_the_speedup_axis(page):
 
 
 def _td(cell: object) -> str:
-    mark = ' class="unstable"' if str(cell).startswith("UNSTABLE") else ""
-    return f"<td{mark}>{html_report.esc(cell)}</td>"
+    if str(cell) == "UNSTABLE":
+        return '<td class="unstable"><b>UNSTABLE</b></td>'
+    return f"<td>{html_report.esc(cell)}</td>"
 
 
 def test_the_winners_rows_are_the_summarys(page, frame):
@@ -161,6 +162,7 @@ def test_the_paper_metrics_and_the_environment(page):
     assert all(f"<th>{m}</th>" in page for m in ("RTR", "ASE", "BSR"))
     # resnet18 openvino: RTR at 8 = 800 / 200 = 4, ASE = 0.5, BSR = 0.5 / (400/100/8) = 1
     assert "<td>4</td><td>0.5</td><td>1</td>" in page
+    assert f'<b>UNSTABLE</b><span class="why">{UNSTABLE_WHY}</span>' in page  # and why
     assert "<h2>Environment</h2>" in page and "<td>h&lt;script&gt;" in page
 
 
