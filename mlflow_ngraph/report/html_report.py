@@ -561,7 +561,8 @@ def invocation_frame(client, tracking_uri: str, parent) -> pd.DataFrame:
     device = _device(parent)
     query = RunQuery(experiments=(parent.info.experiment_id,), devices=(device,))
     frame, _ = tables.prepare(fetch_cells(client, query, tracking_uri, tables.READ_METRICS))
-    own = {record["run_id"] for record in index.read(client, parent.info.run_id)}
+    records = index.read(client, parent.info.run_id, parent.info.artifact_uri)
+    own = {record["run_id"] for record in records}
     mine = frame["run_id"].isin(own)
     keys = set(frame.loc[mine, "baseline_key"])
     keep = mine | ((frame["compiler"] == tables.IDENTITY) & frame["baseline_key"].isin(keys))
