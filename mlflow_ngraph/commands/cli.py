@@ -27,7 +27,7 @@ from mlflow_ngraph.console import (
     split_multi,
 )
 from mlflow_ngraph.errors import NgraphError
-from mlflow_ngraph.redaction import redact_log_records, redact_text
+from mlflow_ngraph.redaction import first_line, redact_log_records, redact_text
 from mlflow_ngraph.text import visible
 
 if TYPE_CHECKING:
@@ -402,6 +402,7 @@ def _run(
         signal.signal(signal.SIGTERM, previous)
     click.echo(_summary(rows, spec, runner, hint))
     _say_view(runner, uri)
+    _say_report(runner, uri)
 
 
 def _summary(rows, spec, runner, remeasure: str | None = None) -> str:
@@ -467,6 +468,25 @@ def _say_view(runner, uri: str) -> None:
         click.echo(f"charts: {view_address(base, experiment_id, key, charts=True)}")
     else:
         click.echo(f"runs: {base}/#/experiments/{experiment_id}/runs?{urlencode(WORKFLOW)}")
+
+
+def _say_report(runner, uri: str) -> None:
+    """Write the invocation's HTML report (next to the store, and on the parent run) and
+    say where, in one line; a report that cannot be made is one warning: the results stand.
+    Nothing where the invocation opened no run (every cell was done before)."""
+    store = getattr(runner, "store", None)
+    parent_id = getattr(store, "parent_id", None)
+    if not parent_id:
+        return
+    from mlflow_ngraph.report.html_report import benchmark_report
+
+    try:
+        path = benchmark_report(store.client, uri, parent_id)
+    except Exception as exc:  # a report is an extra: its failure never fails the run
+        reason = first_line(exc) or type(exc).__name__
+        log.warning("the HTML report was not written (%s); the results stand", reason)
+        return
+    click.echo(f"report: {visible(str(path))}")
 
 
 def _plan(data: dict[str, Any], home: Path):

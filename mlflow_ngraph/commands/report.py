@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.plan.config import parse_int_list
-from mlflow_ngraph.redaction import redact_text
+from mlflow_ngraph.redaction import first_line, redact_text
 from mlflow_ngraph.report import publish, render, tables
 from mlflow_ngraph.report.query import RunQuery, fetch_cells, parse_where, resolve_experiments
 from mlflow_ngraph.text import visible
@@ -228,7 +228,12 @@ def _draw(result: Comparison, plots_dir: Path | None, scratch: Path) -> list[Pat
 
 
 def _report(
-    client: MlflowClient, result: Comparison, query: RunQuery, ranges: str, figures: list[Path]
+    client: MlflowClient,
+    result: Comparison,
+    query: RunQuery,
+    ranges: str,
+    figures: list[Path],
+    page: str | None,
 ) -> None:
     experiments = resolve_experiments(client, query.experiments) if query.experiments else []
     run_id = publish.log_report(
@@ -239,8 +244,25 @@ def _report(
         figures,
         result.notes,
         list(result.frame["run_id"].unique()),
+        page,
     )
     result.notes.append(f"report logged as run {run_id}")
+
+
+def _html(client: MlflowClient, uri: str, result: Comparison, query: RunQuery) -> str | None:
+    """The HTML report of the selected rows, written next to the store (said in a note);
+    ``None`` where it could not be made (one warning: the tables stand)."""
+    from mlflow_ngraph.report.html_report import compare_report
+
+    named = ", ".join(query.experiments)
+    scope = f"experiment {named}" if named else "every experiment"
+    try:
+        page, path = compare_report(client, uri, result.frame, scope, result.notes)
+    except Exception as exc:  # a report is an extra: its failure never fails the compare
+        log.warning("the HTML report was not written (%s)", first_line(exc) or type(exc).__name__)
+        return None
+    result.notes.append(f"report: {path}")  # made visible when printed, as every note
+    return page
 
 
 def _query(options: dict) -> RunQuery:
@@ -274,12 +296,13 @@ def _execute(options: dict) -> None:
     result = run_compare(client, uri, query, names, ranges, options["live"], verified)
     shown = {n: result.tables[n] for n in parse_tables(options["table_names"], fmt)}
     click.echo(render.render(shown, fmt, why_empty=result.why_empty), nl=False)
+    page = None if options["no_html"] else _html(client, uri, result, query)
     with tempfile.TemporaryDirectory(prefix="ngraph-plots-") as scratch:
         figures = []
         if options["plots_dir"] is not None or options["log_report"]:
             figures = _draw(result, options["plots_dir"], Path(scratch))
         if options["log_report"]:
-            _report(client, result, query, options["ranges"], figures)
+            _report(client, result, query, options["ranges"], figures, page)
     for note in result.notes:
         click.echo(visible(note), err=True)
 
@@ -386,7 +409,13 @@ class CompareError(click.ClickException):
 @click.option(
     "--log-report",
     is_flag=True,
-    help="Log tables, figures and report.html as a report run in MLflow.",
+    help="Log tables, figures, report.html and tables.html as a report run in MLflow.",
+)
+@click.option(
+    "--no-html",
+    is_flag=True,
+    help="Write no HTML report (by default ngraph-compare-report.html, next to a local "
+    "store, else in the current directory).",
 )
 def compare(**options: object) -> None:
     """Compare benchmark results across devices, compilers and experiments.

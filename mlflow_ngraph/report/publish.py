@@ -1,4 +1,4 @@
-"""Log a compare report to MLflow: tables, figures and one HTML page, as a report run."""
+"""Log a compare report to MLflow: tables, figures and the HTML pages, as a report run."""
 
 from __future__ import annotations
 
@@ -39,8 +39,11 @@ def write_artifacts(
     plots: Sequence[Path],
     notes: Sequence[str],
     source_runs: Sequence[str],
+    page: str | None = None,
 ) -> None:
-    """``tables/<name>.{csv,md,json}``, ``plots/*.png``, ``report.html``, ``sources.json``."""
+    """``tables/<name>.{csv,md,json}``, ``plots/*.png``, ``tables.html`` (every table and
+    figure on one page), ``report.html`` (``page``: the HTML report, where it was made) and
+    ``sources.json``."""
     table_dir = out_dir / "tables"
     table_dir.mkdir(parents=True)
     for name, frame in tables.items():
@@ -52,7 +55,9 @@ def write_artifacts(
     plot_dir.mkdir()
     for path in plots:
         (plot_dir / path.name).write_bytes(path.read_bytes())
-    (out_dir / "report.html").write_text(render.to_html(tables, plots, notes), encoding="utf-8")
+    (out_dir / "tables.html").write_text(render.to_html(tables, plots, notes), encoding="utf-8")
+    if page is not None:
+        (out_dir / "report.html").write_text(page, encoding="utf-8")
     (out_dir / "sources.json").write_text(json.dumps(sorted(set(source_runs))))
 
 
@@ -64,8 +69,10 @@ def log_report(
     plots: Sequence[Path],
     notes: Sequence[str],
     source_runs: Sequence[str],
+    page: str | None = None,
 ) -> str:
-    """Create a run tagged ``ngraph.role=report`` holding the report; returns its id."""
+    """Create a run tagged ``ngraph.role=report`` holding the report (``page``: the HTML
+    report); returns its id."""
     experiment_id = report_experiment(client, experiment_ids)
     summary = "; ".join(f"{k}={v}" for k, v in filters.items() if v) or "all cell runs"
     tags = {schema.T_ROLE: "report", T_REPORT_FILTERS: summary}
@@ -82,7 +89,7 @@ def log_report(
         tags=[RunTag("mlflow.note.content", f"mlflow-ngraph compare report: {summary}")],
     )
     with tempfile.TemporaryDirectory(prefix="ngraph-report-") as tmp:
-        write_artifacts(Path(tmp), tables, plots, notes, source_runs)
+        write_artifacts(Path(tmp), tables, plots, notes, source_runs, page)
         client.log_artifacts(run_id, tmp)
     client.set_terminated(run_id)
     return run_id

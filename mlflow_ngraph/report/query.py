@@ -304,6 +304,7 @@ def run_records(run: RunData, metrics: Collection[str] | None = None) -> list[di
             **values,
             "batch_size": b,
             "stability": _stability(run.tags, b),
+            "stability_reason": run.tags.get(f"{schema.T_STABILITY_REASON}.bs{b}", ""),
             # each batch size's own status (the run's says FAILED or INVALID if any was)
             "status": run.tags.get(f"{schema.T_STATUS}.bs{b}") or base["status"],
         }

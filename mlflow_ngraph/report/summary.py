@@ -35,26 +35,29 @@ WINNER_HEADERS = [
 ]  # fmt: skip
 
 
-def _winners_table(best: list[dict[str, Any]], width: int | None = None) -> str:
-    return format_table(
-        WINNER_HEADERS,
+def winner_cells(best: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """The winners table's headers and rows, as the summary shows them (the HTML report
+    shows the same cells)."""
+    rows = [
         [
-            [
-                w["model"],
-                w["batch_size"],
-                w["label"],
-                _num(w["throughput"]),
-                f"{w['speedup']:.2f}x" if w["speedup"] is not None else "-",
-                w["next"] or "-",
-                f"{w['lead']:.2f}x" if w["lead"] is not None else "-",
-                w["noise"],
-                _stability(w["stable"]),
-            ]
-            for w in best
-        ],
-        width=width,
-        keep=2,
-    )
+            w["model"],
+            w["batch_size"],
+            w["label"],
+            _num(w["throughput"]),
+            f"{w['speedup']:.2f}x" if w["speedup"] is not None else "-",
+            w["next"] or "-",
+            f"{w['lead']:.2f}x" if w["lead"] is not None else "-",
+            w["noise"],
+            _stability(w["stable"]),
+        ]
+        for w in best
+    ]
+    return list(WINNER_HEADERS), rows
+
+
+def _winners_table(best: list[dict[str, Any]], width: int | None = None) -> str:
+    headers, rows = winner_cells(best)
+    return format_table(headers, rows, width=width, keep=2)
 
 
 #: the summary's columns, one per figure of a row

@@ -29,16 +29,21 @@ def test_log_report_run_and_artifacts(compare_cli, store, tmp_path):
     files = _files(client, run_id)
     for table in ("cells", "families", "depth", "compile", "flips"):
         assert {f"tables/{table}.{ext}" for ext in ("csv", "md", "json")} <= files
-    assert {"report.html", "sources.json"} <= files
+    assert {"report.html", "tables.html", "sources.json"} <= files
     assert {f for f in files if f.startswith("plots/")} == {
         "plots/fig05_throughput_gpu.png",
         "plots/fig08_ase.png",
     }
 
-    page = open(client.download_artifacts(run_id, "report.html", str(tmp_path))).read()
+    page = open(client.download_artifacts(run_id, "tables.html", str(tmp_path))).read()
     assert page.count('src="data:image/png;base64,') == 2  # both figures, embedded
     for title in ("Table VI", "Tables VII/VIII", "Table III", "Ranking flips", "Per-cell"):
         assert title in page
+    # the HTML report, the same page compare wrote next to the store
+    report = open(client.download_artifacts(run_id, "report.html", str(tmp_path))).read()
+    written = result.stderr.split("report: ")[1].split("\n")[0]
+    assert open(written, encoding="utf-8").read() == report
+    assert "Plotly.newPlot" in report and "mlflow-ngraph compare: experiment gpu-lab" in report
 
     # the report run is no cell: a later compare reads the cell runs only
     cells = records_of(compare_cli("-e", "gpu-lab", "--format", "json"))
