@@ -96,6 +96,12 @@ def model_title(label: str) -> str:
     return cell_run_name(label, "", {}, ()).strip()
 
 
+def metric_title(label: str) -> str:
+    """The model's title as a metric key's part: what MLflow allows in one (letters, digits,
+    ``_-. :``), ``image_size=32`` -> ``image_size32``."""
+    return re.sub(r"[^\w.\- :]", "", model_title(label).replace("=", ""))
+
+
 def figure_tag(batch_size: int, figure: str) -> str:
     """``8``, ``speedup`` -> ``bs8 speedup``: the tag (and column) of a figure."""
     return f"bs{batch_size} {figure}"
@@ -212,7 +218,7 @@ def view_points(own: Sequence[Any]) -> list[tuple[str, float, int]]:
             continue
         for metric, value in ((S.M_THROUGHPUT, r.throughput), (S.M_SPEEDUP, r.speedup)):
             if value is not None and math.isfinite(value):
-                key = S.view_metric(model_title(r.model), metric, r.stable is not False)
+                key = S.view_metric(metric_title(r.model), metric, r.stable is not False)
                 points.append((key, value, r.batch_size))
     return points
 
@@ -276,8 +282,8 @@ def _line(uuid: str, metric: str, title: str, section: str, points, sizes) -> di
 
 
 def _models(rows: Sequence[Any]) -> list[str]:
-    """The model titles of ``rows``, in their order."""
-    return list(dict.fromkeys(model_title(r.model) for r in rows))
+    """The model labels of ``rows``, in their order."""
+    return list(dict.fromkeys(r.model for r in rows))
 
 
 def answer_charts(batch_sizes: Sequence[int], rows: Sequence[Any]) -> list[dict[str, Any]]:
@@ -286,13 +292,13 @@ def answer_charts(batch_sizes: Sequence[int], rows: Sequence[Any]) -> list[dict[
     factor of 10 (a log batch-size axis where the sizes span a factor of 4)."""
     sizes = ", ".join(str(b) for b in sorted(batch_sizes))
     charts = []
-    for i, title in enumerate(_models(rows)):
-        own = [r for r in rows if model_title(r.model) == title and r.status == S.STATUS_OK]
+    for i, label in enumerate(_models(rows)):
+        own = [r for r in rows if r.model == label and r.status == S.STATUS_OK]
         stable = [r for r in own if r.stable is not False]
         for metric, unit in ((S.M_THROUGHPUT, "samples/s"), (S.M_SPEEDUP, "speedup")):
             figures = [getattr(r, metric) for r in stable]
             name = f"{unit} over batch size {sizes} (the step)"
-            key = S.view_metric(title, metric)
+            key = S.view_metric(metric_title(label), metric)
             card = _line(
                 f"ngraph-{i}-{metric}", key, name, f"ngraph-model-{i}", figures, batch_sizes
             )
@@ -336,7 +342,8 @@ def sections(rows: Sequence[Any] = ()) -> list[dict[str, Any]]:
             "cardHeight": 360,
         }
 
-    out = [section(f"ngraph-model-{i}", t, True) for i, t in enumerate(_models(rows))]
+    models = enumerate(_models(rows))
+    out = [section(f"ngraph-model-{i}", model_title(label), True) for i, label in models]
     return [*out, section(MORE_SECTION, MLFLOW_METRICS_SECTION, False)]
 
 
@@ -546,7 +553,9 @@ def description(
         "spread between sittings, else on this run's. All rows: `mlflow-ngraph compare`. "
         "*The view*: the cells grouped by model, each batch size's figures rounded with their "
         "own stability; a chart panel per model over the measured batch sizes (the step), "
-        "UNSTABLE figures on a line of their own, outside the axis range.",
+        "UNSTABLE figures on a line of their own, outside the axis range. A run opened from "
+        "the table's run name follows the browser's GenAI / Model training switch (top "
+        "left; GenAI by default): set it to Model training once.",
     ]
     text = "\n".join(head + table + tail)
     while len(text) > limit and len(table) > 3:

@@ -110,7 +110,7 @@ def test_no_single_dot_chart_in_the_designed_set(viewed):
     charts = _state(experiment, _key(parent))["compareRunCharts"]
     visible = [c for c in charts if not c["deleted"]]
     # one model: its panel of throughput and of speedup over batch size, nothing else
-    title = "conv_block d1 image_size=32 w8"
+    title = "conv_block d1 image_size32 w8"
     assert [c["metricKey"] for c in visible] == [f"{title}/throughput", f"{title}/speedup"]
     for card in visible:
         assert card["type"] == "LINE" and card["xAxisKey"] == "step"
@@ -302,6 +302,14 @@ def test_one_panel_per_model_on_batch_size_its_noise_out_of_range():
     noise = [p for p in ui.view_points([rows[-1]]) if p[0].endswith("/speedup UNSTABLE")]
     assert noise == [("mha_block d3 w256/speedup UNSTABLE", 66.0, 8)]
     assert S.is_schema_metric(noise[0][0]) and not S.is_schema_metric("x/made_up")
+    # a model's parameters as a metric key allows them (no ``=``)
+    assert (
+        ui.metric_title("conv_block:depth=1,image_size=32,width=8")
+        == "conv_block d1 image_size32 w8"
+    )
+    from mlflow.utils.validation import _validate_metric_name
+
+    _validate_metric_name(S.view_metric(ui.metric_title("m:image_size=32"), "speedup", False))
     # the per-model copies never draw twice: every one not on a panel is a deleted card
     keys = [p[0] for r in rows for p in ui.view_points([r])]
     hidden = ui.view_state("cpu", [1, 8], rows, keys)["compareRunCharts"]
