@@ -251,11 +251,15 @@ def axis(values: Iterable[float], log_from: float = 10.0) -> tuple[str, dict[str
     return "linear", {"min": max(0.0, low - pad), "max": high + pad}
 
 
-def _line(uuid: str, metric: str, title: str, section: str, points, sizes) -> dict[str, Any]:
+def _line(uuid: str, metric: str, title: str, section: str, figures, sizes) -> dict[str, Any]:
     """A model's panel of one metric over batch size (the step), one line per run: its
     STABLE figures (the axis range) and its UNSTABLE ones (a second, dashed line where the
-    run has both, outside the range where they lie out of it)."""
-    scale, y = axis(points)
+    run has both, outside the range where they lie out of it). ``figures``: (value,
+    stable) of every valid row; the scale is the STABLE ones', all of them where none is."""
+    stable = [v for v, ok in figures if ok]
+    scale, y = axis(stable)
+    if not stable:
+        scale = axis(v for v, _ in figures)[0]
     x_scale, x = axis(sizes, log_from=4.0)
     rng = {"yMin": y.get("min"), "yMax": y.get("max"), "xMin": x.get("min"), "xMax": x.get("max")}
     return _card(
@@ -281,9 +285,15 @@ def _line(uuid: str, metric: str, title: str, section: str, points, sizes) -> di
     )
 
 
-def _models(rows: Sequence[Any]) -> list[str]:
-    """The model labels of ``rows``, in their order."""
-    return list(dict.fromkeys(r.model for r in rows))
+def _models(rows: Sequence[Any], batch_sizes: Sequence[int]) -> list[str]:
+    """The model labels of ``rows`` in the table's order of its groups: by their best
+    figure at the largest batch size (the sort metric's), highest first."""
+    key = S.parse_flat_key(sort_metric(batch_sizes, rows))
+    best: dict[str, float] = {}
+    for r in rows:
+        value = getattr(r, key[0]) if r.batch_size == key[1] and r.status == S.STATUS_OK else None
+        best[r.model] = max(best.get(r.model, -math.inf), value if value is not None else -math.inf)
+    return sorted(best, key=lambda label: -best[label])
 
 
 def answer_charts(batch_sizes: Sequence[int], rows: Sequence[Any]) -> list[dict[str, Any]]:
@@ -292,11 +302,10 @@ def answer_charts(batch_sizes: Sequence[int], rows: Sequence[Any]) -> list[dict[
     factor of 10 (a log batch-size axis where the sizes span a factor of 4)."""
     sizes = ", ".join(str(b) for b in sorted(batch_sizes))
     charts = []
-    for i, label in enumerate(_models(rows)):
+    for i, label in enumerate(_models(rows, batch_sizes)):
         own = [r for r in rows if r.model == label and r.status == S.STATUS_OK]
-        stable = [r for r in own if r.stable is not False]
         for metric, unit in ((S.M_THROUGHPUT, "samples/s"), (S.M_SPEEDUP, "speedup")):
-            figures = [getattr(r, metric) for r in stable]
+            figures = [(getattr(r, metric), r.stable is not False) for r in own]
             name = f"{unit} over batch size {sizes} (the step)"
             key = S.view_metric(metric_title(label), metric)
             card = _line(
@@ -326,7 +335,7 @@ def hidden_charts(metric_keys: Iterable[str], shown: Iterable[str]) -> list[dict
     ]
 
 
-def sections(rows: Sequence[Any] = ()) -> list[dict[str, Any]]:
+def sections(rows: Sequence[Any] = (), batch_sizes: Sequence[int] = (1,)) -> list[dict[str, Any]]:
     """A section per model, open; MLflow's own (the other stepped metrics) collapsed."""
 
     def section(uuid: str, name: str, display: bool) -> dict[str, Any]:
@@ -342,7 +351,7 @@ def sections(rows: Sequence[Any] = ()) -> list[dict[str, Any]]:
             "cardHeight": 360,
         }
 
-    models = enumerate(_models(rows))
+    models = enumerate(_models(rows, batch_sizes))
     out = [section(f"ngraph-model-{i}", model_title(label), True) for i, label in models]
     return [*out, section(MORE_SECTION, MLFLOW_METRICS_SECTION, False)]
 
@@ -381,7 +390,7 @@ def view_state(
         "runsExpanded": {parent_id: True} if parent_id else {},
         "runsHiddenMode": "SHOW_ALL",
         "compareRunCharts": charts + hidden_charts(metric_keys, shown),
-        "compareRunSections": sections(rows),
+        "compareRunSections": sections(rows, batch_sizes),
         "isAccordionReordered": False,
         "hideEmptyCharts": True,
         # the charts draw each run, not each group's aggregate

@@ -274,9 +274,11 @@ def test_the_view_groups_by_model_as_the_summary_names_it():
         "groupByKeys": [{"mode": "tag", "groupByData": ui.MODEL_TAG}],
     }
     assert state["groupsExpanded"] == {} and state["useGroupedValuesInCharts"] is False
-    # the two mha_blocks are two models, each with a section of its own
-    names = [s["name"].split(" (")[0] for s in state["compareRunSections"]]
-    assert names == ["mha_block d2 w64", "mha_block d3 w256", ui.MLFLOW_METRICS_SECTION]
+    # the two mha_blocks are two models, each with a section of its own, in the order of
+    # the table's groups (the highest speedup at batch 8 first: the 66x one's model)
+    names = [s["name"] for s in state["compareRunSections"]]
+    assert names == ["mha_block d3 w256", "mha_block d2 w64", ui.MLFLOW_METRICS_SECTION]
+    assert [s["columns"] for s in state["compareRunSections"]] == [2, 2, 2]
 
 
 def test_one_panel_per_model_on_batch_size_its_noise_out_of_range():
@@ -288,9 +290,11 @@ def test_one_panel_per_model_on_batch_size_its_noise_out_of_range():
     )
     for key, card in panels.items():
         section = card["metricSectionId"]
-        assert section == ("ngraph-model-0" if "d2 w64" in key else "ngraph-model-1"), key
+        assert section == ("ngraph-model-1" if "d2 w64" in key else "ngraph-model-0"), key
         assert card["xAxisKey"] == "step" and card["xAxisScaleType"] == "log"  # 1 to 8
         assert card["range"]["xMin"] < 0 < math.log10(8) < card["range"]["xMax"]
+    # the small block's throughput (1000-24000 samples/s) on a log axis too
+    assert panels["mha_block d2 w64/throughput"]["scaleType"] == "log"
     # the large block's throughput spans 1 to 24 samples/s: a log axis, in log10 units
     throughput = panels["mha_block d3 w256/throughput"]
     assert throughput["scaleType"] == "log"
@@ -357,3 +361,18 @@ def test_the_winners_table_is_padded_and_links_the_model_training_view():
     for line in body:
         assert all(c.startswith("&nbsp;") and c.endswith("&nbsp;") for c in line[1:-1].split("|"))
     assert ui.view_address("", "7", "k").endswith("&workflowType=machine_learning")
+
+
+def test_a_model_whose_every_figure_is_noise_keeps_its_log_scale_and_no_range():
+    from mlflow_ngraph.tracking.sink import Row
+
+    rows = [
+        Row("m", "identity", 1, "OK", throughput=6.6, speedup=1.0, stable=False),
+        Row("m", "onnxruntime", 1, "OK", throughput=1362.0, speedup=206.0, stable=False),
+    ]
+    (throughput, speedup) = [c for c in ui.answer_charts([1], rows)]
+    assert throughput["scaleType"] == "log" and "yMin" not in throughput["range"]
+    assert speedup["scaleType"] == "log"
+    # one batch size: a linear x axis around it
+    assert throughput["xAxisScaleType"] == "linear"
+    assert throughput["range"]["xMin"] < 1 < throughput["range"]["xMax"]
