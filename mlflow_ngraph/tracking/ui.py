@@ -246,8 +246,8 @@ def axis(values: Iterable[float], log_from: float = 10.0) -> tuple[str, dict[str
         return "linear", {}
     low, high = values[0], values[-1]
     if high / low >= log_from:
-        return "log", {"min": math.log10(low) - 0.08, "max": math.log10(high) + 0.08}
-    pad = 0.08 * (high - low) or 0.1 * high
+        return "log", {"min": math.log10(low) - 0.1, "max": math.log10(high) + 0.15}
+    pad = 0.12 * (high - low) or 0.1 * high
     return "linear", {"min": max(0.0, low - pad), "max": high + pad}
 
 
@@ -391,7 +391,9 @@ def view_state(
         "runsHiddenMode": "SHOW_ALL",
         "compareRunCharts": charts + hidden_charts(metric_keys, shown),
         "compareRunSections": sections(rows, batch_sizes),
-        "isAccordionReordered": False,
+        # MLflow sorts the sections by name unless told they were ordered by hand: the
+        # panels keep the order of the table's groups
+        "isAccordionReordered": True,
         "hideEmptyCharts": True,
         # the charts draw each run, not each group's aggregate
         "useGroupedValuesInCharts": False,

@@ -279,6 +279,7 @@ def test_the_view_groups_by_model_as_the_summary_names_it():
     names = [s["name"] for s in state["compareRunSections"]]
     assert names == ["mha_block d3 w256", "mha_block d2 w64", ui.MLFLOW_METRICS_SECTION]
     assert [s["columns"] for s in state["compareRunSections"]] == [2, 2, 2]
+    assert state["isAccordionReordered"] is True  # else MLflow sorts the sections by name
 
 
 def test_one_panel_per_model_on_batch_size_its_noise_out_of_range():
