@@ -4,11 +4,14 @@ At the end of an invocation the runner's store session writes:
 
 - a shared view, the experiment tag ``mlflow.sharedViewState.<KEY>`` that MLflow 3.17's
   experiment page loads from ``#/experiments/<ID>/runs?viewStateShareKey=<KEY>``: the cells
-  of this device, flat (nested runs are shown flat when sorted by a metric), sorted winner
-  first, with the columns that answer (model, compiler, device, throughput and speedup at
-  each batch size, stability, output check), and a chart set that answers first (throughput
-  and speedup over batch size, speedup at the largest batch size per run); every flat
-  ``<metric>.bs<b>`` copy is a deleted card of that set, so it never draws as a single dot;
+  of this device grouped by model (MLflow's run grouping on the run tag ``model``, the
+  model as the summary names it), winner first in each group, with columns that answer
+  (model, compiler, where it is the fastest, then per batch size its throughput, speedup,
+  the speedup's interval, its lead and its own stability, rounded: run tags, as MLflow
+  shows a metric unrounded), and a chart section per model (throughput and speedup over
+  batch size, drawn from per-model copies of the figures, the UNSTABLE ones apart and
+  outside the axis range); every flat ``<metric>.bs<b>`` copy is a deleted card of that
+  set, so it never draws as a single dot;
 - the verdict per model and the summary's winners table, with each row's stability, as
   the markdown description (``mlflow.note.content``) of the experiment (one section per
   view) and of the parent run; each cell run's description holds its own figures;
