@@ -137,7 +137,7 @@ WIDTHS = {
 }
 NAME_COLUMN = "attributes.`Run Name`"
 NAME_WIDTH, FIGURE_WIDTH = 230, 95
-FIGURE_WIDTHS = {"speedup CI": 105, "stable": 90, "lead": 70, "speedup": 80}
+FIGURE_WIDTHS = {"speedup CI": 110, "stable": 90, "lead": 75}
 
 
 def widths(selected: Sequence[str]) -> dict[str, int]:
