@@ -231,9 +231,24 @@ FLAT_METRICS = frozenset(
 METRICS = frozenset(v for k, v in dict(globals()).items() if k.startswith("M_"))
 
 
+#: the MLflow view's per-model copies (tracking/ui.py): ``<model>/throughput``, stepped by
+#: batch size, its STABLE figures; ``<model>/throughput UNSTABLE`` the others: one chart
+#: panel per model, the noise drawn apart and left out of the axis range
+VIEW_METRICS = (M_THROUGHPUT, M_SPEEDUP)
+VIEW_UNSTABLE = " UNSTABLE"
+
+
+def view_metric(model_title: str, metric: str, stable: bool = True) -> str:
+    """``mha_block d2 w64``, ``speedup`` -> ``mha_block d2 w64/speedup`` (``... UNSTABLE``)."""
+    return f"{model_title}/{metric}" + ("" if stable else VIEW_UNSTABLE)
+
+
 def is_schema_metric(key: str) -> bool:
-    """Whether ``key`` is a metric this module names, flat (``throughput.bs8``) or per
-    output (``max_abs_error_out1``) included."""
+    """Whether ``key`` is a metric this module names, flat (``throughput.bs8``), per
+    output (``max_abs_error_out1``) and the view's per-model copies included."""
+    _, slash, tail = key.rpartition("/")
+    if slash:
+        return tail.removesuffix(VIEW_UNSTABLE) in VIEW_METRICS
     flat = parse_flat_key(key)
     base = flat[0] if flat else key
     stem, sep, index = base.rpartition("_out")

@@ -4,11 +4,14 @@ At the end of an invocation the runner's store session writes:
 
 - a shared view, the experiment tag ``mlflow.sharedViewState.<KEY>`` that MLflow 3.17's
   experiment page loads from ``#/experiments/<ID>/runs?viewStateShareKey=<KEY>``: the cells
-  of this device, flat (nested runs are shown flat when sorted by a metric), sorted winner
-  first, with the columns that answer (model, compiler, device, throughput and speedup at
-  each batch size, stability, output check), and a chart set that answers first (throughput
-  and speedup over batch size, speedup at the largest batch size per run); every flat
-  ``<metric>.bs<b>`` copy is a deleted card of that set, so it never draws as a single dot;
+  of this device grouped by model (MLflow's run grouping on the run tag ``model``, the
+  model as the summary names it), winner first in each group, with columns that answer
+  (model, compiler, where it is the fastest, then per batch size its throughput, speedup,
+  the speedup's interval, its lead and its own stability, rounded: run tags, as MLflow
+  shows a metric unrounded), and a chart section per model (throughput and speedup over
+  batch size, drawn from per-model copies of the figures, the UNSTABLE ones apart and
+  outside the axis range); every flat ``<metric>.bs<b>`` copy is a deleted card of that
+  set, so it never draws as a single dot;
 - the verdict per model and the summary's winners table, with each row's stability, as
   the markdown description (``mlflow.note.content``) of the experiment (one section per
   view) and of the parent run; each cell run's description holds its own figures;
@@ -27,6 +30,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import re
 import time
 import zlib
@@ -36,7 +40,7 @@ from urllib.parse import urlencode
 
 from mlflow_ngraph.measure.legend import meaning
 from mlflow_ngraph.measure.verdict import winners
-from mlflow_ngraph.plan.cells import compiler_label, differing_flags
+from mlflow_ngraph.plan.cells import cell_run_name, compiler_label, differing_flags
 from mlflow_ngraph.tracking import schema as S
 
 log = logging.getLogger(__name__)
@@ -53,7 +57,6 @@ WORKFLOW = {"workflowType": "machine_learning"}
 MAX_EXPERIMENT_TAG = 20000
 MAX_RUN_TAG = 8000
 
-ANSWER_SECTION = "ngraph-answer"
 MORE_SECTION = "ngraph-more"
 #: MLflow puts every chart of a metric without a ``/`` in its name into the section of this
 #: name: the stepped metrics it adds on its own land there, collapsed
@@ -82,42 +85,75 @@ def view_address(base: str, experiment_id: str, key: str, charts: bool = False) 
 
 
 # --- the view's state --------------------------------------------------------------------
+#: a cell run's tag naming its model as the summary does (``mha_block d3 w256``; the param
+#: ``model`` is the name alone): the table's model column and what the view groups on
+MODEL_TAG = "model"
+#: a cell run's tag: the batch sizes at which it is its model's fastest (``bs1, bs8``)
+FASTEST_TAG = "fastest at"
+#: a cell run's figures per batch size as the table shows them, rounded (MLflow 3.17's runs
+#: table shows a metric as logged, ``1.76828984...``): tags ``bs8 samples/s``, ...
+FIGURES = ("samples/s", "speedup", "speedup CI", "lead", "stable")
+
+
+def model_title(label: str) -> str:
+    """``mha_block:depth=3,width=256`` -> ``mha_block d3 w256``, as the run names say it."""
+    return cell_run_name(label, "", {}, ()).strip()
+
+
+def metric_title(label: str) -> str:
+    """The model's title as a metric key's part: what MLflow allows in one (letters, digits,
+    ``_-. :``), ``image_size=32`` -> ``image_size32``."""
+    return re.sub(r"[^\w.\- :]", "", model_title(label).replace("=", ""))
+
+
+def figure_tag(batch_size: int, figure: str) -> str:
+    """``8``, ``speedup`` -> ``bs8 speedup``: the tag (and column) of a figure."""
+    return f"bs{batch_size} {figure}"
+
+
 def _column(kind: str, key: str) -> str:
-    """A runs-table column as MLflow names it: ``metrics.`throughput.bs8```."""
+    """A runs-table column as MLflow names it: ``tags.`bs8 speedup```."""
     return f"{kind}.`{key}`"
 
 
-def columns(batch_sizes: Sequence[int], sort_key: str | None = None) -> list[str]:
-    """The runs table's columns, in this order: model and compiler, the answer at the
-    sorted batch size (the sort key and its partner, throughput or speedup), the verdicts
-    (stability, output check), the device, then throughput and speedup at every other batch
-    size. The first ones fit beside the run's name on a laptop's screen."""
-    pairs = [
-        [_column("metrics", S.flat_key(name, b)) for name in (S.M_THROUGHPUT, S.M_SPEEDUP)]
-        for b in batch_sizes
-    ]
-    chosen = _column("metrics", sort_key) if sort_key else None
-    first = next((p for p in pairs if chosen in p), [])
-    first = sorted(first, key=lambda column: column != chosen)
-    out = [_column("params", S.P_MODEL), _column("params", S.P_COMPILER), *first]
-    out += [_column("tags", S.T_STABILITY), _column("tags", S.T_STATUS)]
-    out.append(_column("params", S.P_DEVICE))
-    return out + [c for p in pairs for c in p if c not in first]
+def columns(batch_sizes: Sequence[int]) -> list[str]:
+    """The runs table's columns, in this order: the model (as the summary names it), the
+    compiler, where it is the fastest, then per batch size (smallest first) its throughput,
+    speedup, the speedup's 95% interval, its lead over the next-fastest row and its own
+    stability, all rounded; the status and the device last."""
+    out = [_column("tags", MODEL_TAG), _column("params", S.P_COMPILER)]
+    out.append(_column("tags", FASTEST_TAG))
+    for b in sorted(batch_sizes):
+        out += [_column("tags", figure_tag(b, f)) for f in FIGURES]
+    return out + [_column("tags", S.T_STATUS), _column("params", S.P_DEVICE)]
 
 
 #: the runs table's column widths (px): the model's label and the run's name are long
-WIDTHS = {"params.`model`": 120, "params.`compiler`": 110, "params.`device`": 70}
+WIDTHS = {
+    _column("tags", MODEL_TAG): 150,
+    _column("params", S.P_COMPILER): 100,
+    _column("tags", FASTEST_TAG): 90,
+    _column("params", S.P_DEVICE): 70,
+    _column("tags", S.T_STATUS): 80,
+}
 NAME_COLUMN = "attributes.`Run Name`"
-NAME_WIDTH, METRIC_WIDTH, TAG_WIDTH = 250, 105, 105
+NAME_WIDTH, FIGURE_WIDTH = 230, 95
+FIGURE_WIDTHS = {"speedup CI": 110, "stable": 90, "lead": 75}
 
 
 def widths(selected: Sequence[str]) -> dict[str, int]:
     """The width of each selected column, and of the run's name."""
     out = {NAME_COLUMN: NAME_WIDTH}
     for column in selected:
-        default = METRIC_WIDTH if column.startswith("metrics.") else TAG_WIDTH
-        out[column] = WIDTHS.get(column, default)
+        figure = column.rstrip("`").partition(" ")[2]
+        out[column] = WIDTHS.get(column, FIGURE_WIDTHS.get(figure, FIGURE_WIDTH))
     return out
+
+
+def group_by() -> dict[str, Any]:
+    """MLflow's run grouping on the model tag: one group per model, its runs in the view's
+    order (winner first) inside it, every group open."""
+    return {"aggregateFunction": "max", "groupByKeys": [{"mode": "tag", "groupByData": MODEL_TAG}]}
 
 
 def sort_metric(batch_sizes: Sequence[int], rows: Iterable[Any]) -> str:
@@ -130,12 +166,73 @@ def sort_metric(batch_sizes: Sequence[int], rows: Iterable[Any]) -> str:
     return S.flat_key(S.M_SPEEDUP if has_speedup else S.M_THROUGHPUT, largest)
 
 
-def _card(uuid: str, kind: str, metric: str, title: str, **more: Any) -> dict[str, Any]:
-    """A chart of the answer's section, as MLflow's chart cards serialize."""
+def _score(row: Any, paired: bool) -> float | None:
+    if not paired:
+        return row.throughput
+    return 1.0 if row.compiler == "identity" else getattr(row, "speedup", None)
+
+
+def leads(rows: Sequence[Any]) -> dict[int, float]:
+    """Per row (by ``id``), its lead over the next-fastest valid row of its model and batch
+    size, ranked as the winners are (the paired speedups where every valid row has one,
+    else the throughputs); the slowest row has none."""
+    groups: dict[tuple[str, int], list[Any]] = {}
+    for r in rows:
+        if r.status == S.STATUS_OK and r.throughput is not None:
+            groups.setdefault((r.model, r.batch_size), []).append(r)
+    out: dict[int, float] = {}
+    for valid in groups.values():
+        paired = all(_score(r, True) is not None for r in valid)
+        ranked_rows = sorted(valid, key=lambda r: _score(r, paired), reverse=True)
+        for a, b in zip(ranked_rows, ranked_rows[1:]):
+            if _score(b, paired):
+                out[id(a)] = _score(a, paired) / _score(b, paired)
+    return out
+
+
+def _rate(value: float | None) -> str:
+    """A throughput rounded to what a reader compares: ``0.52``, ``38.4``, ``1234``."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 1000 else f"{value:.0f}"
+
+
+def figure_tags(own: Sequence[Any], lead: dict[int, float], won: Sequence[int]) -> dict[str, str]:
+    """A cell run's rounded figures per batch size (:data:`FIGURES`) and where it wins."""
+    tags = {MODEL_TAG: model_title(own[0].model)} if own else {}
+    tags[FASTEST_TAG] = ", ".join(f"bs{b}" for b in sorted(won)) or "-"
+    for r in own:
+        low, high = getattr(r, "speedup_ci_low", None), getattr(r, "speedup_ci_high", None)
+        ci = "-" if low is None or high is None else f"{low:.2f}-{high:.2f}"
+        stable = {True: "STABLE", False: "UNSTABLE", None: "-"}[getattr(r, "stable", None)]
+        values = [_rate(r.throughput), _fmt(r.speedup, 2, "x"), ci]
+        values += [_fmt(lead.get(id(r)), 2, "x"), stable]
+        if r.status != S.STATUS_OK:
+            values = [r.status, "-", "-", "-", "-"]
+        tags.update({figure_tag(r.batch_size, f): v for f, v in zip(FIGURES, values)})
+    return tags
+
+
+def view_points(own: Sequence[Any]) -> list[tuple[str, float, int]]:
+    """A cell run's per-model metrics (``S.view_metric``) at step = batch size: what the
+    view's panel of its model draws, its UNSTABLE figures on their own line."""
+    points = []
+    for r in own:
+        if r.status != S.STATUS_OK:
+            continue
+        for metric, value in ((S.M_THROUGHPUT, r.throughput), (S.M_SPEEDUP, r.speedup)):
+            if value is not None and math.isfinite(value):
+                key = S.view_metric(metric_title(r.model), metric, r.stable is not False)
+                points.append((key, value, r.batch_size))
+    return points
+
+
+def _card(uuid: str, kind: str, metric: str, title: str, section: str, **more: Any):
+    """A chart card as MLflow's chart set serializes it."""
     return {
         "uuid": uuid,
         "type": kind,
-        "metricSectionId": ANSWER_SECTION,
+        "metricSectionId": section,
         "deleted": False,
         "isGenerated": False,
         "displayName": title,
@@ -144,19 +241,43 @@ def _card(uuid: str, kind: str, metric: str, title: str, **more: Any) -> dict[st
     }
 
 
-def _line(uuid: str, metric: str, title: str) -> dict[str, Any]:
-    """A line chart of a stepped metric over its step (the batch size), one line per run."""
+def axis(values: Iterable[float], log_from: float = 10.0) -> tuple[str, dict[str, float]]:
+    """The scale (``log`` where the largest value is ``log_from`` times the smallest or
+    more) and the range (in the axis's own units, log10 on a log axis, as Plotly takes it)
+    that hold ``values`` with a margin; no range where there are none."""
+    values = sorted(v for v in values if v is not None and math.isfinite(v) and v > 0)
+    if not values:
+        return "linear", {}
+    low, high = values[0], values[-1]
+    if high / low >= log_from:
+        return "log", {"min": math.log10(low) - 0.1, "max": math.log10(high) + 0.15}
+    pad = 0.12 * (high - low) or 0.1 * high
+    return "linear", {"min": max(0.0, low - pad), "max": high + pad}
+
+
+def _line(uuid: str, metric: str, title: str, section: str, figures, sizes) -> dict[str, Any]:
+    """A model's panel of one metric over batch size (the step), one line per run: its
+    STABLE figures (the axis range) and its UNSTABLE ones (a second, dashed line where the
+    run has both, outside the range where they lie out of it). ``figures``: (value,
+    stable) of every valid row; the scale is the STABLE ones', all of them where none is."""
+    stable = [v for v, ok in figures if ok]
+    scale, y = axis(stable)
+    if not stable:
+        scale = axis(v for v, _ in figures)[0]
+    x_scale, x = axis(sizes, log_from=4.0)
+    rng = {"yMin": y.get("min"), "yMax": y.get("max"), "xMin": x.get("min"), "xMax": x.get("max")}
     return _card(
         uuid,
         "LINE",
         metric,
         title,
-        runsCountToCompare=10,
-        selectedMetricKeys=[metric],
+        section,
+        runsCountToCompare=50,
+        selectedMetricKeys=[metric, metric + S.VIEW_UNSTABLE],
         lineSmoothness=0,
-        xAxisScaleType="linear",
-        scaleType="linear",
-        range={},
+        xAxisScaleType=x_scale,
+        scaleType=scale,
+        range={k: v for k, v in rng.items() if v is not None},
         xAxisKey="step",
         selectedXAxisMetricKey="",
         yAxisKey="metric",
@@ -168,29 +289,42 @@ def _line(uuid: str, metric: str, title: str) -> dict[str, Any]:
     )
 
 
-def _bar(uuid: str, metric: str, title: str) -> dict[str, Any]:
-    """A bar per run of one value (a flat key): runs side by side, not a single dot."""
-    return _card(uuid, "BAR", metric, title, runsCountToCompare=50)
+def _models(rows: Sequence[Any], batch_sizes: Sequence[int]) -> list[str]:
+    """The model labels of ``rows`` in the table's order of its groups: by their best
+    figure at the largest batch size (the sort metric's), highest first."""
+    key = S.parse_flat_key(sort_metric(batch_sizes, rows))
+    best: dict[str, float] = {}
+    for r in rows:
+        value = getattr(r, key[0]) if r.batch_size == key[1] and r.status == S.STATUS_OK else None
+        best[r.model] = max(best.get(r.model, -math.inf), value if value is not None else -math.inf)
+    return sorted(best, key=lambda label: -best[label])
 
 
-def answer_charts(batch_sizes: Sequence[int], sort_key: str) -> list[dict[str, Any]]:
-    """The chart set that answers first."""
-    largest = max(batch_sizes)
-    charts = [
-        _line("ngraph-throughput", S.M_THROUGHPUT, "throughput [samples/s] over batch size"),
-        _line("ngraph-speedup", S.M_SPEEDUP, "speedup over identity over batch size"),
-        _bar("ngraph-best", sort_key, f"{sort_key}: every run, winner first"),
-    ]
-    if sort_key != S.flat_key(S.M_THROUGHPUT, largest):
-        title = f"throughput at batch size {largest} [samples/s]"
-        charts.append(_bar("ngraph-best-throughput", S.flat_key(S.M_THROUGHPUT, largest), title))
+def answer_charts(batch_sizes: Sequence[int], rows: Sequence[Any]) -> list[dict[str, Any]]:
+    """One panel per model (its own section, named by the model): throughput and speedup
+    over batch size, the axis range on its STABLE figures, a log axis where they span a
+    factor of 10 (a log batch-size axis where the sizes span a factor of 4)."""
+    sizes = ", ".join(str(b) for b in sorted(batch_sizes))
+    charts = []
+    for i, label in enumerate(_models(rows, batch_sizes)):
+        own = [r for r in rows if r.model == label and r.status == S.STATUS_OK]
+        for metric, unit in ((S.M_THROUGHPUT, "samples/s"), (S.M_SPEEDUP, "speedup")):
+            figures = [(getattr(r, metric), r.stable is not False) for r in own]
+            name = f"{unit} over batch size {sizes} (the step)"
+            key = S.view_metric(metric_title(label), metric)
+            card = _line(
+                f"ngraph-{i}-{metric}", key, name, f"ngraph-model-{i}", figures, batch_sizes
+            )
+            charts.append(card)
     return charts
 
 
 def hidden_charts(metric_keys: Iterable[str], shown: Iterable[str]) -> list[dict[str, Any]]:
-    """A deleted card for every flat key not shown: MLflow adds a chart for every metric
-    its chart set lacks, and a flat key (one value) would draw as a single dot."""
+    """A deleted card for every flat key and per-model copy not shown: MLflow adds a chart
+    for every metric its chart set lacks, and a flat key (one value) would draw as a single
+    dot, a per-model UNSTABLE line a second chart of what its panel draws."""
     keep = set(shown)
+    hide = sorted(k for k in set(metric_keys) if S.parse_flat_key(k) or "/" in k)
     return [
         {
             "uuid": f"ngraph-hidden-{i}",
@@ -200,31 +334,30 @@ def hidden_charts(metric_keys: Iterable[str], shown: Iterable[str]) -> list[dict
             "isGenerated": True,
             "metricKey": key,
         }
-        for i, key in enumerate(sorted(k for k in set(metric_keys) if S.parse_flat_key(k)))
+        for i, key in enumerate(hide)
         if key not in keep
     ]
 
 
-def sections() -> list[dict[str, Any]]:
-    """The answer open; MLflow's own section (the other stepped metrics) collapsed."""
-    return [
-        {
-            "uuid": ANSWER_SECTION,
-            "name": "Answer: throughput and speedup over batch size",
-            "display": True,
+def sections(rows: Sequence[Any] = (), batch_sizes: Sequence[int] = (1,)) -> list[dict[str, Any]]:
+    """A section per model, open; MLflow's own (the other stepped metrics) collapsed."""
+
+    def section(uuid: str, name: str, display: bool) -> dict[str, Any]:
+        return {
+            "uuid": uuid,
+            "name": name,
+            "display": display,
             "isReordered": False,
             "deleted": False,
             "isGenerated": False,
-        },
-        {
-            "uuid": MORE_SECTION,
-            "name": MLFLOW_METRICS_SECTION,
-            "display": False,
-            "isReordered": False,
-            "deleted": False,
-            "isGenerated": False,
-        },
-    ]
+            # a model's two panels side by side, each half the width (MLflow's default: 3)
+            "columns": 2,
+            "cardHeight": 360,
+        }
+
+    models = enumerate(_models(rows, batch_sizes))
+    out = [section(f"ngraph-model-{i}", model_title(label), True) for i, label in models]
+    return [*out, section(MORE_SECTION, MLFLOW_METRICS_SECTION, False)]
 
 
 def view_state(
@@ -241,9 +374,10 @@ def view_state(
             hidden from the chart set).
     """
     sort_key = sort_metric(batch_sizes, rows)
-    charts = answer_charts(batch_sizes, sort_key)
+    charts = answer_charts(batch_sizes, rows)
     shown = [c["metricKey"] for c in charts]
     device_literal = device.replace("'", "\\'")
+    selected = columns(batch_sizes)
     return {
         "searchFilter": f"params.{S.P_DEVICE} = '{device_literal}' and tags.`{S.T_ROLE}` = 'cell'",
         "orderByKey": _column("metrics", sort_key),
@@ -252,20 +386,23 @@ def view_state(
         "lifecycleFilter": "Active",
         "datasetsFilter": [],
         "modelVersionFilter": "All Runs",
-        "selectedColumns": columns(batch_sizes, sort_key),
+        "selectedColumns": selected,
         # MLflow groups columns by kind (metrics, params, tags): this order puts who first
-        "columnOrder": columns(batch_sizes, sort_key),
-        "columnWidths": widths(columns(batch_sizes, sort_key)),
-        # dropped by MLflow 3.17's loader (the metric sort shows the runs flat anyway);
-        # kept for the versions that read it
+        "columnOrder": selected,
+        "columnWidths": widths(selected),
+        # dropped by MLflow 3.17's loader; kept for the versions that read it
         "runsExpanded": {parent_id: True} if parent_id else {},
         "runsHiddenMode": "SHOW_ALL",
         "compareRunCharts": charts + hidden_charts(metric_keys, shown),
-        "compareRunSections": sections(),
-        "isAccordionReordered": False,
+        "compareRunSections": sections(rows, batch_sizes),
+        # MLflow sorts the sections by name unless told they were ordered by hand: the
+        # panels keep the order of the table's groups
+        "isAccordionReordered": True,
         "hideEmptyCharts": True,
-        "useGroupedValuesInCharts": True,
-        "groupBy": None,
+        # the charts draw each run, not each group's aggregate
+        "useGroupedValuesInCharts": False,
+        "groupBy": group_by(),
+        "groupsExpanded": {},
         "globalLineChartConfig": {
             "xAxisKey": "step",
             "lineSmoothness": 0,
@@ -276,8 +413,9 @@ def view_state(
 
 def encode_view(name: str, state: dict[str, Any], now_ms: int | None = None) -> str:
     """The tag value MLflow's loader reads: a saved-view envelope (listed by name among the
-    experiment's saved views), its state deflated when the plain JSON would not fit, and
-    without the hidden cards when even that would not."""
+    experiment's saved views), its state deflated when the plain JSON would not fit,
+    without the hidden cards when even that would not, then with the columns of fewer
+    batch sizes."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     text = json.dumps(state, separators=(",", ":"))
 
@@ -291,6 +429,11 @@ def encode_view(name: str, state: dict[str, Any], now_ms: int | None = None) -> 
         # too many flat keys to hide: MLflow then draws them in its own section, collapsed
         shown = [c for c in state["compareRunCharts"] if not c["deleted"]]
         return encode_view(name, {**state, "compareRunCharts": shown}, now_ms)
+    if len(value) > MAX_EXPERIMENT_TAG and len(state["selectedColumns"]) > 8:
+        # a batch size's columns each: the first ones (the smallest batch sizes) stay
+        kept = state["selectedColumns"][: len(state["selectedColumns"]) // 2]
+        cut = {"selectedColumns": kept, "columnOrder": kept, "columnWidths": widths(kept)}
+        return encode_view(name, {**state, **cut}, now_ms)
     return value
 
 
@@ -301,6 +444,13 @@ def _fmt(value: float | None, digits: int, suffix: str = "") -> str:
 
 def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _row(cells: Iterable[Any]) -> str:
+    """A markdown table row whose cells keep a space on each side: MLflow's description
+    renders a table without cell padding (``width=1281`` for ``width=128`` beside ``1``),
+    and a plain space is trimmed away."""
+    return "|" + "|".join(f"&nbsp;{_cell(c)}&nbsp;" for c in cells) + "|"
 
 
 def _stable(w: dict[str, Any]) -> str:
@@ -321,11 +471,12 @@ def run_address(experiment_id: str, run_id: str) -> str:
 
 
 def ranked(rows: Sequence[Any]) -> list[dict[str, Any]]:
-    """The summary's winners of ``rows`` (each row labelled as the summary labels it)."""
+    """The summary's winners of ``rows`` (each row labelled as the summary labels it), each
+    model named as the run names say it (``mha_block d3 w256``)."""
     settings = [(r.compiler, getattr(r, "flags", {}) or {}) for r in rows]
     for r, label in zip(rows, labels(settings), strict=True):
         r.label = getattr(r, "label", None) or label
-    return winners(rows)
+    return [{**w, "model": model_title(w["model"])} for w in winners(rows)]
 
 
 def verdicts(best: Sequence[dict[str, Any]]) -> list[str]:
@@ -367,10 +518,7 @@ def winners_markdown(
     winner whose (model, compiler label) is in ``links`` links to that address."""
     if not best:
         return []
-    lines = [
-        "| " + " | ".join(WINNER_COLUMNS) + " |",
-        "|---|---:|---|---:|---:|---|---:|---|---|",
-    ]
+    lines = [_row(WINNER_COLUMNS), "|---|---:|---|---:|---:|---|---:|---|---|"]
     for w in best:
         cells = [
             w["model"],
@@ -383,7 +531,7 @@ def winners_markdown(
             w["noise"],
             _stable(w),
         ]
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        lines.append(_row(cells))
     return lines
 
 
@@ -405,17 +553,19 @@ def description(
     experiment_id: str,
     limit: int,
     links: dict[tuple[str, str], str] | None = None,
+    report: str | None = None,
 ) -> str:
-    """The markdown section of one view: the verdict per model, where the view opens, the
-    winners table (each winner linked to its run, ``links``), what UNSTABLE means; rows are
-    cut to fit ``limit`` characters."""
+    """The markdown section of one view: the verdict per model, where the view opens (and
+    the HTML report, ``report``'s address), the winners table (each winner linked to its
+    run, ``links``), what UNSTABLE means; rows are cut to fit ``limit`` characters."""
     best = ranked(rows)
+    opened = f"**[The report (HTML)]({report})** · " if report else ""
     head = [
         section_title(device, key),
         "",
         *(verdicts(best) or ["No valid compiled result yet."]),
         "",
-        f"[Open the answer]({view_address('', experiment_id, key)}) · "
+        f"{opened}[Open the answer]({view_address('', experiment_id, key)}) · "
         f"[charts]({view_address('', experiment_id, key, charts=True)}) · scenario "
         f"{spec.measure.scenario}, batch sizes {', '.join(str(b) for b in spec.batch_sizes)}",
         "",
@@ -426,6 +576,12 @@ def description(
         legend_markdown(WINNER_COLUMNS),
         "",
         "**UNSTABLE**: measure it again on a quiet host. All rows: `mlflow-ngraph compare`.",
+        "",
+        "*The view*: the cells grouped by model, each batch size's figures rounded with their "
+        "own stability; a chart panel per model over the measured batch sizes (the step), "
+        "UNSTABLE figures on a line of their own, outside the axis range. A run opened from "
+        "the table's run name follows the browser's GenAI / Model training switch (top "
+        "left; GenAI by default): set it to Model training once.",
     ]
     text = "\n".join(head + table + tail)
     while len(text) > limit and len(table) > 3:
@@ -438,10 +594,7 @@ def description(
 def cell_note(rows: Sequence[Any], best: Sequence[dict[str, Any]], view: str) -> str:
     """A cell run's description: its figures per batch size, where it is the fastest, and
     the way to the view of all cells."""
-    lines = [
-        "| " + " | ".join(CELL_COLUMNS) + " |",
-        "|---:|---:|---|---|---:|---|---|",
-    ]
+    lines = [_row(CELL_COLUMNS), "|---:|---:|---|---|---:|---|---|"]
     for r in sorted(rows, key=lambda r: r.batch_size):
         low, high = getattr(r, "ci_low", None), getattr(r, "ci_high", None)
         ci = "-" if low is None or high is None else f"{low:.1f}-{high:.1f}"
@@ -457,7 +610,7 @@ def cell_note(rows: Sequence[Any], best: Sequence[dict[str, Any]], view: str) ->
             r.status,
             stable,
         ]
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        lines.append(_row(cells))
     won = [str(w["batch_size"]) for w in best]
     verdict = f"Fastest for its model at batch {', '.join(won)}. " if won else ""
     head = f"{verdict}[All cells, winner first]({view})"
@@ -493,6 +646,30 @@ def run_color(compiler: str) -> str:
     return (found.color if found is not None else None) or OTHER_COLOR
 
 
+#: the HTML report's artifact path on the parent run (report/html.py), linked at the top
+REPORT_ARTIFACT = "report.html"
+
+
+def report_address(experiment_id: str, parent_id: str) -> str:
+    """The parent run's HTML report in MLflow's artifact viewer. The command logs it once
+    the run's cells are done, after this view is written: the link is made before the
+    file exists (a report that could not be made is said in the terminal)."""
+    return f"#/experiments/{experiment_id}/runs/{parent_id}/artifacts/{REPORT_ARTIFACT}"
+
+
+def new_points(client, run_id: str, points: Sequence[tuple[str, float, int]]) -> list:
+    """The ``points`` a run's metric history lacks: a view written again (a re-run that
+    measured nothing new) adds no second point at a step."""
+    histories: dict[str, set[tuple[int, float]]] = {}
+    out = []
+    for key, value, step in points:
+        if key not in histories:
+            histories[key] = {(m.step, m.value) for m in client.get_metric_history(run_id, key)}
+        if (step, value) not in histories[key]:
+            out.append((key, value, step))
+    return out
+
+
 def publish(
     client,
     experiment_id: str,
@@ -502,7 +679,8 @@ def publish(
     rows: Sequence[Any],
     cells: dict[str, tuple[str, str, dict[str, Any]]],
 ) -> str:
-    """Write the view, the descriptions and the run colors; returns the view's key.
+    """Write the view, the descriptions, the run colors and each cell run's rounded figures
+    and per-model metrics; returns the view's key.
 
     Args:
         cells: (model label, compiler, flags) of each cell run id of this invocation.
@@ -513,25 +691,29 @@ def publish(
     view = view_address("", experiment_id, key)
     names = labels((compiler, flags) for _, compiler, flags in cells.values())
     best = ranked(rows)
+    lead = leads(rows)
     links: dict[tuple[str, str], str] = {}
     metric_keys: set[str] = set()
     for (run_id, (model, compiler, flags)), label in zip(cells.items(), names, strict=True):
-        links[(model, label)] = run_address(experiment_id, run_id)
-        metric_keys.update(client.get_run(run_id).data.metrics)
+        links[(model_title(model), label)] = run_address(experiment_id, run_id)
         own = [r for r in rows if (r.model, r.compiler, r.flags) == (model, compiler, flags)]
-        won = [w for w in best if (w["model"], w["label"]) == (model, label)]
-        note = cell_note(own, won, view)
-        log_batch(client, run_id, tags={RUN_COLOR_TAG: run_color(compiler), NOTE_TAG: note})
+        won = [w for w in best if (w["model"], w["label"]) == (model_title(model), label)]
+        tags = {RUN_COLOR_TAG: run_color(compiler), NOTE_TAG: cell_note(own, won, view)}
+        tags.update(figure_tags(own, lead, [w["batch_size"] for w in won]))
+        points = new_points(client, run_id, view_points(own))
+        log_batch(client, run_id, metrics=points, tags=tags)
+        metric_keys.update(client.get_run(run_id).data.metrics)
     state = view_state(device, spec.batch_sizes, rows, metric_keys, parent_id)
     name = f"mlflow-ngraph: {device}, {', '.join(m.label for m in spec.models)[:80]}"
     client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + key, encode_view(name, state))
     experiment = client.get_experiment(experiment_id)
+    report = report_address(experiment_id, parent_id)
     half = MAX_EXPERIMENT_TAG // 2
-    section = description(device, spec, rows, key, experiment_id, half, links)
+    section = description(device, spec, rows, key, experiment_id, half, links, report)
     merged = merge_sections(
         (experiment.tags or {}).get(NOTE_TAG, ""), key, section, MAX_EXPERIMENT_TAG
     )
     client.set_experiment_tag(experiment_id, NOTE_TAG, merged)
-    parent_note = description(device, spec, rows, key, experiment_id, MAX_RUN_TAG, links)
+    parent_note = description(device, spec, rows, key, experiment_id, MAX_RUN_TAG, links, report)
     log_batch(client, parent_id, tags={NOTE_TAG: parent_note})
     return key

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 import subprocess
 import urllib.request
@@ -76,11 +77,12 @@ def test_the_printed_address_opens_the_designed_view(viewed):
     assert f"answer: {page}&workflowType=machine_learning\n" in out
     assert f"charts: {page}&workflowType=machine_learning&compareRunsMode=CHART\n" in out
     state = _state(client.get_experiment(eid), key)
-    # who, the answer at the sorted batch size, the verdicts, then the other batch sizes
-    expected = ["params.`model`", "params.`compiler`"]
-    expected += ["metrics.`speedup.bs2`", "metrics.`throughput.bs2`"]
-    expected += ["tags.`ngraph.stability`", "tags.`ngraph.status`", "params.`device`"]
-    expected += ["metrics.`throughput.bs1`", "metrics.`speedup.bs1`"]
+    # who, where it wins, then each batch size's rounded figures with their own stability
+    expected = ["tags.`model`", "params.`compiler`", "tags.`fastest at`"]
+    for b in BATCH_SIZES:
+        expected += [f"tags.`bs{b} {f}`" for f in ("samples/s", "speedup", "speedup CI")]
+        expected += [f"tags.`bs{b} lead`", f"tags.`bs{b} stable`"]
+    expected += ["tags.`ngraph.status`", "params.`device`"]
     assert state["selectedColumns"] == expected == state["columnOrder"]
     assert state["columnWidths"]["attributes.`Run Name`"] == ui.NAME_WIDTH
     assert state["orderByKey"] == "metrics.`speedup.bs2`" and state["orderByAsc"] is False
@@ -100,21 +102,34 @@ def test_the_view_filter_and_sort_run_on_the_store_winner_first(viewed):
 
 
 def test_no_single_dot_chart_in_the_designed_set(viewed):
-    _, experiment, parent, cells, _, _ = viewed
+    client, experiment, parent, cells, _, _ = viewed
+
+    def client_history(run, key):
+        return client.get_metric_history(run.info.run_id, key)
+
     charts = _state(experiment, _key(parent))["compareRunCharts"]
     visible = [c for c in charts if not c["deleted"]]
-    assert [c["type"] for c in visible] == ["LINE", "LINE", "BAR", "BAR"]
+    # one model: its panel of throughput and of speedup over batch size, nothing else
+    title = "conv_block d1 image_size32 w8"
+    assert [c["metricKey"] for c in visible] == [f"{title}/throughput", f"{title}/speedup"]
     for card in visible:
-        if S.parse_flat_key(card["metricKey"]):
-            assert card["type"] == "BAR"  # one value per run: runs side by side
-        else:
-            assert card["metricKey"] in S.METRICS and card["xAxisKey"] == "step"
+        assert card["type"] == "LINE" and card["xAxisKey"] == "step"
+        assert card["selectedMetricKeys"] == [card["metricKey"], card["metricKey"] + " UNSTABLE"]
+    # each cell run holds its model's copies at step = batch size, STABLE or not
+    for run in cells:
+        if run.data.tags[S.T_STATUS] != S.STATUS_OK:
+            continue
+        steps = []
+        for stable in (True, False):
+            key = S.view_metric(title, S.M_THROUGHPUT, stable)
+            steps += [m.step for m in client_history(run, key)]
+        assert sorted(steps) == [1, 2], run.info.run_name
     # MLflow adds a chart for every metric key its chart set lacks: every flat key is in it
     flat = {k for r in cells for k in r.data.metrics if S.parse_flat_key(k)}
     assert len(flat) > 20
     assert flat <= {c["metricKey"] for c in charts}
     hidden = {c["metricKey"] for c in charts if c["deleted"]}
-    assert flat - hidden == {"speedup.bs2", "throughput.bs2"}
+    assert flat <= hidden
     sections = {s["uuid"]: s for s in _state(experiment, _key(parent))["compareRunSections"]}
     assert sections[ui.MORE_SECTION]["display"] is False
 
@@ -130,10 +145,10 @@ def test_descriptions_hold_the_winners_table_with_stability(viewed):
         assert f"viewStateShareKey={key}" in note
         (verdict,) = [line for line in note.splitlines() if line.startswith("- conv_block")]
         assert re.search(r": fastest \*\*(torchscript|onnxruntime)\*\* at batch", verdict)
-        rows = [line for line in note.splitlines() if line.startswith("| conv_block")]
-        assert [row.split(" | ")[1] for row in rows] == ["1", "2"]
+        rows = [line for line in note.splitlines() if line.startswith("|&nbsp;conv_block d1 ")]
+        assert [cells_of(row)[1] for row in rows] == ["1", "2"]
         for row in rows:
-            stable = row.rstrip(" |").rsplit(" | ", 1)[-1]
+            stable = cells_of(row)[-1]
             # the winner's own mark, then which of its figures (own, next, baseline) are noise
             mark = re.fullmatch(
                 r"(yes|-|\*\*UNSTABLE\*\*)( \(((own|next|baseline)(, )?)+\))?", stable
@@ -143,11 +158,18 @@ def test_descriptions_hold_the_winners_table_with_stability(viewed):
             winner = re.fullmatch(
                 r"\*\*\[(\w+)\]\(#/experiments/(\w+)/runs/(\w+)"
                 r"\?workflowType=machine_learning\)\*\*",
-                row.split(" | ")[2],
+                cells_of(row)[2],
             )
             assert winner and winner[1] in ("torchscript", "onnxruntime"), row
             run = client.get_run(winner[3])  # the link opens the winner's run
             assert run.data.params["compiler"] == winner[1]
+
+
+def cells_of(row: str) -> list[str]:
+    """The cells of a markdown row written by ``ui``: each padded with ``&nbsp;``."""
+    cells = row.strip("|").split("|")
+    assert all(c.startswith("&nbsp;") and c.endswith("&nbsp;") for c in cells), row
+    return [c[len("&nbsp;") : -len("&nbsp;")] for c in cells]
 
 
 def test_each_cell_run_describes_its_figures_and_leads_to_the_view(viewed):
@@ -157,8 +179,8 @@ def test_each_cell_run_describes_its_figures_and_leads_to_the_view(viewed):
     for run in cells:
         text = run.data.tags[ui.NOTE_TAG]
         assert f"viewStateShareKey={_key(parent)}" in text
-        batches = [line.split(" | ")[0] for line in text.splitlines() if line[:3] in ("| 1", "| 2")]
-        assert batches == ["| 1", "| 2"]
+        rows = [cells_of(line) for line in text.splitlines() if line.startswith("|&nbsp;")]
+        assert [row[0] for row in rows[1:]] == ["1", "2"]
         assert ("Fastest for its model at batch" in text) == (run.info.run_id in winners)
 
 
@@ -218,5 +240,140 @@ def test_a_long_view_is_deflated_as_mlflow_reads_it():
     assert decode_view(value) == state
     # too many to hide even deflated: the hidden cards go, what is drawn stays
     state, value = encoded(list(range(1, 400)))
-    cards = decode_view(value)["compareRunCharts"]
-    assert cards == [c for c in state["compareRunCharts"] if not c["deleted"]]
+    shown = decode_view(value)
+    assert shown["compareRunCharts"] == [c for c in state["compareRunCharts"] if not c["deleted"]]
+    # and the columns of the smallest batch sizes
+    assert state["selectedColumns"][: len(shown["selectedColumns"])] == shown["selectedColumns"]
+
+
+def _rows():
+    """Two blocks of one name (other depth and width) three orders of magnitude apart, at
+    batch 1 and 8: each its own winner per batch size, one UNSTABLE noise point."""
+    from mlflow_ngraph.tracking.sink import Row
+
+    small, large = "mha_block:depth=2,width=64", "mha_block:depth=3,width=256"
+    out = []
+    for model, scale in ((small, 1000.0), (large, 1.0)):
+        for b in (1, 8):
+            figures = {"identity": 1.0, "onnxruntime": 2.0 if b == 1 else 1.5}
+            figures["openvino"] = 1.5 if b == 1 else 3.0
+            for compiler, speedup in figures.items():
+                out.append(
+                    Row(model, compiler, b, "OK", throughput=scale * b * speedup,
+                        speedup=speedup, speedup_ci_low=speedup * 0.9,
+                        speedup_ci_high=speedup * 1.1, stable=True)
+                )  # fmt: skip
+    noise = Row(large, "torchscript", 8, "OK", throughput=66.0 * 8, speedup=66.0, stable=False)
+    return [*out, noise]
+
+
+def test_the_view_groups_by_model_as_the_summary_names_it():
+    state = ui.view_state("cpu", [1, 8], _rows(), [])
+    assert state["groupBy"] == {
+        "aggregateFunction": "max",
+        "groupByKeys": [{"mode": "tag", "groupByData": ui.MODEL_TAG}],
+    }
+    assert state["groupsExpanded"] == {} and state["useGroupedValuesInCharts"] is False
+    # the two mha_blocks are two models, each with a section of its own, in the order of
+    # the table's groups (the highest speedup at batch 8 first: the 66x one's model)
+    names = [s["name"] for s in state["compareRunSections"]]
+    assert names == ["mha_block d3 w256", "mha_block d2 w64", ui.MLFLOW_METRICS_SECTION]
+    assert [s["columns"] for s in state["compareRunSections"]] == [2, 2, 2]
+    assert state["isAccordionReordered"] is True  # else MLflow sorts the sections by name
+
+
+def test_one_panel_per_model_on_batch_size_its_noise_out_of_range():
+    rows = _rows()
+    charts = [c for c in ui.view_state("cpu", [1, 8], rows, [])["compareRunCharts"]]
+    panels = {c["metricKey"]: c for c in charts if not c["deleted"]}
+    assert sorted(panels) == sorted(
+        f"mha_block {m}/{k}" for m in ("d2 w64", "d3 w256") for k in ("throughput", "speedup")
+    )
+    for key, card in panels.items():
+        section = card["metricSectionId"]
+        assert section == ("ngraph-model-1" if "d2 w64" in key else "ngraph-model-0"), key
+        assert card["xAxisKey"] == "step" and card["xAxisScaleType"] == "log"  # 1 to 8
+        assert card["range"]["xMin"] < 0 < math.log10(8) < card["range"]["xMax"]
+    # the small block's throughput (1000-24000 samples/s) on a log axis too
+    assert panels["mha_block d2 w64/throughput"]["scaleType"] == "log"
+    # the large block's throughput spans 1 to 24 samples/s: a log axis, in log10 units
+    throughput = panels["mha_block d3 w256/throughput"]
+    assert throughput["scaleType"] == "log"
+    assert throughput["range"]["yMin"] < 0 and 1.38 < throughput["range"]["yMax"] < 1.6
+    # its speedups 1-3x are STABLE; the 66x UNSTABLE one is drawn apart, out of the range
+    speedup = panels["mha_block d3 w256/speedup"]
+    assert speedup["scaleType"] == "linear" and 3.0 < speedup["range"]["yMax"] < 4
+    assert speedup["selectedMetricKeys"][1] == "mha_block d3 w256/speedup UNSTABLE"
+    noise = [p for p in ui.view_points([rows[-1]]) if p[0].endswith("/speedup UNSTABLE")]
+    assert noise == [("mha_block d3 w256/speedup UNSTABLE", 66.0, 8)]
+    assert S.is_schema_metric(noise[0][0]) and not S.is_schema_metric("x/made_up")
+    # a model's parameters as a metric key allows them (no ``=``)
+    assert (
+        ui.metric_title("conv_block:depth=1,image_size=32,width=8")
+        == "conv_block d1 image_size32 w8"
+    )
+    from mlflow.utils.validation import _validate_metric_name
+
+    _validate_metric_name(S.view_metric(ui.metric_title("m:image_size=32"), "speedup", False))
+    # the per-model copies never draw twice: every one not on a panel is a deleted card
+    keys = [p[0] for r in rows for p in ui.view_points([r])]
+    hidden = ui.view_state("cpu", [1, 8], rows, keys)["compareRunCharts"]
+    assert {c["metricKey"] for c in hidden if c["deleted"]} == {
+        f"mha_block d3 w256/{k} UNSTABLE" for k in ("throughput", "speedup")
+    }
+
+
+def test_rounded_figures_lead_and_stability_per_batch_size():
+    rows = _rows()
+    lead = ui.leads(rows)
+    large = [r for r in rows if r.model.endswith("width=256")]
+    onnx = [r for r in large if r.compiler == "onnxruntime"]
+    tags = ui.figure_tags(onnx, lead, [1])
+    assert tags[ui.MODEL_TAG] == "mha_block d3 w256" and tags[ui.FASTEST_TAG] == "bs1"
+    # batch 1: fastest, 2.0 over openvino's 1.5; batch 8: third of four, behind noise
+    expected = ["2.00", "2.00x", "1.80-2.20", "1.33x", "STABLE"]
+    assert [tags[f"bs1 {f}"] for f in ui.FIGURES] == expected
+    assert tags["bs8 samples/s"] == "12.0" and tags["bs8 lead"] == "1.50x"
+    noise = ui.figure_tags([large[-1]], lead, [])
+    assert noise["bs8 stable"] == "UNSTABLE" and noise[ui.FASTEST_TAG] == "-"
+    assert noise["bs8 speedup CI"] == "-" and noise["bs8 lead"] == "22.00x"
+    small = ui.figure_tags([r for r in rows if r.model.endswith("width=64")][:1], lead, [])
+    assert small["bs1 samples/s"] == "1000" and small["bs1 lead"] == "-"  # identity: slowest
+    # MLflow's tag keys allow these names
+    from mlflow.utils.validation import _validate_tag_name
+
+    for key in tags:
+        _validate_tag_name(key)
+
+
+def test_the_winners_table_is_padded_and_links_the_model_training_view():
+    rows = _rows()
+    best = ui.ranked(rows)
+    link = ui.run_address("7", "abc")
+    assert link == "#/experiments/7/runs/abc?workflowType=machine_learning"
+    lines = ui.winners_markdown(best, {("mha_block d2 w64", "onnxruntime"): link})
+    header, rule, *body = lines
+    assert header.startswith("|&nbsp;model&nbsp;|&nbsp;batch&nbsp;|")
+    assert rule.count("|") == header.count("|")
+    first = body[0].strip("|").split("|")
+    assert first[:2] == ["&nbsp;mha_block d2 w64&nbsp;", "&nbsp;1&nbsp;"]
+    assert first[2] == f"&nbsp;**[onnxruntime]({link})**&nbsp;"
+    # every cell of every row padded on both sides: no figure runs into the next
+    for line in body:
+        assert all(c.startswith("&nbsp;") and c.endswith("&nbsp;") for c in line[1:-1].split("|"))
+    assert ui.view_address("", "7", "k").endswith("&workflowType=machine_learning")
+
+
+def test_a_model_whose_every_figure_is_noise_keeps_its_log_scale_and_no_range():
+    from mlflow_ngraph.tracking.sink import Row
+
+    rows = [
+        Row("m", "identity", 1, "OK", throughput=6.6, speedup=1.0, stable=False),
+        Row("m", "onnxruntime", 1, "OK", throughput=1362.0, speedup=206.0, stable=False),
+    ]
+    (throughput, speedup) = [c for c in ui.answer_charts([1], rows)]
+    assert throughput["scaleType"] == "log" and "yMin" not in throughput["range"]
+    assert speedup["scaleType"] == "log"
+    # one batch size: a linear x axis around it
+    assert throughput["xAxisScaleType"] == "linear"
+    assert throughput["range"]["xMin"] < 1 < throughput["range"]["xMax"]
