@@ -22,9 +22,11 @@ from mlflow_ngraph.console import (
     default_home,
     interrupt,
     merge_options,
+    open_log_file,
     resolve_spec_path,
     setup_logging,
     split_multi,
+    to_log_file,
 )
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.redaction import redact_log_records, redact_text
@@ -324,9 +326,11 @@ def _run(
     policy: RunPolicy | None = None,
     quiet: bool = False,
     experiment_explicit: bool = False,
+    command: str = "benchmark",
 ) -> None:
     """Validate the merged settings and the run's ``policy`` (how it judges and repeats
-    its measurements), run every cell and print the summary."""
+    its measurements), run every cell and print the summary. Every step goes to the
+    ``command``'s log file in the home, said first."""
     from mlflow_ngraph.deploy.register import log_cell_engine
     from mlflow_ngraph.plan.config import RunPolicy
     from mlflow_ngraph.run.live import make_view
@@ -337,6 +341,7 @@ def _run(
     policy.validate()
     check_sittings(policy.sittings, isolation, str(data.get("protocol") or "rounds"))
     home = home or default_home()
+    open_log_file(home, command, say=not quiet)
     work, uri = _plan(data, home)
     spec = work.spec
     runner = Runner(
@@ -353,7 +358,9 @@ def _run(
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-    click.echo(_summary(rows, spec, runner))
+    summary = _summary(rows, spec, runner)
+    click.echo(summary)
+    to_log_file(summary)
     _say_view(runner, uri)
 
 
@@ -490,7 +497,7 @@ def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) 
 def blocks(**o: Any) -> None:
     """Run the depth x width x batch grid of conv_block and mha_block (Tables VII/VIII)."""
     setup_logging(o["verbose"])
-    _run(_blocks_data(o), o["home"], o["retry_failed"])
+    _run(_blocks_data(o), o["home"], o["retry_failed"], command="blocks")
 
 
 def _blocks_data(o: dict[str, Any]) -> dict[str, Any]:
@@ -653,6 +660,7 @@ def main(argv: list[str] | None = None) -> None:
         _exit_line(exc)
     except (click.exceptions.Abort, KeyboardInterrupt):  # Ctrl-C (SIGTERM too: console.interrupt)
         click.echo(_interrupted(sys.argv[1:] if argv is None else argv), err=True)
+        to_log_file("interrupted", logging.WARNING, __name__)
         sys.exit(130)
     except click.ClickException as exc:
         exc.message = redact_text(exc.message)
@@ -661,14 +669,19 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         error = store_failure(exc)
         if error is None:  # a fault of the tool: its traceback, without the secrets
-            click.echo(redact_text("".join(traceback.format_exception(exc))).rstrip(), err=True)
+            text = redact_text("".join(traceback.format_exception(exc))).rstrip()
+            click.echo(text, err=True)
+            to_log_file(text, logging.ERROR, __name__)
             sys.exit(1)
         _exit_line(error)
 
 
 def _exit_line(error: NgraphError) -> None:
-    """One line, whatever values from the store it names (shown visibly, secrets redacted)."""
-    click.echo(f"error: {visible(redact_text(error))}", err=True)
+    """One line, whatever values from the store it names (shown visibly, secrets redacted),
+    in the invocation's log file too."""
+    line = f"error: {visible(redact_text(error))}"
+    click.echo(line, err=True)
+    to_log_file(line, logging.ERROR, __name__)
     sys.exit(error.exit_code)
 
 
