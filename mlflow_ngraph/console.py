@@ -138,8 +138,13 @@ def _prune_logs(folder: Path, current: Path) -> None:
     import re
 
     named = re.compile(r"^\d{8}-\d{6}-[\w-]+\.log$")
-    found = sorted(p for p in folder.iterdir() if named.match(p.name) and p.is_file())
-    for old in found[: max(0, len(found) - KEEP_LOGS)]:
+    found = []
+    for path in folder.iterdir():
+        with contextlib.suppress(OSError):  # one removed beside this by another run
+            if named.match(path.name) and path.is_file():
+                found.append((path.stat().st_mtime_ns, path.name, path))
+    found.sort()
+    for *_, old in found[: max(0, len(found) - KEEP_LOGS)]:
         if old != current:
             with contextlib.suppress(OSError):
                 old.unlink()
