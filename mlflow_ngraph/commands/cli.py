@@ -137,6 +137,14 @@ def cli() -> None:
     """Benchmark graph compilers on this device; every result goes to MLflow."""
 
 
+#: ``-v``'s help: the terminal shows results; the run's steps are the log file's
+VERBOSE_HELP = (
+    "Show the run's steps on the terminal too (each engine compiled or loaded, each group "
+    "measured again, each UNSTABLE reason in full; -vv: debug lines). Every step goes to "
+    "the log file in the home (logs/) either way."
+)
+
+
 @cli.command()
 @click.option(
     "--spec",
@@ -261,8 +269,13 @@ def cli() -> None:
     "again (each to a looser target, the default cap shared): every figure is their mean, "
     "and its re-run interval rests on the spread between sittings this run measured.",
 )
-@click.option("-v", "--verbose", count=True)
-@click.option("-q", "--quiet", is_flag=True)
+@click.option("-v", "--verbose", count=True, help=VERBOSE_HELP)
+@click.option(
+    "-q",
+    "--quiet",
+    is_flag=True,
+    help="No live display and no log lines: one line per finished cell, then the summary.",
+)
 def benchmark(**o: Any) -> None:
     """Compile and measure models x compilers x batch sizes on this device."""
     from mlflow_ngraph.plan.config import RunPolicy
@@ -493,7 +506,7 @@ def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) 
 @click.option("--tracking-uri")
 @click.option("--home", type=click.Path(path_type=Path))
 @click.option("--retry-failed", is_flag=True)
-@click.option("-v", "--verbose", count=True)
+@click.option("-v", "--verbose", count=True, help=VERBOSE_HELP)
 def blocks(**o: Any) -> None:
     """Run the depth x width x batch grid of conv_block and mha_block (Tables VII/VIII)."""
     setup_logging(o["verbose"])
