@@ -250,3 +250,11 @@ def cell_runs(uri: str, experiment: str) -> list:
     exp = client.get_experiment_by_name(experiment)
     runs = client.search_runs([exp.experiment_id])
     return [r for r in runs if r.data.tags.get(S.T_ROLE) == "cell"]
+
+
+def last_log(home: Path) -> str:
+    """The text of the newest invocation's log file in ``home`` (every line of the run's
+    machinery the terminal leaves to ``-v``)."""
+    logs = [p for p in (Path(home) / "logs").glob("*.log") if p.is_file()]
+    assert logs, f"no log file in {home}/logs"
+    return max(logs, key=lambda p: (p.stat().st_mtime_ns, p.name)).read_text()

@@ -68,7 +68,13 @@ def calibrate(
     quiet: bool,
 ) -> None:
     """Measure this host's spread between sittings into the home (for re-run intervals)."""
-    from mlflow_ngraph.console import default_home, merge_options, resolve_spec_path, setup_logging
+    from mlflow_ngraph.console import (
+        default_home,
+        merge_options,
+        open_log_file,
+        resolve_spec_path,
+        setup_logging,
+    )
     from mlflow_ngraph.plan.config import RunPolicy, build_spec, check_home, load_spec_file
     from mlflow_ngraph.run.live import make_view
     from mlflow_ngraph.run.runner import Runner, plan
@@ -78,6 +84,7 @@ def calibrate(
         raise NgraphError(f"sittings must be at least 2 (a spread needs two), got {sittings}")
     home = home or default_home()
     check_home(home)
+    open_log_file(home, "calibrate", say=not quiet)
     data = load_spec_file(resolve_spec_path(spec_file))
     with tempfile.TemporaryDirectory(prefix="ngraph-calibrate-") as tmp:
         uri = f"sqlite:///{Path(tmp) / 'calibrate.db'}"

@@ -22,9 +22,11 @@ from mlflow_ngraph.console import (
     default_home,
     interrupt,
     merge_options,
+    open_log_file,
     resolve_spec_path,
     setup_logging,
     split_multi,
+    to_log_file,
 )
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.redaction import first_line, redact_log_records, redact_text
@@ -163,6 +165,14 @@ def host_check_of(o: dict[str, Any], max_other_cpu: float):
     return HostCheck(max_other_cpu, o["wait_quiet"], o["busy_ok"])
 
 
+#: ``-v``'s help: the terminal shows results; the run's steps are the log file's
+VERBOSE_HELP = (
+    "Show the run's steps on the terminal too (each engine compiled or loaded, each group "
+    "measured again, each UNSTABLE reason in full; -vv: debug lines). Every step goes to "
+    "the log file in the home (logs/) either way."
+)
+
+
 @cli.command()
 @click.option(
     "--spec",
@@ -296,8 +306,13 @@ def host_check_of(o: dict[str, Any], max_other_cpu: float):
     "and its re-run interval rests on the spread between sittings this run measured.",
 )
 @host_options
-@click.option("-v", "--verbose", count=True)
-@click.option("-q", "--quiet", is_flag=True)
+@click.option("-v", "--verbose", count=True, help=VERBOSE_HELP)
+@click.option(
+    "-q",
+    "--quiet",
+    is_flag=True,
+    help="No live display and no log lines: one line per finished cell, then the summary.",
+)
 def benchmark(**o: Any) -> None:
     """Compile and measure models x compilers x batch sizes on this device."""
     from mlflow_ngraph.plan.config import RunPolicy
@@ -365,10 +380,12 @@ def _run(
     experiment_explicit: bool = False,
     remeasure: str | None = None,
     host_check=None,
+    command: str = "benchmark",
 ) -> None:
     """Validate the merged settings and the run's ``policy`` (how it judges and repeats
     its measurements), run every cell (after ``host_check`` looked at the host) and print
-    the summary (``remeasure``: which stored measurements are measured again, in place)."""
+    the summary (``remeasure``: which stored measurements are measured again, in place).
+    Every step goes to the ``command``'s log file in the home, said first."""
     from mlflow_ngraph.deploy.register import log_cell_engine
     from mlflow_ngraph.plan.config import RunPolicy
     from mlflow_ngraph.run.live import make_view
@@ -382,6 +399,7 @@ def _run(
     policy.validate()
     check_sittings(policy.sittings, isolation, str(data.get("protocol") or "rounds"))
     home = home or default_home()
+    open_log_file(home, command, say=not quiet)
     work, uri = _plan(data, home)
     spec = work.spec
     runner = Runner(
@@ -400,7 +418,14 @@ def _run(
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-    click.echo(_summary(rows, spec, runner, hint))
+    _finish(_summary(rows, spec, runner, hint), runner, uri)
+
+
+def _finish(summary: str, runner, uri: str) -> None:
+    """The end of a run: its summary (on the terminal and in the log file), where the
+    answer opens in MLflow, and its HTML report."""
+    click.echo(summary)
+    to_log_file(summary)
     _say_view(runner, uri)
     _say_report(runner, uri)
 
@@ -593,14 +618,21 @@ def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) 
     "and signed records are replaced, MLflow keeps the metric history.",
 )
 @host_options
-@click.option("-v", "--verbose", count=True)
+@click.option("-v", "--verbose", count=True, help=VERBOSE_HELP)
 def blocks(**o: Any) -> None:
     """Run the depth x width x batch grid of conv_block and mha_block (Tables VII/VIII)."""
     from mlflow_ngraph.plan.config import RunPolicy
 
     setup_logging(o["verbose"])
     check = host_check_of(o, RunPolicy().max_other_cpu)
-    _run(_blocks_data(o), o["home"], o["retry_failed"], remeasure=o["remeasure"], host_check=check)
+    _run(
+        _blocks_data(o),
+        o["home"],
+        o["retry_failed"],
+        remeasure=o["remeasure"],
+        host_check=check,
+        command="blocks",
+    )
 
 
 def _blocks_data(o: dict[str, Any]) -> dict[str, Any]:
@@ -763,6 +795,7 @@ def main(argv: list[str] | None = None) -> None:
         _exit_line(exc)
     except (click.exceptions.Abort, KeyboardInterrupt):  # Ctrl-C (SIGTERM too: console.interrupt)
         click.echo(_interrupted(sys.argv[1:] if argv is None else argv), err=True)
+        to_log_file("interrupted", logging.WARNING, __name__)
         sys.exit(130)
     except click.ClickException as exc:
         exc.message = redact_text(exc.message)
@@ -771,14 +804,19 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         error = store_failure(exc)
         if error is None:  # a fault of the tool: its traceback, without the secrets
-            click.echo(redact_text("".join(traceback.format_exception(exc))).rstrip(), err=True)
+            text = redact_text("".join(traceback.format_exception(exc))).rstrip()
+            click.echo(text, err=True)
+            to_log_file(text, logging.ERROR, __name__)
             sys.exit(1)
         _exit_line(error)
 
 
 def _exit_line(error: NgraphError) -> None:
-    """One line, whatever values from the store it names (shown visibly, secrets redacted)."""
-    click.echo(f"error: {visible(redact_text(error))}", err=True)
+    """One line, whatever values from the store it names (shown visibly, secrets redacted),
+    in the invocation's log file too."""
+    line = f"error: {visible(redact_text(error))}"
+    click.echo(line, err=True)
+    to_log_file(line, logging.ERROR, __name__)
     sys.exit(error.exit_code)
 
 

@@ -126,7 +126,7 @@ log = logging.getLogger("mlflow_ngraph")
 def tune(**o: Any) -> None:
     """Find the fastest verified configuration of a model on this device across compilers
     and their knobs (Optuna TPE), every trial a benchmark cell paired with eager."""
-    from mlflow_ngraph.console import interrupt, setup_logging
+    from mlflow_ngraph.console import interrupt, open_log_file, setup_logging
     from mlflow_ngraph.plan.config import RunPolicy
 
     # the trials' benchmark lines only with -v: the tune's own lines are its live view
@@ -135,6 +135,7 @@ def tune(**o: Any) -> None:
 
     check_remeasure(o["remeasure"])
     settings, home, uri = _settings(o)
+    open_log_file(home, "tune", say=not o["quiet"])
     from mlflow_ngraph.tune.search import Tune
 
     job = Tune(

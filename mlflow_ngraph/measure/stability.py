@@ -152,3 +152,36 @@ def _move_causes(moved: float | None, screen_moved: float | None, what: str) -> 
             "more than its interval"
         )
     return causes
+
+
+#: each cause :func:`assess` (and the history check) words, and its few words on a cell's
+#: line: (pattern, short form from the pattern's groups)
+_SHORT = (
+    (r"^(?:\w+) interval \+-([\d.]+)% is wider", "interval +-{0}%"),
+    (r"^too few windows", "too few windows"),
+    (r"^other processes used ([\d.]+)% of the CPU", "other processes {0}% CPU"),
+    (r"^the host was contended", "host contended"),
+    (r"^the host drifted .* moved ([+-][\d.]+%)", "host drifted {0}"),
+    (r"^leaving out the disturbed windows moved the \w+ ([+-][\d.]+%)", "disturbed {0}"),
+    (r"^the \w+ moved (\S+(?: lower)?) against this engine", "moved {0} against an earlier run"),
+)
+
+
+def short_reason(reason: str) -> str:
+    """An UNSTABLE verdict's ``reason`` (or a STABLE figure's move against its history) in a
+    few words a cause, for a cell's one line on the terminal: ``interval +-101.6%, other
+    processes 30.2% CPU, host contended``. The full text is the log file's and the run's."""
+    import re
+
+    causes = reason.strip().removesuffix(": measure on a quiet host").split("; ")
+    short = []
+    for cause in filter(None, causes):
+        for pattern, form in _SHORT:
+            found = re.match(pattern, cause)
+            if found:
+                short.append(form.format(*found.groups()))
+                break
+        else:
+            head = cause.split(":")[0]
+            short.append(head if len(head) <= 40 else head[:39] + "…")
+    return ", ".join(short)

@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlflow_ngraph.console import DETAIL
 from mlflow_ngraph.devices import DeviceProfile
 from mlflow_ngraph.plan.cells import Cell
 from mlflow_ngraph.plan.config import RunPolicy, Spec
 from mlflow_ngraph.run.combine import SittingsCombiner
 from mlflow_ngraph.run.live import PlainView, notify
-from mlflow_ngraph.run.worker import CellTask, measure_cell
+from mlflow_ngraph.run.worker import CellTask, measure_cell, relog
 from mlflow_ngraph.tracking.session import StoreSession
 from mlflow_ngraph.tracking.sink import ResultSink
 
@@ -105,7 +106,7 @@ class CellWork:
 
         def on_event(kind: str, payload: Any) -> None:
             if kind == "log":
-                log.log(*payload)
+                relog(payload)
             elif kind == "phase":
                 notify(self.view, "phase", *payload)
             elif kind == "model":
@@ -121,7 +122,7 @@ class CellWork:
                     record = self.combiner.combine(cell, b, [*earlier.get(b, []), record], family)
                 self.sink.measured(cell, b, record)
             elif kind == "failed" and not last:
-                log.info("%s bs%d: failed in a sitting: %s", cell.title, *payload)
+                log.log(DETAIL, "%s bs%d: failed in a sitting: %s", cell.title, *payload)
             elif kind == "failed":
                 b, reason = payload
                 outcome.seen.add(b)

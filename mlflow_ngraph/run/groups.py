@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph.compilers.registry import get_compiler
-from mlflow_ngraph.plan.cells import Cell
+from mlflow_ngraph.console import DETAIL
+from mlflow_ngraph.plan.cells import Cell, cell_run_name
 from mlflow_ngraph.plan.config import RunPolicy, Spec
 from mlflow_ngraph.run.cellwork import CellWork, Outcome
 from mlflow_ngraph.run.resume import Resume
-from mlflow_ngraph.run.worker import CellTask
+from mlflow_ngraph.run.worker import CellTask, relog
 from mlflow_ngraph.tracking.sink import ResultSink
 
 log = logging.getLogger("mlflow_ngraph.run.runner")  # the runner's lines
@@ -67,6 +68,7 @@ class GroupDispatch:
         models = self.spec.models
         index = next(i for i, m in enumerate(models) if m is cells[0].model)
         following = self.resume.model_cells(models[index + 1]) if index + 1 < len(models) else []
+        _say_group(jobs)
         members = self._sitting(jobs, {}, True, _ahead(following))
         self._end_group(jobs, members)
 
@@ -91,7 +93,7 @@ class GroupDispatch:
         }
         for i, (sitting, jobs) in enumerate(order):
             after = [cell for cell, *_ in order[i + 1][1]] if i + 1 < len(order) else []
-            log.info("%s: sitting %d of %d", jobs[0][0].model.label, sitting, sittings)
+            _say_group(jobs, f", sitting {sitting} of {sittings}")
             members = self._sitting(jobs, earlier, sitting == sittings, _ahead(after))
             if sitting == sittings:
                 self._end_group(jobs, members)
@@ -110,7 +112,8 @@ class GroupDispatch:
                 continue
             jobs.append((cell, pending, Outcome(), self.work.worker_task(cell, pending)))
         if len(jobs) == 1:
-            log.info("%s: one engine to measure: its windows run back to back", jobs[0][0].name)
+            name = jobs[0][0].name
+            log.log(DETAIL, "%s: one engine to measure: its windows run back to back", name)
         return jobs
 
     def _end_group(self, jobs, members) -> None:
@@ -160,7 +163,7 @@ class GroupDispatch:
 
         def on_event(kind: str, payload: Any) -> None:
             if kind == "log":
-                log.log(*payload)
+                relog(payload)
             elif kind == "record":
                 self.references[payload[0]] = payload[1]
             elif kind == "failed":
@@ -168,6 +171,17 @@ class GroupDispatch:
                 self.references[payload[0]] = None
 
         return GroupCell(REFERENCE_KEY, task, on_event)
+
+
+def _say_group(jobs, sitting: str = "") -> None:
+    """One line as a model's group starts, so the terminal is not silent while its engines
+    are built: the lines of each engine's compile or load are the log file's (and ``-v``'s)."""
+    model = cell_run_name(jobs[0][0].model.label, "", {}, ())
+    sizes = ",".join(str(b) for b in sorted({b for _, pending, *_ in jobs for b in pending}))
+    log.info(
+        "%s%s: building or loading %d engine(s), then measuring batch size(s) %s",
+        model.strip(), sitting, len(jobs), sizes,
+    )  # fmt: skip
 
 
 def _ahead(cells: list[Cell]):

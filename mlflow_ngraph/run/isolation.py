@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlflow_ngraph.console import DETAIL
 from mlflow_ngraph.measure.memory import keep_freed_memory
 from mlflow_ngraph.run import template
 from mlflow_ngraph.run.template import PRELOAD
@@ -162,12 +163,16 @@ def _kill_tree(pid: int) -> None:
 
 # --- in the worker ------------------------------------------------------------------------
 class _Forward(logging.Handler):
+    """The worker's records to the runner, the machinery's (:data:`DETAIL`) included: the
+    runner logs each under its own logger (:func:`~mlflow_ngraph.run.worker.relog`), to the
+    run's log file and, as its level says, the terminal."""
+
     def __init__(self, send: Callable[[str, Any], None]) -> None:
-        super().__init__(logging.INFO)
+        super().__init__(DETAIL)
         self.send = send
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.send("log", (record.levelno, record.getMessage()))
+        self.send("log", (record.levelno, record.getMessage(), record.name))
 
 
 def _spare_main(
@@ -228,7 +233,7 @@ def _worker_main(task: CellTask, conn, counted: list[int] | None = None) -> None
 
     root = logging.getLogger("mlflow_ngraph")
     root.handlers[:] = [_Forward(send)]
-    root.setLevel(logging.INFO)
+    root.setLevel(DETAIL)
     root.propagate = False
     for noisy in ("mlflow", "alembic", "torch", "onnxscript", "onnx_ir", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
@@ -520,7 +525,7 @@ class _Group:
             _kill_tree(proc.pid)
             proc.join()
         cell.state, cell.death = "dead", reason
-        log.warning("%s: %s", cell.title, reason)
+        log.log(DETAIL, "%s: %s", cell.title, reason)  # the cell's line says it: FAILED
 
     def settle(self, cells: list[GroupCell], states: tuple[str, ...]) -> None:
         """Handle messages until every cell of ``cells`` is in one of ``states``, done or
@@ -672,7 +677,8 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
         ready, unstable = _judge(group, names, figures, base)
         if not any(retry for _, _, retry in unstable) or attempt > retries:
             break
-        log.info(
+        log.log(
+            DETAIL,
             "%s bs%d: %s UNSTABLE (%s): measuring the group again, attempt %d of %d",
             unstable[0][0].task.model_name,
             b,

@@ -1,9 +1,13 @@
 """What a benchmark shows while it runs.
 
-:class:`PlainView` prints one line per finished cell (``[k/N] ...``) and suits logs, CI and
-``mlflow run``; :class:`LiveView` (a terminal) keeps one ``rich`` display up to date: cell
-k of N, the current model, compiler, batch size and phase, the last results, the elapsed
-time and an estimate of what is left. Both write to stderr; the summary table is stdout's.
+The terminal shows results, not machinery: :class:`PlainView` prints one line per finished
+cell (``[k/N] ...``: each batch size's figures, its stability folded in, a failure with its
+reason), while the compiling, loading and re-measuring lines go to the run's log file in the
+home (and to the terminal with ``-v``: :func:`mlflow_ngraph.console.open_log_file`). It
+suits logs, CI and ``mlflow run``; :class:`LiveView` (a terminal) keeps one ``rich``
+display up to date: cell k of N, the current model, compiler, batch size and phase, the
+last results, the elapsed time and an estimate of what is left. Both write to stderr (and
+the log file); the summary table is stdout's.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ import sys
 import time
 from typing import Any
 
+from mlflow_ngraph.console import to_log_file
+from mlflow_ngraph.measure.stability import short_reason
+
 
 def duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
@@ -19,18 +26,55 @@ def duration(seconds: float) -> str:
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
+#: the longest failure reason a cell's line carries (the log file has it whole)
+REASON_CHARS = 160
+
+
+def _clip(text: str, limit: int = REASON_CHARS) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _result(row) -> str:
-    if row.throughput is None:
-        return f"bs{row.batch_size} {row.status}"
+    """One batch size of a cell: its throughput and interval, its speedup, and its
+    stability folded in (``UNSTABLE (interval +-12.0%, host contended)``)."""
     text = f"bs{row.batch_size} {row.throughput:.1f}/s"
     low, high = getattr(row, "ci_low", None), getattr(row, "ci_high", None)
     if low is not None and high is not None:
         text += f" [{low:.1f}-{high:.1f}]"
+    speedup = getattr(row, "speedup", None)
+    if speedup is not None and row.compiler != "identity":
+        text += f" {speedup:.2f}x"
     if row.status != "OK":
-        text += f" {row.status}"
+        text += f" {row.status}" + (f" ({_clip(row.note, 80)})" if row.note else "")
+    note = short_reason(getattr(row, "stability_note", "") or "")
     if row.stable is False:
-        text += " UNSTABLE"
+        text += f" UNSTABLE ({note})" if note else " UNSTABLE"
+    elif note:
+        text += f" ({note})"
     return text
+
+
+def cell_results(rows) -> str:
+    """A cell's batch sizes on one line: each measured one as :func:`_result` gives it, the
+    ones that failed for one reason together (``bs1,2 FAILED: the reason``)."""
+    parts: list[str] = []
+    failed: dict[tuple[str, str], list[int]] = {}
+    for row in rows:
+        if row.throughput is not None:
+            parts.append(_result(row))
+            continue
+        key = (row.status, row.note or "")
+        if key not in failed:
+            parts.append(key)  # its place: filled once every batch size of it is known
+        failed.setdefault(key, []).append(row.batch_size)
+    out = []
+    for part in parts:
+        if isinstance(part, tuple):
+            sizes = ",".join(str(b) for b in failed[part])
+            part = f"bs{sizes} {part[0]}" + (f": {_clip(part[1])}" if part[1] else "")
+        out.append(part)
+    return ", ".join(out) or "nothing to measure"
 
 
 def _opening(cells: int, estimate) -> str:
@@ -54,6 +98,7 @@ class PlainView:
 
     def _write(self, text: str) -> None:
         print(text, file=self.stream or sys.stderr, flush=True)
+        to_log_file(text, name=__name__)
 
     def start(self, estimate) -> None:
         """The run starts; ``estimate`` (:class:`~mlflow_ngraph.plan.estimate.Estimate`) says
@@ -82,8 +127,7 @@ class PlainView:
         """``rows``: the cell's own results (cells measured together share the view)."""
         self.done += 1
         left = self.left_s()
-        results = ", ".join(_result(r) for r in (self.rows if rows is None else rows))
-        results = results or "nothing to measure"
+        results = cell_results(self.rows if rows is None else rows)
         tail = f"; about {duration(left)} left" if left is not None and left > 0 else ""
         self._write(
             f"[{self.done}/{self.total}] {name}: {results} "
@@ -108,6 +152,7 @@ class LiveView(PlainView):
 
     def _render(self):
         from rich.table import Table
+        from rich.text import Text
 
         table = Table.grid(padding=(0, 2))
         left = self.left_s()
@@ -123,13 +168,14 @@ class LiveView(PlainView):
             "left",
             "-" if left is None else f"~{duration(left)}",
         )
-        for line in self.last[-4:]:
-            table.add_row("done", line, "", "")
+        for line in self.last[-4:]:  # a name or reason in brackets is no markup
+            table.add_row("done", Text(line), "", "")
         return table
 
     def start(self, estimate) -> None:
         self.estimate = estimate
-        self.console.print(_opening(self.total, estimate))
+        self.console.print(_opening(self.total, estimate), markup=False)
+        to_log_file(_opening(self.total, estimate), name=__name__)
         self.live.start()
 
     def _refresh(self) -> None:
@@ -145,10 +191,11 @@ class LiveView(PlainView):
 
     def cell_done(self, name: str, rows=None) -> None:
         self.done += 1
-        results = ", ".join(_result(r) for r in (self.rows if rows is None else rows))
-        results = results or "nothing to measure"
+        results = cell_results(self.rows if rows is None else rows)
         self.last.append(f"{name}: {results}")
-        self.console.print(f"[{self.done}/{self.total}] {name}: {results}")
+        line = f"[{self.done}/{self.total}] {name}: {results}"
+        self.console.print(line, markup=False)
+        to_log_file(line, name=__name__)
         self._refresh()
 
     def stop(self) -> None:

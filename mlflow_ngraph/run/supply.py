@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph.compilers.base import CompileContext, Compiler, Engine
+from mlflow_ngraph.console import DETAIL
 from mlflow_ngraph.env import host_fingerprint
 from mlflow_ngraph.models.base import LoadedModel
 from mlflow_ngraph.redaction import first_line
@@ -75,10 +76,10 @@ class EngineSupply:
         if cached is not None:
             engine = self._load(compiler, flags, model, ctx, cached, name, b)
             if engine is not None:
-                log.info("%s bs%d: engine cache hit (%s), compilation skipped", name, b, key)
+                log.log(DETAIL, "%s bs%d: engine cache hit (%s), compilation skipped", name, b, key)
                 return Supplied(engine, time.perf_counter() - t0, True, cached)
             t0 = time.perf_counter()  # the failed load is not the compile's time
-        log.info("%s bs%d: compiling", name, b)
+        log.log(DETAIL, "%s bs%d: compiling", name, b)
         with self._build_lock():
             engine = compiler.compile(model, flags, ctx)
         compile_s = time.perf_counter() - t0
@@ -115,7 +116,7 @@ class EngineSupply:
             fcntl.flock(handle, fcntl.LOCK_EX)
             waited = time.perf_counter() - t0
             if waited > 1.0:
-                log.info("waited %.0f s for another engine build on this GPU", waited)
+                log.log(DETAIL, "waited %.0f s for another engine build on this GPU", waited)
             try:
                 yield
             finally:

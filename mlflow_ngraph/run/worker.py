@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from mlflow_ngraph.console import DETAIL
 from mlflow_ngraph.errors import CompileFailed
 from mlflow_ngraph.measure.rounds import WINDOW_S
 from mlflow_ngraph.measure.settings import MeasureSettings
@@ -144,7 +145,7 @@ def _failed(task: CellTask, b: int, exc: Exception, engine, emit: Emit) -> None:
     """Batch size ``b`` failed with ``exc``: said, its engine (if any) closed, and a
     ``failed`` event sent."""
     reason = one_line(exc)
-    log.warning("%s bs%d FAILED: %s", task.name, b, reason)
+    log.log(DETAIL, "%s bs%d FAILED: %s", task.name, b, reason)  # the cell's line says it
     if engine is not None:
         engine.close()
     emit("failed", (b, reason))
@@ -403,7 +404,8 @@ def measure_alone(task: CellTask, engine, b: int):
     result = measure(engine, b, task.measure, gpu=gpu, policy=task.policy())
     stability = judge(task, result, False)
     while not stability.stable and stability.retry and attempts <= task.run.stable_retries:
-        log.info(
+        log.log(
+            DETAIL,
             "%s bs%d UNSTABLE (%s): measuring again, attempt %d of %d",
             task.name,
             b,
@@ -521,7 +523,7 @@ def _read_reference(path, x: np.ndarray):
     try:
         with np.load(path, allow_pickle=False) as data:
             if str(data["input_sha256"]) != _digest(x):
-                log.info("reference outputs %s were stored for another input: ignored", path.name)
+                log.log(DETAIL, "reference outputs %s stored for another input: ignored", path.name)
                 return None
             outputs = [data[f"output_{i}"] for i in range(int(data["count"]))]
             is_list = bool(data["is_list"])
@@ -530,7 +532,8 @@ def _read_reference(path, x: np.ndarray):
         touch(path)  # its last use: a prune beside this run keeps it
         return tuple(outputs) if is_list else outputs[0]
     except Exception as exc:  # a torn or foreign file: computed again and rewritten
-        log.info("reference outputs %s unreadable (%s): computed again", path.name, one_line(exc))
+        why = one_line(exc)
+        log.log(DETAIL, "reference outputs %s unreadable (%s): computed again", path.name, why)
         return None
 
 
@@ -680,3 +683,11 @@ def one_line(exc: BaseException) -> str:
     text = redact_text(exc).strip()
     first = text.splitlines()[0] if text else ""
     return f"{type(exc).__name__}: {first}"[:1000] if not isinstance(exc, CompileFailed) else first
+
+
+def relog(payload: tuple) -> None:
+    """A record a worker process forwarded (``("log", (level, message, logger))``), logged
+    here under the worker's own logger: the run's log file holds it, and the terminal as its
+    level says (the machinery's lines only with ``-v``)."""
+    level, message, *name = payload
+    logging.getLogger(name[0] if name else __name__).log(level, "%s", message)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph import faultpoint
+from mlflow_ngraph.console import DETAIL
 from mlflow_ngraph.errors import VANISHED, host_errno, vanished
 from mlflow_ngraph.measure import metrics as M
 from mlflow_ngraph.plan.cells import Cell
@@ -61,6 +62,9 @@ class Row:
     #: where the two part by more than their intervals)
     speedup_ratio: float | None = None
     paired: bool = False
+    #: why it is UNSTABLE, or how a STABLE figure moved against this engine's history (the
+    #: full text; the cell's line on the terminal shortens it)
+    stability_note: str = ""
 
 
 class ResultSink:
@@ -114,17 +118,19 @@ class ResultSink:
         self.emit(row(cell, b, record))
 
     def _say(self, cell: Cell, b: int, record: dict) -> None:
+        """The full word on a result's stability to the run's log file (and ``-v``): the
+        cell's line on the terminal carries it short (:attr:`Row.stability_note`)."""
         stability = record.get("stability") or {}
         if stability.get("stable") is False:
-            log.warning("%s bs%d UNSTABLE: %s", cell.title, b, stability.get("reason", ""))
+            log.log(DETAIL, "%s bs%d UNSTABLE: %s", cell.title, b, stability.get("reason", ""))
         elif record.get("moved"):  # an UNSTABLE one names it in its reason
-            log.warning("%s bs%d: %s", cell.title, b, record["moved"])
+            log.log(DETAIL, "%s bs%d: %s", cell.title, b, record["moved"])
         rerun, said = record.get("rerun"), self._rerun_said
         # once, and again only where the host gets (or loses) a spread: the degrees of
         # freedom grow with every cell, and a line each time was 35 lines of one run
         if rerun and (said is None or rerun.startswith("none") != said.startswith("none")):
             self._rerun_said = rerun
-            log.info("re-run intervals: %s", rerun)
+            log.log(DETAIL, "re-run intervals: %s", rerun)  # the summary's legend says it
 
     def failed(self, cell: Cell, b: int, reason: str) -> None:
         """A batch size failed: for good when the model or compiler failed; when the host
@@ -246,6 +252,7 @@ def row(cell: Cell, b: int, record: dict) -> Row:
         note=record.get("note") or ("untuned" if m.get("tuned") == 0.0 else ""),
         flags=dict(cell.flags),
         stable=(record.get("stability") or {}).get("stable"),
+        stability_note=_stability_note(record),
         speedup_ci_low=m.get(S.M_SPEEDUP_CI_LOW),
         speedup_ci_high=m.get(S.M_SPEEDUP_CI_HIGH),
         drift=m.get(S.M_HOST_DRIFT),
@@ -255,3 +262,10 @@ def row(cell: Cell, b: int, record: dict) -> Row:
         rerun_low=m.get(S.M_THROUGHPUT_RERUN_LOW),
         rerun_high=m.get(S.M_THROUGHPUT_RERUN_HIGH),
     )
+
+
+def _stability_note(record: dict) -> str:
+    stability = record.get("stability") or {}
+    if stability.get("stable") is False:
+        return str(stability.get("reason") or "")
+    return str(record.get("moved") or "")

@@ -75,6 +75,8 @@ def test_without_a_terminal_each_finished_cell_is_one_line(run_cli, tracking_uri
     )  # fmt: skip
     assert code == 0, err
     assert "2 cells to run; estimated time" in err and "an estimate" in err
+    # -q: the cells' lines and the opening, no log line and no machinery (the file has both)
+    assert "log: " not in err and "compiling" not in err and "building or loading" not in err
     lines = [line for line in err.splitlines() if re.match(r"\[\d+/\d+\] ", line)]
     assert lines[0].startswith("[1/2] conv_block") and "identity" in lines[0]
     assert lines[1].startswith("[2/2] ") and "torchscript" in lines[1] and "bs2 " in lines[1]
