@@ -336,6 +336,10 @@ class Estimate:
     def known(self) -> int:
         return sum(1 for i in self.items if self.timings.get(i.key))
 
+    def said(self) -> str:
+        """The estimate in words, as the run opens (:func:`describe`)."""
+        return describe(self.total_s, self.known, len(self.items), self.host)
+
     def left_s(self, now: float | None = None) -> float:
         """Seconds left: the remaining items' predictions (re-made with what this run
         learned) scaled by the factor, less the time the item in progress has run, but

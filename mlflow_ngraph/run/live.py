@@ -78,10 +78,10 @@ def cell_results(rows) -> str:
 
 
 def _opening(cells: int, estimate) -> str:
-    return (
-        f"{cells} cells to run; estimated time {duration(estimate.total_s)} "
-        "(an estimate, learned from earlier runs on this host where it can)"
-    )
+    """The run's one opening line: its cells and the estimate, with what it rests on."""
+    if not estimate.items:
+        return f"{cells} cells, every one measured before"
+    return f"{cells} cells to run; {estimate.said()}"
 
 
 class PlainView:

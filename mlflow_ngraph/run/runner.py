@@ -22,6 +22,7 @@ from pathlib import Path
 
 from mlflow_ngraph.compilers.base import Compiler
 from mlflow_ngraph.compilers.registry import get_compiler, require_available
+from mlflow_ngraph.console import DETAIL
 from mlflow_ngraph.devices import DeviceProfile, check_profile_runs_here, get_profile
 from mlflow_ngraph.env import host_fingerprint
 from mlflow_ngraph.errors import NgraphError, host_fault
@@ -29,7 +30,7 @@ from mlflow_ngraph.measure.quiet import HostCheck
 from mlflow_ngraph.models.registry import validate_model_spec
 from mlflow_ngraph.plan.cells import Cell, cell_run_name, differing_flags
 from mlflow_ngraph.plan.config import CompilerSpec, ModelSpec, RunPolicy, Spec
-from mlflow_ngraph.plan.estimate import Estimate, Host, Item, Timings, describe
+from mlflow_ngraph.plan.estimate import Estimate, Host, Item, Timings
 from mlflow_ngraph.run.cellwork import CellWork, Outcome
 from mlflow_ngraph.run.combine import SittingsCombiner
 from mlflow_ngraph.run.groups import GroupDispatch
@@ -352,10 +353,11 @@ class Runner:
             todo, self.spec.measure, Timings(self.home), self.policy.stable_retries,
             grouped=self.isolation == "process", sittings=self.policy.sittings, host=host,
         )  # fmt: skip
-        if todo:
-            log.info(describe(self.estimate.total_s, self.estimate.known, len(todo), host))
-        if self.view:
+        if self.view:  # its opening line says the estimate; the log file has it too
+            log.log(DETAIL, self.estimate.said())
             self.view.start(self.estimate)
+        elif todo:
+            log.info(self.estimate.said())
 
     def _measure(self) -> None:
         """Every model's groups (each sitting of them), the workers stopped however it ends;

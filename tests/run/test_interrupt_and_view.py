@@ -74,7 +74,8 @@ def test_without_a_terminal_each_finished_cell_is_one_line(run_cli, tracking_uri
         "--tracking-uri", tracking_uri, "-q",
     )  # fmt: skip
     assert code == 0, err
-    assert "2 cells to run; estimated time" in err and "an estimate" in err
+    assert "2 cells to run; estimated time: about" in err and "batch size(s) to measure" in err
+    assert err.count("estimated time") == 1  # one line says it
     # -q: the cells' lines and the opening, no log line and no machinery (the file has both)
     assert "log: " not in err and "compiling" not in err and "building or loading" not in err
     lines = [line for line in err.splitlines() if re.match(r"\[\d+/\d+\] ", line)]
