@@ -47,8 +47,7 @@ COLUMNS = {
     "status": "OK, INVALID (the outputs differ from eager's beyond the tolerance) or FAILED",
     "stable": "UNSTABLE: this batch size's figure is noise on this host (interval wider "
     "than --max-interval, other processes took the CPU, or the host drifted); yes: judged "
-    "stable; -: not judged; (own, next, baseline), where shown: which figures behind a "
-    "winner's verdict are UNSTABLE",
+    "stable; -: not judged",
     "stability": "UNSTABLE: this batch size's figure is noise on this host (interval wider "
     "than --max-interval, other processes took the CPU, or the host drifted); STABLE; empty: "
     "not judged",
