@@ -105,7 +105,7 @@ def open_log_file(home: Path, command: str, say: bool = True) -> Path | None:
             if not path.exists():
                 break
             path = folder / f"{stamp}-{command}-{n}.log"
-        handler = logging.FileHandler(path, encoding="utf-8")
+        handler = _LogFile(path, encoding="utf-8")
     except OSError:
         return None
     handler.setLevel(logging.DEBUG)
@@ -114,11 +114,33 @@ def open_log_file(home: Path, command: str, say: bool = True) -> Path | None:
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
     _prune_logs(folder, path)
-    line = f"log: {visible_lines(str(path))} (every step; -v shows them here too)"
-    to_log_file(line, name=__name__)
+    to_log_file(log_file_line(path), name=__name__)
     if say:
-        print(line, file=sys.stderr, flush=True)
+        say_log_file(path)
     return path
+
+
+def log_file_line(path: Path) -> str:
+    return f"log: {visible_lines(str(path))} (every step; -v shows them here too)"
+
+
+def say_log_file(path: Path | None) -> None:
+    """The log file's path on stderr, once the command's settings were found good (a bad
+    option stays one line)."""
+    if path is not None:
+        print(log_file_line(path), file=sys.stderr, flush=True)
+
+
+class _LogFile(logging.FileHandler):
+    """The invocation's log file. A write that fails (the disk filled up, the home went
+    away) drops the file for the rest of the run instead of printing logging's traceback:
+    the terminal and the journal still carry what matters, and the failure that filled the
+    disk is said by the command as one line."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        logging.getLogger("mlflow_ngraph").removeHandler(self)
+        with contextlib.suppress(OSError, ValueError):
+            self.close()
 
 
 def to_log_file(text: str, level: int = logging.INFO, name: str = "mlflow_ngraph") -> None:

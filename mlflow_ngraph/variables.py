@@ -20,6 +20,9 @@ ENV_PARENT_RUN = "MLFLOW_NGRAPH_PARENT_RUN_ID"
 #: the run of the ``mlflow-ngraph tune`` whose trials a benchmark measures (tagged on every
 #: cell it logs: ``ngraph.tune``)
 ENV_TUNE_RUN = "MLFLOW_NGRAPH_TUNE_RUN_ID"
+#: seconds of the look at the host before a run measures (default 3; the test suite, whose
+#: runs go on whatever the host does, looks briefly)
+ENV_HOST_SAMPLE_S = "MLFLOW_NGRAPH_HOST_SAMPLE_S"
 
 
 @contextlib.contextmanager

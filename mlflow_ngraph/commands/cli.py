@@ -24,6 +24,7 @@ from mlflow_ngraph.console import (
     merge_options,
     open_log_file,
     resolve_spec_path,
+    say_log_file,
     setup_logging,
     split_multi,
     to_log_file,
@@ -399,8 +400,7 @@ def _run(
     policy.validate()
     check_sittings(policy.sittings, isolation, str(data.get("protocol") or "rounds"))
     home = home or default_home()
-    open_log_file(home, command, say=not quiet)
-    work, uri = _plan(data, home)
+    work, uri = _planned(data, home, command, quiet)
     spec = work.spec
     runner = Runner(
         work, uri, home, retry_failed=retry_failed, isolation=isolation,
@@ -512,6 +512,16 @@ def _say_report(runner, uri: str) -> None:
         log.warning("the HTML report was not written (%s); the results stand", reason)
         return
     click.echo(f"report: {visible(str(path))}")
+
+
+def _planned(data: dict[str, Any], home: Path, command: str, quiet: bool):
+    """:func:`_plan`, every line of it in the ``command``'s log file, whose path is said
+    once the settings were found good (a bad one stays one line)."""
+    log_path = open_log_file(home, command, say=False)
+    planned = _plan(data, home)
+    if not quiet:
+        say_log_file(log_path)
+    return planned
 
 
 def _plan(data: dict[str, Any], home: Path):

@@ -23,6 +23,7 @@ import psutil
 
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.text import visible
+from mlflow_ngraph.variables import ENV_HOST_SAMPLE_S
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,18 @@ SAMPLE_S = 3.0
 #: default of ``--wait-quiet``: a build or a browser tab calms down within minutes; a job
 #: that does not is worth knowing about before a run of many minutes
 WAIT_QUIET_S = 300.0
+
+
+def sample_seconds() -> float:
+    """Seconds of one sample: ``MLFLOW_NGRAPH_HOST_SAMPLE_S`` where set to a positive
+    number, else :data:`SAMPLE_S`."""
+    try:
+        seconds = float(os.environ.get(ENV_HOST_SAMPLE_S, ""))
+    except ValueError:
+        return SAMPLE_S
+    return seconds if seconds > 0 else SAMPLE_S
+
+
 #: the consumers named in the busy line
 TOP = 3
 
@@ -127,7 +140,7 @@ class HostCheck:
             not wait).
         busy_ok: go on at once on a busy host (``--busy-ok``); its figures are marked
             UNSTABLE as the stability rule finds them.
-        sample_s: seconds of each sample (None: :data:`SAMPLE_S`).
+        sample_s: seconds of each sample (None: :func:`sample_seconds`).
     """
 
     max_other_cpu: float
@@ -148,7 +161,7 @@ class HostCheck:
 
         Raises:
             NgraphError: the host stayed busy for ``wait_s`` seconds (exit status 2)."""
-        load = self.sampler(self.sample_s or SAMPLE_S)
+        load = self.sampler(self.sample_s or sample_seconds())
         if not self.busy(load):
             return load
         limit = f"> {self.max_other_cpu:g}% allowed"
@@ -169,7 +182,7 @@ class HostCheck:
         deadline = time.monotonic() + self.wait_s
         while time.monotonic() < deadline:
             left = max(deadline - time.monotonic(), 0.1)
-            load = self.sampler(min(self.sample_s or SAMPLE_S, left))
+            load = self.sampler(min(self.sample_s or sample_seconds(), left))
             if not self.busy(load):
                 log.warning("the host is quiet now (%s): measuring", load.said())
                 return load

@@ -43,15 +43,16 @@ def test_a_run_prints_one_line_per_cell_and_its_machinery_only_to_the_log(run_cl
     for line in failed:  # both batch sizes failed for one reason: said once, in the line
         assert "bs1,2 FAILED: " in line and "cannot build" in line, line
     header = [line for line in lines if not CELL_LINE.match(line)]
-    # the log file, who runs, the signing key made for this home (2), the estimate (2),
-    # a line as each model's group starts (2)
-    assert len(header) <= 9, header
-    assert header[0].startswith("log: ") and "-benchmark.log" in header[0]
+    # what runs (its settings found good), the log file, the signing key made for this home
+    # (2), the cells and the estimate (1), a line as each model's group starts (2)
+    assert len(header) <= 7, header
+    assert " benchmarking 2 model(s)" in header[0], header
+    assert header[1].startswith("log: ") and "-benchmark.log" in header[1], header
     assert not [line for line in lines if any(word in line for word in MACHINERY)], lines
     assert "UNSTABLE:" not in err and "building or loading 2 engine(s)" in err
     assert "device cpu" in out and "fastest valid compiler" in out  # the summary: stdout's
 
-    path = Path(header[0].split()[1])
+    path = Path(header[1].split()[1])
     assert path.parent == home / "logs" and path.read_text() == last_log(home)
     log = path.read_text()
     assert "bs1: compiling" in log and "measuring the group again" in log
