@@ -138,6 +138,17 @@ def cli() -> None:
     """Benchmark graph compilers on this device; every result goes to MLflow."""
 
 
+#: ``--remeasure``, the same on ``benchmark`` and ``blocks``
+remeasure_option = click.option(
+    "--remeasure",
+    metavar="unstable|all",
+    help="Measure again, into their own cell runs, the measurements the store holds that "
+    "are UNSTABLE (unstable) or every one (all): a model's whole group at each such batch "
+    "size, its identity baseline included (speedups stay paired); figures, intervals, marks "
+    "and signed records are replaced, MLflow keeps the metric history.",
+)
+
+
 def host_options(command):
     """``--busy-ok`` and ``--wait-quiet``: what a run does when the host is busy before it
     measures (:mod:`mlflow_ngraph.measure.quiet`)."""
@@ -228,14 +239,7 @@ VERBOSE_HELP = (
     help="Cache and journal directory (default: MLFLOW_NGRAPH_HOME or ~/.cache/mlflow-ngraph).",
 )
 @click.option("--retry-failed", is_flag=True, help="Measure cells that failed before again.")
-@click.option(
-    "--remeasure",
-    metavar="unstable|all",
-    help="Measure again, into their own cell runs, the measurements the store holds that "
-    "are UNSTABLE (unstable) or every one (all): a model's whole group at each such batch "
-    "size, its identity baseline included (speedups stay paired); figures, intervals, marks "
-    "and signed records are replaced, MLflow keeps the metric history.",
-)
+@remeasure_option
 @click.option("--no-engine-artifacts", is_flag=True, help="Do not log engines as artifacts.")
 @click.option(
     "--log-models",
@@ -619,14 +623,7 @@ def block_models(kinds: list[str], widths: list[int] | None, depths: list[int]) 
 @click.option("--tracking-uri")
 @click.option("--home", type=click.Path(path_type=Path))
 @click.option("--retry-failed", is_flag=True)
-@click.option(
-    "--remeasure",
-    metavar="unstable|all",
-    help="Measure again, into their own cell runs, the measurements the store holds that "
-    "are UNSTABLE (unstable) or every one (all): a model's whole group at each such batch "
-    "size, its identity baseline included (speedups stay paired); figures, intervals, marks "
-    "and signed records are replaced, MLflow keeps the metric history.",
-)
+@remeasure_option
 @host_options
 @click.option("-v", "--verbose", count=True, help=VERBOSE_HELP)
 def blocks(**o: Any) -> None:
