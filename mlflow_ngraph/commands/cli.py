@@ -121,6 +121,10 @@ LAZY_COMMANDS = {
         "mlflow_ngraph.commands.tune:tune",
         "Find the fastest verified configuration of a model across compilers and knobs.",
     ),
+    "loadgen": (
+        "mlflow_ngraph.commands.loadgen:loadgen",
+        "Run MLPerf LoadGen's scenarios on each compiled engine or a served model.",
+    ),
     "sweep": (
         "mlflow_ngraph.commands.cluster:sweep_command",
         "Benchmark every device of a sweep spec on a Ray cluster; compare them at the end.",

@@ -1,0 +1,76 @@
+"""The Server scenario's search: the highest Poisson arrival rate (``server_target_qps``)
+whose LoadGen run is VALID (its p99 under the bound, its duration, query count and early
+stopping met). Each step is one whole LoadGen run; the search grows the rate from its start
+until a run fails, shrinks it until one holds, then bisects between the highest rate that
+held and the lowest that failed. Pure logic: the caller runs LoadGen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: growth and shrink factors before the bracket is found: a start from the engine's
+#: measured capacity is within 2x of the answer, so 1.5 finds it in one or two steps
+GROW = 1.5
+SHRINK = 0.5
+#: the bracket is narrow enough once its ends are within this ratio (3%: below the
+#: run-to-run spread of a 60 s Server run on a shared host)
+PRECISION = 0.03
+
+
+@dataclass
+class Step:
+    qps: float
+    valid: bool
+    #: the failure was not the latency (too few queries for early stopping): a lower rate
+    #: fails the same way
+    too_short: bool = False
+
+
+@dataclass
+class ServerSearch:
+    """Where the search stands; :meth:`next_qps` is the next rate to run, None when done."""
+
+    start_qps: float
+    steps: int
+    precision: float = PRECISION
+    done: list[Step] = field(default_factory=list)
+    stop_reason: str = ""
+
+    @property
+    def held(self) -> float | None:
+        """The highest rate that held."""
+        rates = [s.qps for s in self.done if s.valid]
+        return max(rates) if rates else None
+
+    @property
+    def failed(self) -> float | None:
+        """The lowest rate above every rate that held that failed (the bracket's top)."""
+        held = self.held or 0.0
+        rates = [s.qps for s in self.done if not s.valid and s.qps > held]
+        return min(rates) if rates else None
+
+    def report(self, qps: float, valid: bool, too_short: bool = False) -> None:
+        self.done.append(Step(qps, valid, too_short))
+
+    def next_qps(self) -> float | None:
+        if len(self.done) >= self.steps:
+            self.stop_reason = self.stop_reason or f"the {self.steps} steps were used"
+            return None
+        if not self.done:
+            return self.start_qps
+        last = self.done[-1]
+        if last.too_short:
+            self.stop_reason = (
+                "a run had too few queries for LoadGen's early stopping: a lower rate has "
+                "fewer (raise --min-duration)"
+            )
+            return None
+        held, failed = self.held, self.failed
+        if held is None:
+            return last.qps * SHRINK
+        if failed is None:
+            return held * GROW
+        if failed / held - 1 <= self.precision:
+            self.stop_reason = f"bracketed within {100 * self.precision:g}%"
+            return None
+        return (held * failed) ** 0.5  # geometric: the bracket's ratio halves in log
