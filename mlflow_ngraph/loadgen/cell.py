@@ -90,7 +90,9 @@ def _runner(task: LoadgenTask, model, profile: str, batch: int, emit: Emit):
         runner.check()
         emit("engine", {"batch": batch, "profile": "served", "metrics": {}, "runtime": {}})
     else:
-        runner = EngineRunner(_engine(task, model, profile, batch, emit), model.random_input(batch), batch)
+        runner = EngineRunner(
+            _engine(task, model, profile, batch, emit), model.random_input(batch), batch
+        )
     pace = calibrate(runner)
     log.info("%s %s bs%d: %.2f ms a batch alone, %.1f samples/s with %d slot(s)",
              task.name, profile, batch, 1000 * pace[0], pace[1], runner.slots)  # fmt: skip
@@ -145,8 +147,9 @@ def server_search(task: LoadgenTask, runner, pace, outdir: Path) -> ScenarioResu
         too_short = (not result.valid and d.get("result_overlatency_query_count") == 0
                      and d.get("result_perf_constraints_met") is not False)  # fmt: skip
         search.report(qps, result.valid, too_short)
-        steps.append({"qps": round(qps, 3), "valid": result.valid,
-                      "p99_ms": result.figures.get("server.p99_ms"), "reason": result.reason})  # fmt: skip
+        p99 = result.figures.get("server.p99_ms")
+        steps.append({"qps": round(qps, 3), "valid": result.valid, "p99_ms": p99,
+                      "reason": result.reason})  # fmt: skip
         log.info("%s server at %.1f QPS: %s, p99 %.2f ms", task.name, qps, result.validity,
                  result.figures.get("server.p99_ms", float("nan")))  # fmt: skip
         last = result

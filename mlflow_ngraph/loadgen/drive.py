@@ -183,7 +183,8 @@ def line(cell: LoadgenCell, scenario: str, result: ScenarioResult) -> str:
         "singlestream": lambda: f"p90 {f['singlestream.p90_ms']:.3f} ms (early-stopping estimate)",
         "multistream": lambda: f"p99 {f['multistream.p99_ms']:.3f} ms of 8-sample queries",
         "offline": lambda: f"{f['offline.samples_per_s']:.1f} samples/s",
-        "server": lambda: f"{f['server.qps']:.1f} QPS at p99 {f['server.p99_ms']:.2f} ms "
-        f"<= {bound:g} ms",
+        "server": lambda: (
+            f"{f['server.qps']:.1f} QPS at p99 {f['server.p99_ms']:.2f} ms <= {bound:g} ms"
+        ),
     }[scenario]()
     return f"{head}: {text} (VALID)"
