@@ -137,3 +137,18 @@ def test_bad_input_is_one_line(args, says, capsys, tmp_path, monkeypatch):
         main(argv)
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and says in err and len(err.splitlines()) == 1
+
+
+def test_the_server_table_gives_each_compiler_its_speedup_over_eager_and_no_invalid_figure():
+    from mlflow_ngraph.loadgen.table import format_rows, with_speedups
+
+    def row(compiler, value, validity="VALID", device="cpu"):
+        return {"device": device, "model": "resnet18", "compiler": compiler, "target": "engine",
+                "bound": "50", "validity": validity, "reason": "the latency bound was not held",
+                "value": value, "p99": 40.0 if value else None}  # fmt: skip
+
+    rows = with_speedups([row("identity", 50.0), row("openvino", 150.0), row("tvm", None,
+                          "INVALID"), row("openvino", 99.0, device="gpu")], "server")  # fmt: skip
+    assert [r["speedup"] for r in rows] == [1.0, 3.0, None, None]
+    text = format_rows(rows, "server", width=400)
+    assert "3.00x" in text and "150.0" in text and "INVALID: the latency bound" in text
