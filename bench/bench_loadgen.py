@@ -1,0 +1,157 @@
+"""LoadGen against the tool's own figures, on this host (issue 40).
+
+1. Offline samples/s (the real LoadGen driving the engine) over the tool's throughput
+   figure for the same engine, interleaved: resnet18 and a conv block, ONNX Runtime and
+   OpenVINO. Target 0.95-1.05.
+2. The Server scenario's QPS at p99 <= --bound ms for resnet18 on each CPU compiler and
+   eager, with the seconds each cell took (target: under 5 minutes a cell).
+3. With --url (a running `mlflow-ngraph serve` of the same model and batch size): the served
+   Server QPS over the in-process one for --served-compiler's engine.
+
+    nice python bench/bench_loadgen.py [--parts 1,2,3] [--min-duration 10] [--url URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from _common import DEFAULT_HOME, RESULTS_DIR, harness, load, log, print_table, write_csv
+
+from mlflow_ngraph.loadgen.cell import LoadgenTask, server_search
+from mlflow_ngraph.loadgen.runners import EngineRunner, HttpRunner
+from mlflow_ngraph.loadgen.settings import QSL_SAMPLES, LoadgenSettings
+from mlflow_ngraph.loadgen.sut import calibrate, run_scenario
+from mlflow_ngraph.run.supply import EngineSupply
+
+CONV = "conv_block:width=64,depth=3,image_size=112"
+
+
+def engine_of(spec: str, compiler: str, profile: str, home: Path, batch: int = 1):
+    """The engine `benchmark` and `loadgen` get from the cache for this cell."""
+    from mlflow_ngraph.compilers.registry import get_compiler
+
+    model, c = load(spec), get_compiler(compiler)
+    supply = EngineSupply(home, "cpu", "cpu", profile)
+    flags = c.resolve_flags(c.math_flags("fp32"))
+    engine = supply.get(c, flags, model, batch, f"{spec} {compiler}").engine
+    engine.prepare(model.random_input(batch))  # the tool's measured input, as EngineRunner's
+    return model, engine
+
+
+def load_now() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def offline_ratio(args, home: Path) -> list[dict]:
+    rows = []
+    for spec in args.models:
+        for compiler in ("onnxruntime", "openvino"):
+            model, engine = engine_of(spec, compiler, "throughput", home)
+            settings = LoadgenSettings(("offline",), min_duration_s=args.min_duration)
+            ratios = []
+            for rep in range(args.repetitions):
+                tool = harness(engine, 1, "throughput", args.min_duration, 1)["throughput"]
+                runner = EngineRunner(engine, model.random_input(1), 1)
+                pace = calibrate(runner)
+                out = Path(args.out) / f"offline-{compiler}-{rep}"
+                result = run_scenario(runner, "offline", settings, out, pace)
+                lg = result.figures.get("offline.samples_per_s") if result.valid else None
+                ratios.append(lg / tool if lg else None)
+                log(f"{spec} {compiler}: LoadGen offline {lg} vs tool {tool:.1f} ({load_now()})")
+            engine.close()
+            ok = [r for r in ratios if r]
+            rows.append({"model": spec, "compiler": compiler, "offline/tool": (
+                f"{sorted(ok)[len(ok) // 2]:.3f}" if ok else "INVALID"), "runs": len(ratios),
+                "host": load_now()})  # fmt: skip
+    return rows
+
+
+def server_cells(args, home: Path) -> list[dict]:
+    rows = []
+    settings = LoadgenSettings(
+        ("server",), args.bound, min_duration_s=args.min_duration, server_steps=args.steps
+    )
+    for compiler in args.compilers:
+        t0 = time.perf_counter()
+        model, engine = engine_of("resnet18", compiler, "throughput", home)
+        runner = EngineRunner(engine, model.random_input(1), 1)
+        result = search(runner, settings, f"resnet18 {compiler}", Path(args.out) / compiler)
+        engine.close()
+        rows.append(server_row(compiler, result, time.perf_counter() - t0))
+    return rows
+
+
+def search(runner, settings, name: str, out: Path):
+    task = LoadgenTask(name, "", {}, "", {}, "cpu", "cpu", "", settings, ["server"], str(out))
+    return server_search(task, runner, calibrate(runner), out)
+
+
+def server_row(label: str, result, seconds: float) -> dict:
+    f = result.figures
+    return {"cell": label, "server QPS": f"{f['server.qps']:.1f}" if result.valid else "INVALID",
+            "p99 ms": f"{f['server.p99_ms']:.1f}" if result.valid else "-",
+            "steps": int(f.get("server.search_steps", 0)), "seconds": f"{seconds:.0f}",
+            "host": load_now(), "why": "" if result.valid else result.reason[:80]}  # fmt: skip
+
+
+def served(args, home: Path) -> list[dict]:
+    settings = LoadgenSettings(("server",), latency_bound_ms=args.bound,
+                               min_duration_s=args.min_duration, server_steps=args.steps,
+                               url=args.url)  # fmt: skip
+    model, engine = engine_of("resnet18", args.served_compiler, "throughput", home)
+    t0 = time.perf_counter()
+    here = search(EngineRunner(engine, model.random_input(1), 1), settings, "in-process",
+                  Path(args.out) / "inproc")  # fmt: skip
+    rows = [server_row(f"in-process {args.served_compiler}", here, time.perf_counter() - t0)]
+    engine.close()
+    http = HttpRunner(args.url, model.random_input(QSL_SAMPLES), 1)
+    http.check()
+    t0 = time.perf_counter()
+    there = search(http, settings, "served", Path(args.out) / "served")
+    rows.append(server_row(f"served {args.url}", there, time.perf_counter() - t0))
+    if here.valid and there.valid:
+        rows[-1]["why"] = (
+            f"served/in-process {there.figures['server.qps'] / here.figures['server.qps']:.3f}"
+        )
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--parts", default="1,2,3")
+    p.add_argument("--models", nargs="+", default=["resnet18", CONV])
+    p.add_argument(
+        "--compilers",
+        nargs="+",
+        default=["identity", "torchscript", "inductor", "onnxruntime", "openvino"],
+    )
+    p.add_argument("--min-duration", type=float, default=10.0)
+    p.add_argument("--repetitions", type=int, default=3)
+    p.add_argument("--bound", type=float, default=50.0)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--url")
+    p.add_argument("--served-compiler", default="onnxruntime")
+    p.add_argument("--out", default="/tmp/bench-loadgen")
+    args = p.parse_args()
+    home, parts = DEFAULT_HOME, args.parts.split(",")
+    if "1" in parts:
+        rows = offline_ratio(args, home)
+        print_table(rows, list(rows[0]))
+        write_csv(rows, RESULTS_DIR / "loadgen_offline.csv")
+    if "2" in parts:
+        rows = server_cells(args, home)
+        print_table(rows, list(rows[0]))
+        write_csv(rows, RESULTS_DIR / "loadgen_server.csv")
+    if "3" in parts and args.url:
+        rows = served(args, home)
+        print_table(rows, list(rows[0]))
+    elif "3" in parts:
+        log("part 3 skipped: give --url of a running `mlflow-ngraph serve` of resnet18 bs1")
+
+
+if __name__ == "__main__":
+    main()
