@@ -16,68 +16,53 @@ from mlflow_ngraph.text import visible
 log = logging.getLogger("mlflow_ngraph")
 
 
+def _cell_options(command):
+    """The cells (models x compilers on a device) and the scenarios to run on each."""
+    options = [
+        click.option("--model", "models", multiple=True, required=True,
+                     help="NAME[:key=value,...] (repeatable): the models to drive."),
+        click.option("--compiler", "compilers", multiple=True,
+                     help="NAME[:flag=value,...] (repeatable). Default: identity. With --url, "
+                     "only a label for the served engine (default: served)."),
+        click.option("--device", default="cpu", show_default=True, help="Device profile."),
+        click.option("--scenario", "scenarios", multiple=True, required=True,
+                     help="singlestream|multistream|offline|server (repeatable, or "
+                     "comma-separated)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _loadgen_options(command):
+    """LoadGen's settings of each run (:class:`LoadgenSettings`)."""
+    options = [
+        click.option("--latency-bound", type=float, default=50.0, show_default=True,
+                     metavar="MS", help="Server: the p99 latency (ms) the highest rate must "
+                     "hold."),
+        click.option("--min-duration", type=float, default=30.0, show_default=True,
+                     metavar="S", help="LoadGen's minimum duration of each run, in seconds "
+                     "(600 for a submission; a Server run also lasts until early stopping at "
+                     "p99 can pass: 459 queries)."),
+        click.option("--min-queries", type=int, default=64, show_default=True,
+                     help="LoadGen's minimum query count of each run (early stopping may ask "
+                     "more)."),
+        click.option("--max-batch", type=int, default=1, show_default=True,
+                     help="The SUT batches queued samples up to N (the engine is built at "
+                     "batch N; a short batch is padded). SingleStream always runs batch 1."),
+        click.option("--server-steps", type=int, default=7, show_default=True,
+                     help="Server: LoadGen runs at most this many target rates in its search."),
+        click.option("--url", help="Drive a running `mlflow-ngraph serve` at this address "
+                     "over HTTP."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 @click.command("loadgen")
-@click.option(
-    "--model",
-    "models",
-    multiple=True,
-    required=True,
-    help="NAME[:key=value,...] (repeatable): the models to drive.",
-)
-@click.option(
-    "--compiler",
-    "compilers",
-    multiple=True,
-    help="NAME[:flag=value,...] (repeatable). Default: identity. With --url, only "
-    "a label for the served engine (default: served).",
-)
-@click.option("--device", default="cpu", show_default=True, help="Device profile.")
-@click.option(
-    "--scenario",
-    "scenarios",
-    multiple=True,
-    required=True,
-    help="singlestream|multistream|offline|server (repeatable, or comma-separated).",
-)
-@click.option(
-    "--latency-bound",
-    type=float,
-    default=50.0,
-    show_default=True,
-    metavar="MS",
-    help="Server: the p99 latency (ms) the highest rate must hold.",
-)
-@click.option(
-    "--min-duration",
-    type=float,
-    default=60.0,
-    show_default=True,
-    metavar="S",
-    help="LoadGen's minimum duration of each run, in seconds (600 for a submission).",
-)
-@click.option(
-    "--min-queries",
-    type=int,
-    default=64,
-    show_default=True,
-    help="LoadGen's minimum query count of each run (early stopping may ask more).",
-)
-@click.option(
-    "--max-batch",
-    type=int,
-    default=1,
-    show_default=True,
-    help="The SUT batches queued samples up to N (the engine is built at batch N; "
-    "a short batch is padded). SingleStream always runs batch 1.",
-)
-@click.option(
-    "--server-steps",
-    type=int,
-    default=7,
-    show_default=True,
-    help="Server: LoadGen runs at most this many target rates in its search.",
-)
-@click.option("--url", help="Drive a running `mlflow-ngraph serve` at this address over HTTP.")
+@_cell_options
+@_loadgen_options
 @click.option(
     "--experiment", default="ngraph-loadgen", show_default=True, help="MLflow experiment."
 )

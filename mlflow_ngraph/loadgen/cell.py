@@ -143,10 +143,7 @@ def server_search(task: LoadgenTask, runner, pace, outdir: Path) -> ScenarioResu
         step_dir = outdir / f"step{len(search.done) + 1}"
         result = run_scenario(runner, "server", task.settings, step_dir, pace, qps)
         result.details["logs"] = str(step_dir)
-        d = result.details
-        too_short = (not result.valid and d.get("result_overlatency_query_count") == 0
-                     and d.get("result_perf_constraints_met") is not False)  # fmt: skip
-        search.report(qps, result.valid, too_short)
+        search.report(qps, result.valid, too_short(result))
         p99 = result.figures.get("server.p99_ms")
         steps.append({"qps": round(qps, 3), "valid": result.valid, "p99_ms": p99,
                       "reason": result.reason})  # fmt: skip
@@ -160,9 +157,22 @@ def server_search(task: LoadgenTask, runner, pace, outdir: Path) -> ScenarioResu
     chosen.figures["server.search_steps"] = float(len(steps))
     chosen.details["search"] = steps
     chosen.details["search_stop"] = search.stop_reason
-    if best is None:
+    if best is None and search.done[-1].too_short:
+        chosen.reason = search.stop_reason  # the one thing to change: the duration
+    elif best is None:
         chosen.reason = f"no target rate held ({chosen.reason}); {search.stop_reason}"
     return chosen
+
+
+def too_short(result: ScenarioResult) -> int | None:
+    """The queries LoadGen's early stopping asked for when a Server run held its latency
+    bound but was INVALID for too few queries (a longer run, not a lower rate, is needed)."""
+    from mlflow_ngraph.loadgen.summary import queries_needed
+
+    d = result.details
+    if result.valid or d.get("result_perf_constraints_met") is not True:
+        return None
+    return queries_needed(d)
 
 
 # --- the worker process -------------------------------------------------------------------

@@ -6,6 +6,7 @@ held and the lowest that failed. Pure logic: the caller runs LoadGen."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 #: growth and shrink factors before the bracket is found: a start from the engine's
@@ -15,15 +16,27 @@ SHRINK = 0.5
 #: the bracket is narrow enough once its ends are within this ratio (3%: below the
 #: run-to-run spread of a 60 s Server run on a shared host)
 PRECISION = 0.03
+#: the duration asked for is the needed queries' time at the step's rate, with this margin
+#: (a Poisson count over a fixed time varies; a run just long enough may fall short again)
+DURATION_MARGIN = 1.1
 
 
 @dataclass
 class Step:
     qps: float
     valid: bool
-    #: the failure was not the latency (too few queries for early stopping): a lower rate
-    #: fails the same way
-    too_short: bool = False
+    #: the latency held but LoadGen's early stopping asked for this many queries, more than
+    #: the run had: a lower rate has fewer still, so the run must be longer, not slower
+    needed: int | None = None
+
+    @property
+    def too_short(self) -> bool:
+        return self.needed is not None
+
+
+def duration_for(queries: int, qps: float) -> int:
+    """Whole seconds in which ``queries`` arrive at ``qps``, with a margin."""
+    return math.ceil(DURATION_MARGIN * queries / max(qps, 1e-9))
 
 
 @dataclass
@@ -49,8 +62,10 @@ class ServerSearch:
         rates = [s.qps for s in self.done if not s.valid and s.qps > held]
         return min(rates) if rates else None
 
-    def report(self, qps: float, valid: bool, too_short: bool = False) -> None:
-        self.done.append(Step(qps, valid, too_short))
+    def report(self, qps: float, valid: bool, needed: int | None = None) -> None:
+        """A step's verdict; ``needed``: the queries early stopping asked for when the latency
+        held but the run was too short for it."""
+        self.done.append(Step(qps, valid, needed))
 
     def next_qps(self) -> float | None:
         if len(self.done) >= self.steps:
@@ -59,10 +74,11 @@ class ServerSearch:
         if not self.done:
             return self.start_qps
         last = self.done[-1]
-        if last.too_short:
+        if last.needed is not None:
             self.stop_reason = (
-                "a run had too few queries for LoadGen's early stopping: a lower rate has "
-                "fewer (raise --min-duration)"
+                f"the p99 held at {last.qps:.1f} QPS but LoadGen's early stopping needs "
+                f"{last.needed} queries there: raise --min-duration to at least "
+                f"{duration_for(last.needed, last.qps)} s"
             )
             return None
         held, failed = self.held, self.failed

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 from urllib.parse import urlparse
 
@@ -25,13 +26,26 @@ MULTISTREAM_SAMPLES = 8
 #: samples LoadGen may draw from (the QSL's performance set): enough distinct indices for
 #: its sample order, few enough that the HTTP driver's pre-serialized requests stay small
 QSL_SAMPLES = 16
-#: LoadGen's compliance minimum is 600 s (for submissions); a first look takes this
-DEFAULT_MIN_DURATION_S = 60.0
+#: LoadGen's compliance minimum is 600 s (for submissions); a first look takes this: a
+#: Server search of 7 steps in under 5 minutes a cell
+DEFAULT_MIN_DURATION_S = 30.0
+#: Server: LoadGen's early stopping judges the 99th percentile with 99% confidence
+SERVER_PERCENTILE = 0.99
+EARLY_STOPPING_CONFIDENCE = 0.99
 #: queries a run needs at least (LoadGen's own defaults are submission sizes: 270,336 for
 #: Server); early stopping still asks for what its percentile needs, and says so
 DEFAULT_MIN_QUERIES = 64
 #: Server search: LoadGen runs at most this many target rates per cell
 DEFAULT_SERVER_STEPS = 7
+
+
+def early_stopping_floor(
+    percentile: float = SERVER_PERCENTILE, confidence: float = EARLY_STOPPING_CONFIDENCE
+) -> int:
+    """The fewest queries with which LoadGen's early stopping can pass at ``percentile``:
+    every one under the bound (459 at p99). A Server run asks LoadGen for at least this many,
+    so a short duration at a low rate is not INVALID for its count alone."""
+    return math.ceil(math.log(1 - confidence) / math.log(percentile))
 
 
 @dataclass(frozen=True)

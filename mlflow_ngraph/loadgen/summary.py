@@ -23,6 +23,10 @@ RULES = {
     "result_min_queries_met": "the minimum query count was not met",
     "early_stopping_met": "early stopping was not satisfied",
 }
+#: LoadGen's early-stopping advice: "Processed N queries. Would need to run at least M more
+#: queries, with the run being successful if every additional query were under latency."
+PROCESSED = re.compile(r"Processed (\d+) queries")
+MORE = re.compile(r"Would need to run at least (\d+) more queries")
 PERCENTILE = re.compile(r"^\s*(\d+(?:\.\d+)?) percentile latency \(ns\)\s*:\s*(\d+)", re.M)
 
 
@@ -88,6 +92,19 @@ def invalid_reason(detail: dict[str, Any]) -> str:
     if detail.get("early_stopping_met") is False and early:
         advice = f"{advice} {early}".strip()
     return "; ".join(unmet + ([advice] if advice else [])) or "LoadGen said INVALID"
+
+
+def queries_needed(detail: dict[str, Any]) -> int | None:
+    """The query count LoadGen's early stopping says a run needs (what it processed plus the
+    more it asks for), or None when it asked for nothing."""
+    text = " ".join(str(detail.get("early_stopping_result") or "").split())
+    more = MORE.search(text)
+    if detail.get("early_stopping_met") is not False or not more:
+        return None
+    done = PROCESSED.search(text)
+    return (int(done.group(1)) if done else int(detail.get("result_query_count") or 0)) + int(
+        more.group(1)
+    )
 
 
 def figures(scenario: str, detail: dict[str, Any], summary: str) -> dict[str, float]:

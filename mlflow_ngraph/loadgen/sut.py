@@ -22,7 +22,9 @@ from mlflow_ngraph.loadgen.settings import (
     MULTISTREAM_SAMPLES,
     QSL_SAMPLES,
     SCENARIOS,
+    SERVER_PERCENTILE,
     LoadgenSettings,
+    early_stopping_floor,
 )
 from mlflow_ngraph.loadgen.summary import ScenarioResult, parse_logs
 
@@ -147,6 +149,8 @@ def test_settings(
     s.mode = mod.TestMode.PerformanceOnly
     s.min_duration_ms = int(settings.min_duration_s * 1000)
     s.min_query_count = settings.min_queries
+    if scenario == "server":  # fewer could never pass early stopping, at any rate
+        s.min_query_count = max(settings.min_queries, early_stopping_floor())
     # expectations on the fast side: LoadGen pre-generates more queries than it needs and
     # stops once both minimums are met; on the slow side it would run out early
     s.single_stream_expected_latency_ns = max(1000, int(latency_s * 0.5e9))
@@ -158,7 +162,7 @@ def test_settings(
     s.offline_expected_qps = max(1.0, rate, settings.max_batch / latency_s) * OFFLINE_MARGIN
     s.server_target_qps = float(qps or rate)
     s.server_target_latency_ns = int(settings.latency_bound_ms * 1e6)
-    s.server_target_latency_percentile = 0.99
+    s.server_target_latency_percentile = SERVER_PERCENTILE
     return s
 
 

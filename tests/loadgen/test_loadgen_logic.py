@@ -91,8 +91,27 @@ def test_the_server_search_grows_then_bisects_to_the_highest_rate_that_holds():
         down.report(qps, False)
     assert [s.qps for s in down.done] == [100.0, 50.0, 25.0] and down.held is None
     short = ServerSearch(start_qps=100.0, steps=5)
-    short.report(short.next_qps(), False, too_short=True)
-    assert short.next_qps() is None and "--min-duration" in short.stop_reason
+    short.report(short.next_qps(), False, needed=662)
+    assert short.next_qps() is None and len(short.done) == 1  # no halving
+    assert "raise --min-duration to at least 8 s" in short.stop_reason  # 1.1 x 662 / 100
+
+
+def test_a_server_run_too_short_for_early_stopping_names_the_duration_it_needs(tmp_path):
+    from mlflow_ngraph.loadgen.cell import too_short
+    from mlflow_ngraph.loadgen.settings import early_stopping_floor
+
+    assert early_stopping_floor() == 459  # LoadGen: 93 processed + 366 more, none over
+    advice = (" * Run unsuccessful.  * Processed 120 queries.  * Would need to run at least "
+              "542 more queries,  with the run being successful if every additional  query "
+              "were under latency.")  # fmt: skip
+    held = {"result_validity": "INVALID", "result_perf_constraints_met": True,
+            "early_stopping_met": False, "early_stopping_result": advice,
+            "result_query_count": 120, "result_overlatency_query_count": 1}  # fmt: skip
+    write_logs(tmp_path / "held", held)
+    assert too_short(parse_logs("server", tmp_path / "held")) == 662
+    over = {**held, "result_perf_constraints_met": False}  # the p99 did not hold: go lower
+    write_logs(tmp_path / "over", over)
+    assert too_short(parse_logs("server", tmp_path / "over")) is None
 
 
 def test_an_invalid_result_is_said_without_a_figure():
