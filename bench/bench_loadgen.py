@@ -5,23 +5,31 @@
    OpenVINO. Target 0.95-1.05.
 2. The Server scenario's QPS at p99 <= --bound ms for resnet18 on each CPU compiler and
    eager, with the seconds each cell took (target: under 5 minutes a cell).
-3. With --url (a running `mlflow-ngraph serve` of the same model and batch size): the served
-   Server QPS over the in-process one for --served-compiler's engine.
+3. The served Server QPS over the in-process one for --served-compiler's resnet18 engine at
+   batch 1 (the bench benchmarks, registers and serves it in a store of its own), and where
+   the difference goes: one request at a time, the engine alone, MLflow's pyfunc of the
+   registered model, and the served model over HTTP.
 
-    nice python bench/bench_loadgen.py [--parts 1,2,3] [--min-duration 10] [--url URL]
+    nice python bench/bench_loadgen.py [--parts 1,2,3] [--min-duration 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from _common import DEFAULT_HOME, RESULTS_DIR, harness, load, log, print_table, write_csv
 
 from mlflow_ngraph.loadgen.cell import LoadgenTask, server_search
-from mlflow_ngraph.loadgen.runners import EngineRunner, HttpRunner
+from mlflow_ngraph.loadgen.runners import EngineRunner, HttpRunner, probe
 from mlflow_ngraph.loadgen.settings import QSL_SAMPLES, LoadgenSettings
 from mlflow_ngraph.loadgen.sut import calibrate, run_scenario
 from mlflow_ngraph.run.supply import EngineSupply
@@ -98,26 +106,112 @@ def server_row(label: str, result, seconds: float) -> dict:
             "host": load_now(), "why": "" if result.valid else result.reason[:80]}  # fmt: skip
 
 
-def served(args, home: Path) -> list[dict]:
-    settings = LoadgenSettings(("server",), latency_bound_ms=args.bound,
-                               min_duration_s=args.min_duration, server_steps=args.steps,
-                               url=args.url)  # fmt: skip
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "mlflow_ngraph", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})})  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(args[:2])} failed: {done.stderr[-1500:]}")
+    return done
+
+
+@contextmanager
+def serving(compiler: str, home: Path, work: Path):
+    """(the URL, the model URI) of a `mlflow-ngraph serve` of resnet18's ``compiler``
+    engine at batch 1, started here as a user would: a short benchmark (its engine from the
+    cache) into a store of its own, `register`, `serve`; stopped afterwards."""
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    env = {"MLFLOW_NGRAPH_HOME": str(home), "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
+    cli("benchmark", "--model", "resnet18", "--compiler", compiler, "--batch-sizes", "1",
+        "--min-duration", "1", "--max-duration", "3", "--experiment", "served",
+        "--tracking-uri", uri, "--busy-ok", env=env)  # fmt: skip
+    cli("register", "-e", "served", "--device", "cpu", "--model", "resnet18", "--compiler",
+        compiler, "--batch-size", "1", "--name", "served", "--allow-unsigned",
+        "--tracking-uri", uri, env=env)  # fmt: skip
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow_ngraph", "serve", "models:/served@cpu", "-p", str(port),
+         "--tracking-uri", uri, "--allow-unsigned"],
+        env={**os.environ, **env}, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                probe(url, 2.0)
+                break
+            except Exception as exc:
+                if server.poll() is not None or time.time() > deadline:
+                    tail = server.stderr.read()[-1500:]
+                    raise SystemExit(f"serve did not start: {tail}") from exc
+                time.sleep(1)
+        yield url, uri
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def median_ms(call, n: int = 200) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def where_it_goes(engine, model, url: str, uri: str) -> dict:
+    """One request at a time, median ms: the engine alone, MLflow's pyfunc of the
+    registered model in this process (its input check and conversion), and the served model
+    over HTTP (the JSON, the scoring server, the connection)."""
+    import mlflow
+
+    from mlflow_ngraph.deploy.signed import ALLOW_UNSIGNED_ENV
+
+    os.environ[ALLOW_UNSIGNED_ENV] = "1"  # the engine this bench benchmarked and registered
+    x = model.random_input(1)
+    mlflow.set_tracking_uri(uri)
+    pyfunc = mlflow.pyfunc.load_model("models:/served@cpu")
+    http = HttpRunner(url, model.random_input(QSL_SAMPLES), 1, slots=1)
+    t_engine = median_ms(lambda: engine.infer_in(0))
+    t_pyfunc = median_ms(lambda: pyfunc.predict(x))
+    t_http = median_ms(lambda: http.run(0, [0]))
+    return {"engine ms": f"{t_engine:.2f}", "pyfunc ms": f"{t_pyfunc:.2f}",
+            "served ms": f"{t_http:.2f}", "pyfunc cost": f"{t_pyfunc - t_engine:.2f}",
+            "HTTP+JSON cost": f"{t_http - t_pyfunc:.2f}", "host": load_now()}  # fmt: skip
+
+
+def served(args, home: Path) -> tuple[list[dict], list[dict]]:
+    """Served (HTTP) against in-process Server QPS for one engine, and where the
+    difference goes (a `serve` of its own)."""
+    settings = LoadgenSettings(
+        ("server",), args.bound, min_duration_s=args.min_duration, server_steps=args.steps
+    )
     model, engine = engine_of("resnet18", args.served_compiler, "throughput", home)
     t0 = time.perf_counter()
     here = search(EngineRunner(engine, model.random_input(1), 1), settings, "in-process",
                   Path(args.out) / "inproc")  # fmt: skip
     rows = [server_row(f"in-process {args.served_compiler}", here, time.perf_counter() - t0)]
+    work = Path(tempfile.mkdtemp(prefix="bench-served-"))
+    with serving(args.served_compiler, home, work) as (url, uri):
+        http = HttpRunner(url, model.random_input(QSL_SAMPLES), 1)
+        http.check()
+        t0 = time.perf_counter()
+        there = search(http, settings, "served", Path(args.out) / "served")
+        rows.append(server_row(f"served {args.served_compiler}", there, time.perf_counter() - t0))
+        costs = [where_it_goes(engine, model, url, uri)]
     engine.close()
-    http = HttpRunner(args.url, model.random_input(QSL_SAMPLES), 1)
-    http.check()
-    t0 = time.perf_counter()
-    there = search(http, settings, "served", Path(args.out) / "served")
-    rows.append(server_row(f"served {args.url}", there, time.perf_counter() - t0))
     if here.valid and there.valid:
         rows[-1]["why"] = (
             f"served/in-process {there.figures['server.qps'] / here.figures['server.qps']:.3f}"
         )
-    return rows
+    return rows, costs
 
 
 def main() -> None:
@@ -133,7 +227,6 @@ def main() -> None:
     p.add_argument("--repetitions", type=int, default=3)
     p.add_argument("--bound", type=float, default=50.0)
     p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--url")
     p.add_argument("--served-compiler", default="onnxruntime")
     p.add_argument("--out", default="/tmp/bench-loadgen")
     args = p.parse_args()
@@ -146,11 +239,11 @@ def main() -> None:
         rows = server_cells(args, home)
         print_table(rows, list(rows[0]))
         write_csv(rows, RESULTS_DIR / "loadgen_server.csv")
-    if "3" in parts and args.url:
-        rows = served(args, home)
+    if "3" in parts:
+        rows, costs = served(args, home)
         print_table(rows, list(rows[0]))
-    elif "3" in parts:
-        log("part 3 skipped: give --url of a running `mlflow-ngraph serve` of resnet18 bs1")
+        print_table(costs, list(costs[0]))
+        write_csv(rows, RESULTS_DIR / "loadgen_served.csv")
 
 
 if __name__ == "__main__":

@@ -171,3 +171,24 @@ def test_the_server_table_gives_each_compiler_its_speedup_over_eager_and_no_inva
     assert [r["speedup"] for r in rows] == [1.0, 3.0, None, None]
     text = format_rows(rows, "server", width=400)
     assert "3.00x" in text and "150.0" in text and "INVALID: the latency bound" in text
+
+
+def test_the_mlproject_loadgen_entry_point_is_the_command():
+    import shlex
+
+    from mlflow.projects.utils import load_project
+
+    from mlflow_ngraph.commands.entrypoints import command_line
+    from tests._support import REPO
+
+    params = {"models": "resnet18 conv_block:width=8,depth=1", "compilers": "openvino",
+              "latency_bound": "20"}  # fmt: skip
+    entry = load_project(str(REPO)).get_entry_point("loadgen")
+    words = shlex.split(entry.compute_command(params, None))
+    assert "entrypoints/loadgen.py" in words and (REPO / "entrypoints/loadgen.py").is_file()
+    args = command_line("loadgen", words[words.index("entrypoints/loadgen.py") + 1 :])
+    assert args == [
+        "loadgen", "--model", "resnet18", "--model", "conv_block:width=8,depth=1",
+        "--compiler", "openvino", "--device", "cpu", "--scenario", "offline",
+        "--scenario", "server", "--latency-bound", "20",
+    ]  # fmt: skip
