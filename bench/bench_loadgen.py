@@ -9,8 +9,12 @@
    batch 1 (the bench benchmarks, registers and serves it in a store of its own), and where
    the difference goes: one request at a time, the engine alone, MLflow's pyfunc of the
    registered model, and the served model over HTTP.
+4. LoadGen's SingleStream p90 over the tool's latency scenario p90 on the same engine
+   (latency profile, batch 1), interleaved: the models of part 1, ONNX Runtime and OpenVINO;
+   both LoadGen's early-stopping estimate (its reported figure: an upper bound, near the max
+   with few queries) and the p90 its run measured.
 
-    nice python bench/bench_loadgen.py [--parts 1,2,3] [--min-duration 10]
+    nice python bench/bench_loadgen.py [--parts 1,2,3,4] [--min-duration 10]
 """
 
 from __future__ import annotations
@@ -104,6 +108,52 @@ def server_row(label: str, result, seconds: float) -> dict:
             "p99 ms": f"{f['server.p99_ms']:.1f}" if result.valid else "-",
             "steps": int(f.get("server.search_steps", 0)), "seconds": f"{seconds:.0f}",
             "host": load_now(), "why": "" if result.valid else result.reason[:80]}  # fmt: skip
+
+
+def latency_p90(engine, duration_s: float) -> float:
+    """The tool's latency scenario on the engine: its p90 of one request, ms."""
+    from mlflow_ngraph.measure.harness import measure
+    from mlflow_ngraph.measure.rounds import RoundPolicy
+    from mlflow_ngraph.measure.settings import MeasureSettings
+
+    settings = MeasureSettings(scenario="latency", warmup=10, repetitions=1,
+                               min_duration_s=duration_s)  # fmt: skip
+    policy = RoundPolicy(min_rounds=1, precision=0.0, max_s=duration_s)
+    return measure(engine, 1, settings, policy=policy).latency_p90_ms
+
+
+def median_text(ratios: list) -> str:
+    ok = sorted(r for r in ratios if r)
+    return f"{ok[len(ok) // 2]:.3f}" if ok else "INVALID"
+
+
+def single_stream_fidelity(args, home: Path) -> list[dict]:
+    """LoadGen's SingleStream p90 (its early-stopping estimate) over the tool's latency
+    scenario p90 on the same engine (the latency profile, batch 1), interleaved."""
+    rows = []
+    settings = LoadgenSettings(("singlestream",), min_duration_s=args.min_duration)
+    for spec in args.models:
+        for compiler in ("onnxruntime", "openvino"):
+            model, engine = engine_of(spec, compiler, "latency", home)
+            estimate, measured = [], []
+            for rep in range(args.repetitions):
+                tool = latency_p90(engine, args.min_duration)
+                runner = EngineRunner(engine, model.random_input(1), 1)
+                out = Path(args.out) / f"single-{compiler}-{rep}"
+                result = run_scenario(runner, "singlestream", settings, out, calibrate(runner))
+                f = result.figures if result.valid else {}
+                est, raw = f.get("singlestream.p90_ms"), f.get("singlestream.p90_measured_ms")
+                estimate.append(est / tool if est and tool else None)
+                measured.append(raw / tool if raw and tool else None)
+                log(f"{spec} {compiler}: LoadGen p90 estimate {est} ms, measured {raw} ms; tool "
+                    f"{tool:.3f} ms; {int(f.get('singlestream.queries', 0))} queries "
+                    f"({load_now()})")  # fmt: skip
+            engine.close()
+            rows.append({"model": spec, "compiler": compiler,
+                         "estimate/tool p90": median_text(estimate),
+                         "measured/tool p90": median_text(measured), "runs": len(estimate),
+                         "host": load_now()})  # fmt: skip
+    return rows
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -216,7 +266,7 @@ def served(args, home: Path) -> tuple[list[dict], list[dict]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--parts", default="1,2,3")
+    p.add_argument("--parts", default="1,2,3,4")
     p.add_argument("--models", nargs="+", default=["resnet18", CONV])
     p.add_argument(
         "--compilers",
@@ -239,6 +289,10 @@ def main() -> None:
         rows = server_cells(args, home)
         print_table(rows, list(rows[0]))
         write_csv(rows, RESULTS_DIR / "loadgen_server.csv")
+    if "4" in parts:
+        rows = single_stream_fidelity(args, home)
+        print_table(rows, list(rows[0]))
+        write_csv(rows, RESULTS_DIR / "loadgen_singlestream.csv")
     if "3" in parts:
         rows, costs = served(args, home)
         print_table(rows, list(rows[0]))

@@ -192,3 +192,30 @@ def test_the_mlproject_loadgen_entry_point_is_the_command():
         "--compiler", "openvino", "--device", "cpu", "--scenario", "offline",
         "--scenario", "server", "--latency-bound", "20",
     ]  # fmt: skip
+
+
+def test_benchmark_with_a_loadgen_scenario_is_the_loadgen_command(monkeypatch, tmp_path, capsys):
+    from mlflow_ngraph.loadgen import drive
+
+    planned = {}
+
+    def plan(models, compilers, device, settings, home):
+        planned.update(models=[m.label for m in models], compilers=compilers, settings=settings)
+        raise NgraphError("planned")
+
+    monkeypatch.setattr(drive, "plan_cells", plan)
+    monkeypatch.setenv("MLFLOW_NGRAPH_HOME", str(tmp_path))
+    argv = ["benchmark", "--model", "conv_block:width=8,depth=1", "--compiler", "onnxruntime",
+            "--scenario", "server", "--min-duration", "5", "--batch-sizes", "2",
+            "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]  # fmt: skip
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert "planned" in capsys.readouterr().err
+    settings = planned["settings"]
+    assert planned["models"] == ["conv_block:depth=1,width=8"]
+    assert planned["compilers"] == [("onnxruntime", {})] and settings.scenarios == ("server",)
+    assert settings.min_duration_s == 5 and settings.max_batch == 2
+    assert settings.latency_bound_ms == 50  # loadgen's default
+    with pytest.raises(SystemExit):
+        main(["benchmark", "--scenario", "offline", "--spec", "smoke"])
+    assert "give --model (not --spec)" in capsys.readouterr().err
