@@ -93,6 +93,10 @@ def loadgen(**o: Any) -> None:
             failed += bool(job.run(cell).failed)
     finally:
         signal.signal(signal.SIGTERM, previous)
+    from mlflow_ngraph.loadgen.view import write_view
+
+    view = write_view(job.client, job.experiment_id, o["device"], settings.scenarios)
+    say(f"the scenarios' columns in the MLflow UI: {view}")
     if failed:
         raise NgraphError(f"{failed} cell(s) had a scenario that failed: see the lines above")
 

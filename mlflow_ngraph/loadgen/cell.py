@@ -25,6 +25,9 @@ Emit = Callable[[str, Any], None]
 #: the Server search starts at this share of the rate the engine kept with every slot busy
 #: (a Poisson arrival at its full capacity queues without bound)
 SERVER_START = 0.8
+#: the Server search goes no lower than the rate that keeps one request slot busy this share
+#: of the time (queries then rarely queue: the p99 is the engine's own latency)
+IDLE_SHARE = 0.1
 
 
 @dataclass
@@ -137,7 +140,11 @@ def server_search(task: LoadgenTask, runner, pace, outdir: Path) -> ScenarioResu
     (:class:`ServerSearch`); the result is the highest rate that held, its logs the run's."""
     from mlflow_ngraph.loadgen.sut import run_scenario
 
-    search = ServerSearch(max(pace[1] * SERVER_START, 1.0), task.settings.server_steps)
+    # below IDLE_SHARE / latency, queries rarely queue: p99 is the engine's own
+    floor = IDLE_SHARE / max(pace[0], 1e-6) * runner.batch
+    search = ServerSearch(
+        max(pace[1] * SERVER_START, 1.0), task.settings.server_steps, floor_qps=floor
+    )
     best, best_qps, last, steps = None, 0.0, None, []
     while (qps := search.next_qps()) is not None:
         step_dir = outdir / f"step{len(search.done) + 1}"

@@ -46,6 +46,9 @@ class ServerSearch:
     start_qps: float
     steps: int
     precision: float = PRECISION
+    #: below this rate the engine is idle most of the time: a p99 over the bound there is
+    #: the engine's own latency, which no lower rate shortens (0: no floor)
+    floor_qps: float = 0.0
     done: list[Step] = field(default_factory=list)
     stop_reason: str = ""
 
@@ -82,6 +85,12 @@ class ServerSearch:
             )
             return None
         held, failed = self.held, self.failed
+        if held is None and last.qps * SHRINK < self.floor_qps:
+            self.stop_reason = (
+                f"the p99 did not hold even at {last.qps:.1f} QPS, with the engine idle most "
+                "of the time: its own latency is over the bound, and no lower rate holds it"
+            )
+            return None
         if held is None:
             return last.qps * SHRINK
         if failed is None:

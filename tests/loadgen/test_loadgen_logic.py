@@ -90,6 +90,11 @@ def test_the_server_search_grows_then_bisects_to_the_highest_rate_that_holds():
     while (qps := down.next_qps()) is not None:
         down.report(qps, False)
     assert [s.qps for s in down.done] == [100.0, 50.0, 25.0] and down.held is None
+    floor = ServerSearch(start_qps=100.0, steps=9, floor_qps=20.0)
+    while (qps := floor.next_qps()) is not None:
+        floor.report(qps, False)
+    assert [s.qps for s in floor.done] == [100.0, 50.0, 25.0]  # 12.5 is under the floor
+    assert "no lower rate holds it" in floor.stop_reason
     short = ServerSearch(start_qps=100.0, steps=5)
     short.report(short.next_qps(), False, needed=662)
     assert short.next_qps() is None and len(short.done) == 1  # no halving

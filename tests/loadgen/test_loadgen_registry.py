@@ -76,3 +76,24 @@ def test_min_qps_and_latency_bound_set_aside_what_did_not_hold_them(client):
         check_wanted(0.0, None)
     with pytest.raises(NgraphError, match="--latency-bound must be above 0"):
         check_wanted(None, -1.0)
+
+
+def test_the_mlflow_view_shows_each_scenario_s_figure_and_verdict(client):
+    import json
+
+    from mlflow_ngraph.loadgen.view import write_view
+
+    experiment = client.get_experiment_by_name("lg")
+    address = write_view(client, experiment.experiment_id, "cpu", ("offline", "server"))
+    assert "viewStateShareKey=ngraph-loadgen-cpu" in address
+    tag = client.get_experiment(experiment.experiment_id).tags
+    state = json.loads(json.loads(tag["mlflow.sharedViewState.ngraph-loadgen-cpu"])["state"])
+    assert state["selectedColumns"] == [
+        "params.`model`", "params.`compiler`", "params.`loadgen.driven`",
+        "metrics.`offline.samples_per_s`", "tags.`ngraph.loadgen.offline.validity`",
+        "metrics.`server.qps`", "metrics.`server.p99_ms`", "params.`loadgen.latency_bound_ms`",
+        "tags.`ngraph.loadgen.server.validity`", "params.`device`",
+    ]  # fmt: skip
+    # the view's filter finds the loadgen runs (MLflow's own search)
+    found = client.search_runs([experiment.experiment_id], state["searchFilter"])
+    assert len(found) == 5 and state["orderByKey"] == "metrics.`offline.samples_per_s`"
