@@ -46,7 +46,7 @@ def columns(scenarios: Sequence[str]) -> list[str]:
 
 def view_state(device: str, scenarios: Sequence[str]) -> dict:
     """The view: the device's loadgen runs, sorted by the first scenario's figure."""
-    from mlflow_ngraph.tracking.ui import widths
+    from mlflow_ngraph.tracking.ui import table_state
 
     selected = columns(scenarios)
     first = FIGURE_COLUMNS[scenarios[0]][0]
@@ -55,13 +55,7 @@ def view_state(device: str, scenarios: Sequence[str]) -> dict:
         "searchFilter": f"params.{S.P_DEVICE} = '{literal}' and tags.`{S.T_ROLE}` = 'loadgen'",
         "orderByKey": column(*first),
         "orderByAsc": first[1].endswith("_ms"),  # a latency: lowest first
-        "startTime": "ALL",
-        "lifecycleFilter": "Active",
-        "datasetsFilter": [],
-        "modelVersionFilter": "All Runs",
-        "selectedColumns": selected,
-        "columnOrder": selected,
-        "columnWidths": widths(selected),
+        **table_state(selected),
         "runsHiddenMode": "SHOW_ALL",
         "compareRunCharts": [],
         "hideEmptyCharts": True,
