@@ -121,6 +121,10 @@ LAZY_COMMANDS = {
         "mlflow_ngraph.commands.tune:tune",
         "Find the fastest verified configuration of a model across compilers and knobs.",
     ),
+    "loadgen": (
+        "mlflow_ngraph.commands.loadgen:loadgen",
+        "Run MLPerf LoadGen's scenarios on each compiled engine or a served model.",
+    ),
     "sweep": (
         "mlflow_ngraph.commands.cluster:sweep_command",
         "Benchmark every device of a sweep spec on a Ray cluster; compare them at the end.",
@@ -137,6 +141,9 @@ LAZY_COMMANDS = {
 def cli() -> None:
     """Benchmark graph compilers on this device; every result goes to MLflow."""
 
+
+#: ``benchmark --scenario`` values that run MLPerf LoadGen (``mlflow-ngraph loadgen``)
+LOADGEN_SCENARIOS = ("singlestream", "multistream", "offline", "server")
 
 #: ``--remeasure``, the same on ``benchmark`` and ``blocks``
 remeasure_option = click.option(
@@ -196,7 +203,11 @@ VERBOSE_HELP = (
 @click.option("--compiler", "compilers", multiple=True, help="NAME[:flag=value,...] (repeatable).")
 @click.option("--batch-sizes", help="Comma-separated batch sizes, e.g. 1,2,4,8.")
 @click.option(
-    "--scenario", type=click.Choice(["throughput", "latency"]), help="Measurement scenario."
+    "--scenario",
+    type=click.Choice(["throughput", "latency", *LOADGEN_SCENARIOS]),
+    help="Measurement scenario; singlestream, multistream, offline and server are MLPerf "
+    "LoadGen's, run as `mlflow-ngraph loadgen --scenario NAME` with its defaults "
+    "(docs/loadgen.md).",
 )
 @click.option("--warmup", type=int, help="Warm-up repetitions (default 10).")
 @click.option("--repetitions", type=int, help="Minimum measured repetitions (default 100).")
@@ -322,6 +333,8 @@ def benchmark(**o: Any) -> None:
     """Compile and measure models x compilers x batch sizes on this device."""
     from mlflow_ngraph.plan.config import RunPolicy
 
+    if o["scenario"] in LOADGEN_SCENARIOS:
+        return _loadgen_instead(o)
     setup_logging(-1 if o["quiet"] else o["verbose"])
     data = _benchmark_data(o)
     _run(
@@ -343,6 +356,30 @@ def benchmark(**o: Any) -> None:
         remeasure=o["remeasure"],
         host_check=host_check_of(o, o["max_other_cpu"]),
     )
+
+
+def _loadgen_instead(o: dict[str, Any]) -> None:
+    """``benchmark --scenario singlestream|multistream|offline|server``: the ``loadgen``
+    command on the same cells (its defaults for what benchmark has no option for)."""
+    from mlflow_ngraph.commands.loadgen import loadgen
+
+    scenario = o["scenario"]
+    if o["spec_file"] or not o["models"]:
+        raise NgraphError(
+            f"--scenario {scenario} runs MLPerf LoadGen on --model x --compiler cells: give "
+            "--model (not --spec), or run `mlflow-ngraph loadgen` (docs/loadgen.md)"
+        )
+    given = {"min_duration": o["min_duration"]} if o["min_duration"] is not None else {}
+    sizes = [b for b in (o["batch_sizes"] or "").split(",") if b.strip()]
+    if len(sizes) > 1 or (sizes and not sizes[0].strip().isdigit()):
+        raise NgraphError(f"--scenario {scenario} runs one batch size: give one --batch-sizes N")
+    if sizes:
+        given["max_batch"] = int(sizes[0])
+    click.get_current_context().invoke(
+        loadgen, models=o["models"], compilers=o["compilers"], device=o["device"] or "cpu",
+        scenarios=(scenario,), experiment=o["experiment"] or "ngraph-loadgen",
+        tracking_uri=o["tracking_uri"], home=o["home"], verbose=o["verbose"], **given,
+    )  # fmt: skip
 
 
 def _benchmark_data(options: dict[str, Any]) -> dict[str, Any]:

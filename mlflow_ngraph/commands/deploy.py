@@ -36,6 +36,21 @@ def _selection_options(command):
             help="What 'best' means (throughput: highest; latencies: lowest).",
         ),
         click.option("--max-latency-ms", type=float, help="Cap on the p99 latency (ms)."),
+        click.option(
+            "--min-qps",
+            type=float,
+            help="Only engines whose `loadgen` Server "
+            "run held at least this many queries/s (at --latency-bound, 50 ms "
+            "unless given).",
+        ),  # fmt: skip
+        click.option(
+            "--latency-bound",
+            type=float,
+            metavar="MS",
+            help="Only engines "
+            "with a VALID `loadgen` Server result at a p99 bound of MS or "
+            "tighter.",
+        ),  # fmt: skip
         click.option("--run", "run_id", help="Only this cell run."),
         click.option(
             "--allow-unstable",
@@ -151,6 +166,7 @@ def _auth_error(exc: BaseException, uri: str | None, experiment: str, permission
 def _choose(options: dict):
     """Connect, select, check the choice against its run and print it; returns (client,
     uri, chosen candidate, its run, selection)."""
+    from mlflow_ngraph.deploy.bound import check_wanted, held, server_bounds, set_aside
     from mlflow_ngraph.deploy.select import confirm, creator, describe, rank
     from mlflow_ngraph.deploy.signed import Trust
     from mlflow_ngraph.tracking.mlflow_log import connect, resolve_tracking_uri
@@ -163,11 +179,14 @@ def _choose(options: dict):
     client = connect(uri)
     ids = experiment_ids(client, options["experiment"])
     what = f"{options['model']} on {options['device']}"
+    bound_ms = check_wanted(options["min_qps"], options["latency_bound"])
     trust = Trust.of(options["trusted_keys"], options["allow_unsigned"])
     refused: set[str] = set()
     shown = False
     for _ in range(MAX_ROUNDS):
         found = _verified_candidates(client, uri, options, trust, refused)
+        if bound_ms is not None:
+            set_aside(client, found, bound_ms, options["min_qps"])
         selection = rank(
             found, options["metric"], options["max_latency_ms"], options["allow_unstable"]
         )
@@ -185,6 +204,9 @@ def _choose(options: dict):
         )
     signed = f"signed by {chosen.signer}" if chosen.signer else "UNSIGNED: " + chosen.unsigned
     say(f"chose {chosen.label} (run {chosen.run_id}, logged by {creator(run)}, {signed})")
+    chosen.server = chosen.server or held(server_bounds(client, chosen), None, None)
+    if chosen.server is not None:
+        say(f"it held {chosen.server.text()} (loadgen run {chosen.server.run_id})")
     return client, uri, chosen, run, selection
 
 

@@ -17,6 +17,7 @@ LIST_OPTIONS: dict[str, dict[str, str]] = {
     "blocks": {"--compilers": "--compiler"},
     "compare": {},
     "tune": {"--compilers": "--compiler", "--objectives": "--objective"},
+    "loadgen": {"--models": "--model", "--compilers": "--compiler", "--scenarios": "--scenario"},
 }
 #: per entry point: the options that are flags, passed alone when their param is true
 FLAG_OPTIONS: dict[str, set[str]] = {

@@ -279,6 +279,24 @@ def _query(options: dict) -> RunQuery:
     )
 
 
+def _loadgen_table(options: dict) -> None:
+    """``--scenario``: the loadgen table of one scenario."""
+    from mlflow_ngraph.loadgen.table import format_rows, loadgen_rows, with_speedups
+    from mlflow_ngraph.table import terminal_width
+
+    uri = resolve_tracking_uri(options["tracking_uri"])
+    check_tracking_uri(uri)
+    client = MlflowClient(tracking_uri=uri)
+    wanted = list(options["experiments"])
+    found = [client.get_experiment_by_name(n) or client.get_experiment(n) for n in wanted]
+    ids = [e.experiment_id for e in found] or [e.experiment_id for e in client.search_experiments()]
+    scenario = str(options["loadgen_scenario"])
+    rows = with_speedups(loadgen_rows(client, ids, scenario), scenario)
+    if not rows:
+        raise NgraphError(f"no loadgen results of {scenario}: run `mlflow-ngraph loadgen` first")
+    click.echo(format_rows(rows, scenario, terminal_width()))
+
+
 def _execute(options: dict) -> None:
     fmt, query = options["fmt"], _query(options)
     ranges = parse_ranges(options["ranges"])
@@ -417,6 +435,13 @@ class CompareError(click.ClickException):
     help="Write no HTML report (by default ngraph-compare-report.html, next to a local "
     "store, else in the current directory).",
 )
+@click.option(
+    "--scenario",
+    "loadgen_scenario",
+    type=click.Choice(["singlestream", "multistream", "offline", "server"]),
+    help="The `loadgen` results of this MLPerf scenario (docs/loadgen.md), with each "
+    "compiler's speedup over eager on the same device.",
+)
 def compare(**options: object) -> None:
     """Compare benchmark results across devices, compilers and experiments.
 
@@ -424,6 +449,9 @@ def compare(**options: object) -> None:
     (speedup, RTR, ASE, BSR) are recomputed from the logged throughputs.
     """
     try:
+        if options["loadgen_scenario"]:
+            _loadgen_table(options)
+            return
         _execute(options)
     except NgraphError as error:
         raise CompareError(redact_text(error)) from error

@@ -183,6 +183,13 @@ class Engine(ABC):
             self.infer()
             stamp(clock())
 
+    def infer_in(self, slot: int) -> None:
+        """Run one request on the prepared inputs in request slot ``slot`` (``0 <= slot <
+        parallel_requests``) and return when it ends. Distinct slots may run at once, each
+        from its own thread: a server's dispatchers (``loadgen``'s Server and Offline
+        scenarios). With one slot (the default) it is :meth:`infer`."""
+        self.infer()
+
     @abstractmethod
     def outputs(self, inputs: np.ndarray) -> np.ndarray:
         """Run once on ``inputs`` and return its output as a float32 array, or every output

@@ -113,6 +113,12 @@ class OpenVinoEngine(Engine):
     def infer(self) -> None:
         self.request.infer()
 
+    def infer_in(self, slot: int) -> None:
+        """One synchronous inference on the async queue's request ``slot`` (its input
+        filled in :meth:`prepare`): a server's dispatcher threads each drive their own
+        request, as many at once as the compiled model's optimal number of requests."""
+        self.queue[slot].infer()
+
     def start_many(self, count: int, latencies: list[float] | None = None, every: int = 1) -> None:
         """Start ``count`` requests; return once the last is started (earlier ones may still
         run). The harness calls it repetition after repetition so the queue never drains

@@ -381,6 +381,7 @@ def register(
         T_MANIFEST: digest,
         T_MLMODEL: registered_mlmodel(client, model_uri, digest, candidate.run_id),
         **{f"{T_METRIC}{k}": repr(v) for k, v in candidate.metrics.items()},
+        **(candidate.server.tags() if candidate.server is not None else {}),
     }
     version = mlflow.register_model(model_uri, name, tags=tags)
     faultpoint.point("register_version_created")

@@ -39,6 +39,8 @@ class Candidate:
     signed: Any = None  # that record (``tracking.provenance.Signed``)
     unsigned: str = ""  # why it is not verified, where unsigned engines are allowed
     trust_problem: str = ""  # why it is not trusted (set aside)
+    server: Any = None  # the Server result it held (``deploy.bound.Bound``), where looked up
+    bound_problem: str = ""  # why it does not meet --min-qps / --latency-bound (set aside)
 
     def value(self, metric: str) -> float:
         return self.metrics.get(metric, math.nan)
@@ -231,6 +233,8 @@ def rank(
             c.reason = f"no {metric} logged"
         elif c.stability == S.STABILITY_UNSTABLE and not allow_unstable:
             c.reason = UNSTABLE_REASON
+        elif c.bound_problem:
+            c.reason = c.bound_problem
         elif max_latency_ms is not None:
             latency = c.value(S.M_LATENCY_P99)
             which = "p99"

@@ -50,6 +50,10 @@ T_REFERENCE = "ngraph.reference"  # what the outputs were checked against
 T_SWEEP = "ngraph.sweep"  # the sweep id of every run a sweep started
 T_TUNE = "ngraph.tune"  # on a cell: the tune run whose trial it is (its role stays "cell")
 T_TUNE_KEY = "ngraph.tune_key"  # on a tune run: what it searches (its resume key)
+#: on a loadgen cell run (role "loadgen"): what it measures (its resume key); per scenario
+#: ``ngraph.loadgen.<scenario>.validity`` (VALID / INVALID, LoadGen's verdict) and ``.reason``
+T_LOADGEN_KEY = "ngraph.loadgen_key"
+T_LOADGEN = "ngraph.loadgen"
 
 STABILITY_STABLE = "STABLE"
 STABILITY_UNSTABLE = "UNSTABLE"

@@ -360,6 +360,20 @@ def sections(rows: Sequence[Any] = (), batch_sizes: Sequence[int] = (1,)) -> lis
     return [*out, section(MORE_SECTION, MLFLOW_METRICS_SECTION, False)]
 
 
+def table_state(selected: Sequence[str]) -> dict[str, Any]:
+    """A view's runs table: every active run of any time, these columns in this order."""
+    return {
+        "startTime": "ALL",
+        "lifecycleFilter": "Active",
+        "datasetsFilter": [],
+        "modelVersionFilter": "All Runs",
+        "selectedColumns": list(selected),
+        # MLflow groups columns by kind (metrics, params, tags): this order puts who first
+        "columnOrder": list(selected),
+        "columnWidths": widths(selected),
+    }
+
+
 def view_state(
     device: str,
     batch_sizes: Sequence[int],
@@ -382,14 +396,7 @@ def view_state(
         "searchFilter": f"params.{S.P_DEVICE} = '{device_literal}' and tags.`{S.T_ROLE}` = 'cell'",
         "orderByKey": _column("metrics", sort_key),
         "orderByAsc": False,
-        "startTime": "ALL",
-        "lifecycleFilter": "Active",
-        "datasetsFilter": [],
-        "modelVersionFilter": "All Runs",
-        "selectedColumns": selected,
-        # MLflow groups columns by kind (metrics, params, tags): this order puts who first
-        "columnOrder": selected,
-        "columnWidths": widths(selected),
+        **table_state(selected),
         # dropped by MLflow 3.17's loader; kept for the versions that read it
         "runsExpanded": {parent_id: True} if parent_id else {},
         "runsHiddenMode": "SHOW_ALL",

@@ -20,6 +20,7 @@ from deploy_support import cli
 from tests._support import (
     PYTHON,
     TINY_STORE_EXPERIMENT,
+    TINY_STORE_MODEL,
     clone_store,
     free_port,
     process_tracking_uri,
@@ -32,13 +33,33 @@ SAFE = {"MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
 SHAPE = (2, 3, 32, 32)  # the engine registered below: batch size 2
 
 
+def server_held(uri: str, home, qps: float) -> None:
+    """A `loadgen` Server result of the engine registered below (ONNX Runtime, batch 2), as
+    loadgen's own record writes it: `register --min-qps` chooses by it and tags the version."""
+    from mlflow_ngraph.loadgen.drive import LoadgenCell, LoadgenRun
+    from mlflow_ngraph.loadgen.settings import LoadgenSettings
+    from mlflow_ngraph.loadgen.summary import ScenarioResult
+    from mlflow_ngraph.plan.config import ModelSpec, split_name_args
+
+    settings = LoadgenSettings(("server",), latency_bound_ms=50.0, max_batch=2)
+    cell = LoadgenCell(ModelSpec(*split_name_args(TINY_STORE_MODEL, "model")), "onnxruntime",
+                       {}, "cpu", settings)  # fmt: skip
+    record = LoadgenRun(settings, home, uri, "lg", True, print).open(cell)
+    figures = {"server.qps": qps, "server.p99_ms": 7.5}
+    record.result("server", ScenarioResult("server", True, "", figures))
+    record.finish()
+
+
 @pytest.fixture(scope="module")
 def registered(tiny_store, tmp_path_factory):
-    """(tracking URI, client, model version) of an ONNX Runtime engine at batch size 2."""
+    """(tracking URI, client, model version) of an ONNX Runtime engine at batch size 2, the
+    only one with a loadgen Server result (183 QPS at p99 <= 50 ms) and so the one
+    ``register --min-qps 100`` can choose."""
     root = tmp_path_factory.mktemp("serving")
     uri = clone_store(tiny_store, root / "store", skip_home=True)
+    server_held(uri, root / "home", 183.0)
     args = ["register", "-e", EXPERIMENT, "--device", "cpu", "--model", "conv_block"]
-    args += ["--compiler", "onnxruntime", "--batch-size", "2", "--name", NAME]
+    args += ["--batch-size", "2", "--name", NAME, "--min-qps", "100"]
     done = cli(*args, "--tracking-uri", uri, env=SAFE)
     assert done.returncode == 0, done.stderr[-3000:]
     client = mlflow.tracking.MlflowClient(uri)
@@ -47,6 +68,8 @@ def registered(tiny_store, tmp_path_factory):
 
 def test_the_logged_model_is_named_after_model_compiler_and_batch(registered):
     _, client, version = registered
+    assert version.tags["ngraph.server"].startswith("server: 183 QPS at p99 <= 50 ms on cpu, ")
+    assert version.tags["ngraph.server.qps"] == "183"
     logged = client.get_logged_model(version.model_id or version.source.split("/")[-1])
     assert logged.name == "conv_block-d1-image_size-32-w8-onnxruntime-bs2"
     assert logged.params["batch_size"] == "2" and logged.params["compiler"] == "onnxruntime"
@@ -109,6 +132,17 @@ def test_serve_refuses_another_batch_in_one_line(registered, tmp_path):
         status, answer = _post(port, rng.standard_normal(SHAPE).astype(np.float32))
         assert status == 200
         assert np.asarray(answer["predictions"]).shape == (2, 8, 32, 32)
+        driven = cli("loadgen", "--url", f"http://127.0.0.1:{port}", "--model", TINY_STORE_MODEL,
+                     "--max-batch", "2", "--scenario", "offline", "--min-duration", "1",
+                     "--experiment", "lg-served", "--tracking-uri", uri,
+                     env={**SAFE, "MLFLOW_NGRAPH_HOME": str(tmp_path / "home")})  # fmt: skip
     finally:
         serve.terminate()
         serve.wait(60)
+    # LoadGen drove the served engine over HTTP: a VALID Offline figure, the run says served
+    assert driven.returncode == 0, driven.stderr[-3000:]
+    assert "served offline: " in driven.stdout and "samples/s (VALID)" in driven.stdout
+    client = mlflow.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("lg-served").experiment_id])
+    assert run.data.params["loadgen.driven"] == "served"
+    assert run.data.metrics["offline.samples_per_s"] > 0
