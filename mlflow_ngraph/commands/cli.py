@@ -514,21 +514,25 @@ def remeasure_command(ctx: click.Context, mode: str = "unstable") -> str:
 def _say_view(runner, uri: str) -> None:
     """Where the answer opens in MLflow's UI: the designed view when it was written, else
     the experiment's runs."""
+    experiment_id = getattr(runner, "experiment_id", None)
+    if experiment_id:
+        say_view(uri, experiment_id, getattr(runner.store, "view_key", None))
+
+
+def say_view(uri: str, experiment_id: str, key: str | None) -> None:
+    """The MLflow UI lines of an experiment: the command that starts a UI over a local store,
+    then the designed view ``key`` (its table and its charts), or the experiment's runs."""
     from urllib.parse import urlencode
 
     from mlflow_ngraph.tracking.mlflow_log import redact
     from mlflow_ngraph.tracking.ui import WORKFLOW, view_address
 
-    experiment_id = getattr(runner, "experiment_id", None)
-    if not experiment_id:
-        return
     served = uri.startswith(("http://", "https://"))
     base = redact(uri) if served else "http://127.0.0.1:5000"
     if not served:
         click.echo(
             f"MLflow UI: mlflow ui --backend-store-uri {redact(uri)} --host 127.0.0.1 --port 5000"
         )
-    key = getattr(runner.store, "view_key", None)
     if key:
         click.echo(f"answer: {view_address(base, experiment_id, key)}")
         click.echo(f"charts: {view_address(base, experiment_id, key, charts=True)}")

@@ -95,8 +95,10 @@ def loadgen(**o: Any) -> None:
         signal.signal(signal.SIGTERM, previous)
     from mlflow_ngraph.loadgen.view import write_view
 
-    view = write_view(job.client, job.experiment_id, o["device"], settings.scenarios)
-    say(f"the scenarios' columns in the MLflow UI: {view}")
+    from mlflow_ngraph.commands.cli import say_view
+
+    key = write_view(job.client, job.experiment_id, o["device"], settings.scenarios)
+    say_view(uri, job.experiment_id, key)
     if failed:
         raise NgraphError(f"{failed} cell(s) had a scenario that failed: see the lines above")
 

@@ -9,6 +9,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,6 +198,7 @@ def worker_main(task: LoadgenTask, conn) -> None:
     from mlflow_ngraph.run.template import die_with_parent
 
     die_with_parent(task.extra.get("parent"))  # a killed command takes its worker along
+    _output_to(worker_log(task))  # the runtimes' native warnings, a crash's traceback
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the command's to handle
     root = logging.getLogger("mlflow_ngraph")
     root.handlers[:] = [_Forward(conn)]
@@ -209,6 +211,22 @@ def worker_main(task: LoadgenTask, conn) -> None:
     run_cell(task, emit)
     conn.send(("done", None))
     conn.close()
+
+
+def worker_log(task: LoadgenTask) -> str:
+    """The file the cell's worker writes its stdout and stderr to (beside LoadGen's logs)."""
+    return os.path.join(task.outdir, "worker.log")
+
+
+def _output_to(path: str) -> None:
+    """This process's stdout and stderr (file descriptors 1 and 2) appended to ``path``."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def in_worker(task: LoadgenTask, on_event: Emit) -> str | None:
@@ -225,7 +243,10 @@ def in_worker(task: LoadgenTask, on_event: Emit) -> str | None:
                 kind, payload = ours.recv()
             except (EOFError, OSError):
                 process.join(timeout=10)
-                return f"the worker ended (exit code {process.exitcode}) before finishing"
+                return (
+                    f"the worker ended (exit code {process.exitcode}) before finishing; "
+                    f"its output: {worker_log(task)}"
+                )
             if kind == "done":
                 process.join(timeout=30)
                 return None

@@ -63,11 +63,11 @@ def view_state(device: str, scenarios: Sequence[str]) -> dict:
 
 
 def write_view(client, experiment_id: str, device: str, scenarios: Sequence[str]) -> str:
-    """The view written to the experiment; returns its address (relative to the UI)."""
-    from mlflow_ngraph.tracking.ui import VIEW_TAG_PREFIX, encode_view, view_address
+    """The view written to the experiment; returns its key."""
+    from mlflow_ngraph.tracking.ui import VIEW_TAG_PREFIX, encode_view
 
     key = view_key(device)
     state = view_state(device, scenarios)
     name = f"mlflow-ngraph loadgen: {device}, {', '.join(scenarios)}"
     client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + key, encode_view(name, state))
-    return view_address("", experiment_id, key)
+    return key

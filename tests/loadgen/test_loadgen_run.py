@@ -46,6 +46,9 @@ def test_every_scenario_runs_logs_and_a_killed_run_resumes(resumed):
     server = next(line for line in out.splitlines() if " server:" in line)
     assert "INVALID (no target rate held (the latency bound was not held" in server
     assert "QPS at p99" not in server  # the figure line of a VALID result
+    # the runtime's own warnings go to the worker's log, the view's address to the terminal
+    assert "onnxruntime:" not in again.stdout + again.stderr
+    assert "answer: http://127.0.0.1:5000/#/experiments/" in out
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("lg")
     runs = client.search_runs([experiment.experiment_id])
