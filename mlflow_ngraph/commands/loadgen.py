@@ -93,9 +93,8 @@ def loadgen(**o: Any) -> None:
             failed += bool(job.run(cell).failed)
     finally:
         signal.signal(signal.SIGTERM, previous)
+    from mlflow_ngraph.commands.ui_lines import say_view
     from mlflow_ngraph.loadgen.view import write_view
-
-    from mlflow_ngraph.commands.cli import say_view
 
     key = write_view(job.client, job.experiment_id, o["device"], settings.scenarios)
     say_view(uri, job.experiment_id, key)
