@@ -29,7 +29,7 @@ LAYERS = (
     ("plan", ("plan",)),
     ("record", ("tracking",)),
     ("run", ("run",)),
-    ("use", ("report", "deploy", "tune")),
+    ("use", ("report", "deploy", "tune", "gate")),
     ("commands", ("commands", "__main__", "cluster", "")),
 )  # fmt: skip
 

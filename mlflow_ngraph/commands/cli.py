@@ -121,6 +121,10 @@ LAZY_COMMANDS = {
         "mlflow_ngraph.commands.tune:tune",
         "Find the fastest verified configuration of a model across compilers and knobs.",
     ),
+    "gate": (
+        "mlflow_ngraph.commands.gate:gate",
+        "The challenger against the champion engine, measured in the same rounds; a verdict.",
+    ),
     "sweep": (
         "mlflow_ngraph.commands.cluster:sweep_command",
         "Benchmark every device of a sweep spec on a Ray cluster; compare them at the end.",
