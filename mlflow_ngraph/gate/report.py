@@ -48,7 +48,9 @@ def as_text(result: dict[str, Any]) -> str:
     for key, champion, challenger in _side_lines(result):
         lines.append(f"  {key:<11} champion {champion}  |  challenger {challenger}")
     lines.append(
-        f"  measured   {result['rounds']} rounds in {result['seconds']:.0f} s; interval: "
+        "  not measured: the outputs differ"
+        if result["verdict"] == "invalid"
+        else f"  measured   {result['rounds']} rounds in {result['seconds']:.0f} s; interval: "
         f"{result.get('interval_kind')} ({result.get('interval_source')})"
     )
     if result.get("planted_delay"):

@@ -1,0 +1,99 @@
+"""The gate's verdict, interval and reports: pure logic, no process."""
+
+from __future__ import annotations
+
+import json
+import math
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.gate.gate import GateSettings, planted_delay
+from mlflow_ngraph.gate.report import headline, render
+from mlflow_ngraph.gate.sides import parse_kind
+from mlflow_ngraph.gate.verdict import EXIT_STATUS, decide, percent, widened
+from mlflow_ngraph.variables import ENV_GATE_PLANTED_DELAY
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "verdict"),
+    [
+        (0.98, 1.02, "same"),
+        (0.97, 1.03, "same"),
+        (0.88, 0.95, "slower"),
+        (0.94, 0.99, "unsure"),  # may be a regression beyond 3%, or not
+        (1.05, 1.09, "faster"),
+        (1.01, 1.06, "faster"),  # beyond noise faster, cannot be slower at all
+        (0.99, 1.06, "unsure"),  # straddles 1 and leaves the band
+        (0.80, 1.20, "unsure"),
+        (None, None, "unsure"),
+    ],
+)
+def test_the_verdict_of_an_interval(low, high, verdict):
+    assert decide(low, high, 0.03) == verdict
+
+
+def test_exit_statuses_are_what_ci_reads():
+    assert EXIT_STATUS == {"faster": 0, "same": 0, "slower": 1, "unsure": 2}
+
+
+def test_the_host_spread_widens_the_interval_and_none_leaves_it():
+    assert widened(1.0, (0.98, 1.02), None) == (0.98, 1.02)
+    low, high = widened(1.0, (0.98, 1.02), 0.02, 30)
+    assert low < 0.98 and high > 1.02
+    assert math.isclose(math.log(high), -math.log(low), rel_tol=1e-9)
+
+
+def _result(verdict="slower", **extra):
+    side = {"label": "a@onnxruntime", "throughput": 100.0, "runtime": "ort 1", "python": "3.11"}
+    return {
+        "verdict": verdict, "ratio": 0.9, "low": 0.88, "high": 0.92, "tolerance": 0.03,
+        "rounds": 40, "seconds": 9.0, "champion": side, "challenger": dict(side),
+        "outputs": {"valid": True, "reason": ""}, "interval_kind": "sitting", **extra,
+    }  # fmt: skip
+
+
+def test_every_format_says_the_verdict():
+    result = _result()
+    assert headline(result).startswith("slower: the challenger's throughput -10.0%")
+    assert json.loads(render(result, "json"))["verdict"] == "slower"
+    assert "**slower**" in render(result, "markdown")
+    suite = ET.fromstring(render(result, "junit"))
+    assert suite.get("failures") == "1" and suite.find("testcase/failure") is not None
+    unsure = ET.fromstring(render(_result("unsure"), "junit"))
+    assert unsure.get("skipped") == "1" and unsure.get("failures") == "0"
+    assert "TEST ONLY" in render(_result(planted_delay=0.1), "text")
+    assert percent(None) == "n/a"
+
+
+def test_a_side_of_no_known_form_is_one_line():
+    with pytest.raises(NgraphError, match="is not a registered model"):
+        parse_kind("resnet18")
+    assert parse_kind("models:/m@cpu") == "registered"
+    assert parse_kind("runs:/abc") == "run"
+    assert parse_kind("conv_block:width=8@onnxruntime") == "spec"
+
+
+def test_settings_and_the_planted_delay_are_checked(tmp_path, monkeypatch):
+    with pytest.raises(NgraphError, match="--tolerance"):
+        GateSettings("a@b", "a@b", "sqlite://", tmp_path, tolerance=3)
+    with pytest.raises(NgraphError, match="--budget"):
+        GateSettings("a@b", "a@b", "sqlite://", tmp_path, budget_s=0)
+    monkeypatch.delenv(ENV_GATE_PLANTED_DELAY, raising=False)
+    assert planted_delay() == 0.0
+    monkeypatch.setenv(ENV_GATE_PLANTED_DELAY, "x")
+    with pytest.raises(NgraphError, match=ENV_GATE_PLANTED_DELAY):
+        planted_delay()
+
+
+def test_promote_needs_an_alias_and_a_version_of_the_same_model():
+    from mlflow_ngraph.gate.record import check_promotable
+    from mlflow_ngraph.gate.sides import Side
+
+    champion = Side("champion", "models:/m@cpu", "registered", name="m", version="1", alias="cpu")
+    check_promotable(champion, Side("challenger", "models:/m/2", "registered", name="m"))
+    with pytest.raises(NgraphError, match="--promote"):
+        check_promotable(champion, Side("challenger", "x@onnxruntime", "spec"))
+    with pytest.raises(NgraphError, match="models:/NAME@ALIAS"):
+        check_promotable(Side("champion", "x@onnxruntime", "spec"), champion)
