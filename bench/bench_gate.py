@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-SMALL = "conv_block:width=32,depth=2,image_size=64@onnxruntime:intra_op_threads=1"
+SMALL = "conv_block:width=32,depth=2,image_size=64@onnxruntime:intra_op_num_threads=1"
 
 
 def gate(root: str, champion: str, challenger: str, *extra: str, env=None) -> tuple[dict, float]:
