@@ -3,9 +3,9 @@ host; ``--count`` fewer gates for a quick look).
 
 1. A/A: the same engine as champion and challenger, ``--count`` gates: "slower" at most 1
    of 20 is the bar;
-2. planted slowdown: the challenger the same engine with a fixed extra delay of 10% of each
-   call's time (the test-only ``MLFLOW_NGRAPH_GATE_PLANTED_DELAY``): "slower" at least 19
-   of 20;
+2. planted slowdown: the challenger the same engine with a fixed extra delay of 10% of its
+   time (a busy wait of 10% of each window's own time, the test-only
+   ``MLFLOW_NGRAPH_GATE_PLANTED_DELAY``): "slower" at least 19 of 20;
 3. a real upgrade: the champion's worker on this environment's runtime, the challenger's
    on another environment's (``--other-python``, e.g. a venv with another OpenVINO and a .pth
    to this one's packages), on resnet18 at batch 1 and 8: the verdict, the ratio and its

@@ -28,27 +28,44 @@ COMMANDS = {"outputs": "outputs", "warm": "warmed", "window": "window"}
 
 
 class Delayed:
-    """An engine whose every call (one request, or a repetition of several) is followed by a
-    sleep of ``fraction`` of the call's own time: the same engine, ``fraction`` slower by
-    construction (the planted slowdown of bench/bench_gate.py; never set by a real gate,
-    see :data:`mlflow_ngraph.variables.ENV_GATE_PLANTED_DELAY`). Exact for a one-slot
-    engine; an engine that keeps requests in flight across calls runs them on meanwhile."""
+    """An engine whose every stretch of calls, from the first call after a
+    ``synchronize()`` to the next ``synchronize()`` (a harness window, requests in flight
+    included), is drawn out to ``1 + fraction`` times its own measured time by a busy wait
+    inside that ``synchronize()``: the same engine, ``fraction`` slower by construction, for
+    one-slot and queued engines alike (the planted slowdown of bench/bench_gate.py; never set
+    by a real gate, see :data:`mlflow_ngraph.variables.ENV_GATE_PLANTED_DELAY`).
 
-    def __init__(self, engine, fraction: float) -> None:
+    Once per window rather than after each call: a wait after each 1 ms call overshoots by
+    the scheduler's wake-up latency (a sleep: tens of microseconds, so a planted 10% read
+    20%) or by any preemption that lands in it (a busy host), each time; once per window the
+    overshoot is at most one such delay in a window of 100 ms or more."""
+
+    def __init__(self, engine, fraction: float, clock=time.perf_counter) -> None:
         self.engine = engine
         self.fraction = fraction
+        self.clock = clock
+        self.began: float | None = None
         for name in ("infer", "run_many", "start_many"):
             if hasattr(engine, name):
-                setattr(self, name, self._delayed(getattr(engine, name)))
+                setattr(self, name, self._timed(getattr(engine, name)))
 
-    def _delayed(self, call):
+    def _timed(self, call):
         def run(*args, **kwargs):
-            began = time.perf_counter()
-            out = call(*args, **kwargs)
-            time.sleep(self.fraction * (time.perf_counter() - began))
-            return out
+            if self.began is None:
+                self.began = self.clock()
+            return call(*args, **kwargs)
 
         return run
+
+    def synchronize(self) -> None:
+        self.engine.synchronize()
+        if self.began is None:
+            return
+        clock, began = self.clock, self.began
+        until = began + (1 + self.fraction) * (clock() - began)
+        while clock() < until:
+            pass
+        self.began = None
 
     def __getattr__(self, name: str):
         return getattr(self.engine, name)

@@ -97,3 +97,45 @@ def test_promote_needs_an_alias_and_a_version_of_the_same_model():
         check_promotable(champion, Side("challenger", "x@onnxruntime", "spec"))
     with pytest.raises(NgraphError, match="models:/NAME@ALIAS"):
         check_promotable(Side("champion", "x@onnxruntime", "spec"), champion)
+
+
+class _Clock:
+    """A clock that advances only when read (1 us a read) or when the fake engine runs."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+
+class _Engine:
+    def __init__(self, clock: _Clock, call_s: float) -> None:
+        self.clock, self.call_s, self.synced = clock, call_s, 0
+
+    def run_many(self, k: int) -> None:
+        self.clock.now += k * self.call_s
+
+    def synchronize(self) -> None:
+        self.clock.now += 0.002  # requests in flight: the window's too
+        self.synced += 1
+
+
+def test_the_planted_delay_stretches_each_window_by_its_fraction():
+    from mlflow_ngraph.gate.worker import Delayed
+
+    clock = _Clock()
+    inner = _Engine(clock, 1e-3)
+    engine = Delayed(inner, 0.1, clock)
+    for window in range(3):
+        began = clock.now
+        for _ in range(100):  # a window of 100 calls of 1 ms, then the harness's sync
+            engine.run_many(1)
+        own = clock.now + 0.002 - began
+        engine.synchronize()
+        assert clock.now - began == pytest.approx(1.1 * own, abs=5e-6), window
+    assert inner.synced == 3 and engine.began is None
+    before = clock.now
+    engine.synchronize()  # no call since the last: nothing to stretch
+    assert inner.synced == 4 and clock.now - before == pytest.approx(0.002, abs=5e-6)
