@@ -281,6 +281,7 @@ os.environ.setdefault("MLFLOW_NGRAPH_TUNE_MAX_DURATION", "1")
 os.environ.setdefault("MLFLOW_NGRAPH_BENCHMARK_BUSY_OK", "1")
 os.environ.setdefault("MLFLOW_NGRAPH_BLOCKS_BUSY_OK", "1")
 os.environ.setdefault("MLFLOW_NGRAPH_TUNE_BUSY_OK", "1")
+os.environ.setdefault("MLFLOW_NGRAPH_GATE_BUSY_OK", "1")
 # and look at the host briefly: every e2e run pays the look (3 s by default) before it starts
 os.environ.setdefault("MLFLOW_NGRAPH_HOST_SAMPLE_S", "0.3")
 os.environ.setdefault("MLFLOW_NGRAPH_TUNE_PRECISION", "0.5")

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from mlflow_ngraph.commands.cli import store_failure
+from mlflow_ngraph.commands.cli import host_check_of, host_options, store_failure
 from mlflow_ngraph.commands.deploy import signature_options
 from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.gate.verdict import EXIT_ERROR, EXIT_STATUS, TOLERANCE
@@ -78,6 +78,7 @@ SIDE_HELP = (
 @click.option(
     "--trust-code", is_flag=True, default=None, help="Load engines whose loading runs code."
 )
+@host_options
 @signature_options
 def gate(**o: Any) -> None:
     """The challenger against the champion, in the same interleaved rounds on this device.
@@ -88,7 +89,9 @@ def gate(**o: Any) -> None:
     try:
         result = _gate(o)
     except NgraphError as exc:
-        exc.exit_code = EXIT_ERROR
+        from mlflow_ngraph.gate.gate import HostBusy
+
+        exc.exit_code = exc.exit_code if isinstance(exc, HostBusy) else EXIT_ERROR
         raise
     except Exception as exc:
         error = store_failure(exc)
@@ -106,6 +109,7 @@ def _gate(o: dict[str, Any]) -> dict[str, Any]:
     from mlflow_ngraph.console import default_home
     from mlflow_ngraph.gate.gate import GateSettings, run_gate
     from mlflow_ngraph.gate.report import render
+    from mlflow_ngraph.plan.config import RunPolicy
     from mlflow_ngraph.text import visible
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
     from mlflow_ngraph.tune.settings import parse_budget
@@ -128,6 +132,7 @@ def _gate(o: dict[str, Any]) -> dict[str, Any]:
         trusted_keys=o["trusted_keys"],
         allow_unsigned=o["allow_unsigned"],
         trust_code=o["trust_code"],
+        host_check=host_check_of(o, RunPolicy().max_other_cpu),
     )
     quiet = o["fmt"] != "text"
     result = run_gate(settings, lambda line: click.echo(visible(line), err=quiet))

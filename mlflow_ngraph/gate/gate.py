@@ -15,7 +15,7 @@ from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.gate import record, rounds
 from mlflow_ngraph.gate.rounds import CHALLENGER, CHAMPION
 from mlflow_ngraph.gate.sides import Context, resolve
-from mlflow_ngraph.gate.verdict import TOLERANCE
+from mlflow_ngraph.gate.verdict import EXIT_STATUS, TOLERANCE, UNSURE
 from mlflow_ngraph.variables import ENV_GATE_PLANTED_DELAY
 
 #: the default seconds of rounds before an unsure gate stops measuring
@@ -43,6 +43,9 @@ class GateSettings:
     trusted_keys: str | None = None
     allow_unsigned: bool | None = None
     trust_code: bool | None = None
+    #: the look at the host before anything is built or measured (``--wait-quiet``,
+    #: ``--busy-ok``; :class:`~mlflow_ngraph.measure.quiet.HostCheck`), None: no look
+    host_check: Any = None
 
     def __post_init__(self) -> None:
         if not 0 < self.tolerance < 1:
@@ -53,6 +56,28 @@ class GateSettings:
             raise NgraphError(f"--budget must be more than 0 s, got {self.budget_s:g}")
         if self.batch_size is not None and self.batch_size < 1:
             raise NgraphError(f"--batch-size must be 1 or more, got {self.batch_size}")
+
+
+class HostBusy(NgraphError):
+    """The host stayed busy (``--wait-quiet``): no verdict could be measured, so the gate
+    ends ``unsure`` (exit status 2), as a gate whose interval stayed too wide does: a CI
+    job tries again on a quieter runner rather than reading an error in the change."""
+
+    exit_code = EXIT_STATUS[UNSURE]
+
+
+def look_at_host(check) -> None:
+    """The benchmark's look at the host before the gate builds or measures anything: other
+    processes over ``--max-other-cpu`` make a gate read ``unsure`` after its whole budget.
+
+    Raises:
+        HostBusy: the host stayed busy for ``--wait-quiet`` seconds."""
+    if check is None:
+        return
+    try:
+        check.run()
+    except NgraphError as exc:
+        raise HostBusy(f"no verdict: {exc}") from None
 
 
 def planted_delay() -> float:
@@ -171,6 +196,7 @@ def run_gate(settings: GateSettings, say: Callable[[str], None]) -> dict[str, An
         }
         if settings.promote:
             record.check_promotable(sides[CHAMPION], sides[CHALLENGER])
+        look_at_host(settings.host_check)
         sides[CHALLENGER].task["delay"] = delay
         result = _measured(settings, sides, work, delay, say)
     run_id = record.log_gate(client, settings.experiment, sides, result["infos"], result)

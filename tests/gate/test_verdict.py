@@ -139,3 +139,41 @@ def test_the_planted_delay_stretches_each_window_by_its_fraction():
     before = clock.now
     engine.synchronize()  # no call since the last: nothing to stretch
     assert inner.synced == 4 and clock.now - before == pytest.approx(0.002, abs=5e-6)
+
+
+def test_a_busy_host_is_no_verdict_unless_busy_ok():
+    from mlflow_ngraph.gate.gate import HostBusy, look_at_host
+    from mlflow_ngraph.measure.quiet import HostCheck, HostLoad
+
+    def busy(seconds: float) -> HostLoad:
+        return HostLoad(90.0, 2, 3.5, (("make", 41, 88.0),))
+
+    with pytest.raises(HostBusy) as caught:
+        look_at_host(HostCheck(25.0, wait_s=0, sampler=busy, sample_s=0.01))
+    assert caught.value.exit_code == EXIT_STATUS["unsure"]
+    message = str(caught.value)
+    assert "\n" not in message and "make (pid 41)" in message and "--busy-ok" in message
+    look_at_host(HostCheck(25.0, wait_s=0, busy_ok=True, sampler=busy, sample_s=0.01))
+    look_at_host(None)
+
+
+def test_promote_moves_the_alias_on_faster_or_same_only():
+    from mlflow_ngraph.gate.record import promote
+    from mlflow_ngraph.gate.sides import Side
+
+    class Registry:
+        def __init__(self) -> None:
+            self.moves: list = []
+
+        def set_registered_model_alias(self, name, alias, version):
+            self.moves.append((name, alias, version))
+
+    champion = Side("champion", "models:/m@cpu", "registered", name="m", version="1", alias="cpu")
+    challenger = Side("challenger", "models:/m/2", "registered", name="m", version="2")
+    registry = Registry()
+    for verdict in ("slower", "unsure", "invalid"):
+        line = promote(registry, champion, challenger, verdict)
+        assert line == f"not promoted: the verdict is {verdict}; m@cpu stays on version 1"
+    assert registry.moves == []
+    line = promote(registry, champion, challenger, "same")
+    assert registry.moves == [("m", "cpu", "2")] and "(it left version 1)" in line
