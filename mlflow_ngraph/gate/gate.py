@@ -199,7 +199,9 @@ def run_gate(settings: GateSettings, say: Callable[[str], None]) -> dict[str, An
         look_at_host(settings.host_check)
         sides[CHALLENGER].task["delay"] = delay
         result = _measured(settings, sides, work, delay, say)
-    run_id = record.log_gate(client, settings.experiment, sides, result["infos"], result)
+    run_id = record.log_gate(
+        client, settings.experiment, sides, result["infos"], result, settings.home
+    )
     result.pop("infos")
     result["run_id"] = run_id
     record.tag_version(client, sides[CHALLENGER], result, run_id)

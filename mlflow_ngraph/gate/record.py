@@ -71,8 +71,39 @@ def metrics_of(result: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def log_gate(client, experiment: str, sides: dict[str, Side], infos: dict, result: dict) -> str:
-    """The gate's run; returns its id."""
+RECORD = "gate.json"
+SIGNATURE = "gate.sig"
+T_SIGNED_BY = "ngraph.gate.signed_by"
+
+
+def log_signed(client, run_id: str, result: dict, home) -> str | None:
+    """The result as the run's :data:`RECORD`, naming its run (a record copied onto another
+    run is refused) and signed with this home's key as the benchmark signs its results
+    (:class:`~mlflow_ngraph.tracking.provenance.Producer`; :data:`SIGNATURE`, a
+    model-signing bundle; ``verify_files(record, signature, trusted, None, None)`` checks
+    it); returns the signer's fingerprint, None where no key could be had (unsigned)."""
+    import tempfile
+    from pathlib import Path
+
+    from mlflow_ngraph.tracking.provenance import producer
+
+    signer = producer(home)
+    record = {**result, "run_id": run_id, "batch_size": result["champion"].get("batch_size")}
+    if signer is not None:
+        record["signer"] = {"name": signer.public.name, "fingerprint": signer.public.fingerprint}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / RECORD
+        path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
+        if signer is not None:
+            signer.sign_file(path, Path(tmp) / SIGNATURE)
+        client.log_artifacts(run_id, tmp)
+    return signer.public.fingerprint if signer is not None else None
+
+
+def log_gate(
+    client, experiment: str, sides: dict[str, Side], infos: dict, result: dict, home=None
+) -> str:
+    """The gate's run, its record signed where ``home`` has a key; returns its id."""
     from mlflow.entities import Metric, Param, RunTag
 
     from mlflow_ngraph.tracking.mlflow_log import ensure_experiment
@@ -98,7 +129,11 @@ def log_gate(client, experiment: str, sides: dict[str, Side], infos: dict, resul
         params=[Param(k, v) for k, v in params.items()],
         tags=[RunTag(k, v) for k, v in tags.items()],
     )
-    client.log_text(run.info.run_id, json.dumps(result, indent=2, default=str), "gate.json")
+    if home is None:
+        client.log_text(run.info.run_id, json.dumps(result, indent=2, default=str), RECORD)
+    else:
+        signed_by = log_signed(client, run.info.run_id, result, home)
+        client.set_tag(run.info.run_id, T_SIGNED_BY, signed_by or "unsigned")
     client.set_terminated(run.info.run_id)
     return run.info.run_id
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mlflow_ngraph.errors import NgraphError
 from tests._support import PYTHON
 
 MODEL = "conv_block:width=8,depth=1,image_size=32"
@@ -70,6 +71,20 @@ def test_the_record_names_both_environments(aa):
     assert run.data.tags["ngraph.gate.verdict"] == report["verdict"]
     assert run.data.params["challenger.executable"] == other_python
     assert run.data.metrics["gate.ratio"] == pytest.approx(report["ratio"])
+    # the record is signed as the benchmark's are, and names its run
+    from mlflow_ngraph.keys import trusted_keys
+    from mlflow_ngraph.tracking.provenance import verify_files
+
+    client = MlflowClient(f"sqlite:///{root}/m.db")
+    files = [Path(client.download_artifacts(run.info.run_id, name, str(root)))
+             for name in ("gate.json", "gate.sig")]  # fmt: skip
+    signed = verify_files(*files, trusted_keys(root / "home"), None, None)
+    assert signed.record["run_id"] == run.info.run_id
+    assert signed.record["verdict"] == report["verdict"]
+    assert run.data.tags["ngraph.gate.signed_by"] == signed.signer.fingerprint
+    files[0].write_text(files[0].read_text().replace(report["verdict"], "faster", 1))
+    with pytest.raises(NgraphError, match="altered after signing"):
+        verify_files(*files, trusted_keys(root / "home"), None, None)
 
 
 def test_a_challenger_with_other_outputs_fails_whatever_its_speed(tmp_path):
