@@ -38,7 +38,7 @@ E2E_FILES = {
     "tracking/test_benchmark_mlflow.py", "tune/test_tune_run.py", "test_postgres_skip.py",
     "test_calibrated.py", "measure/test_stability.py", "deploy/test_register_faults.py",
     "cluster/test_reaper.py", "commands/test_calibrate.py", "run/test_paper_protocol.py",
-    "run/test_sittings_run.py", "compilers/test_plugin.py",
+    "run/test_sittings_run.py", "compilers/test_plugin.py", "gate/test_gate_cli.py",
 }  # fmt: skip
 #: ... or it uses one of these fixtures (a benchmark in-process, a shared store)
 E2E_FIXTURES = {"run_cli", "store", "tiny_store", "shared_build"}

@@ -219,7 +219,7 @@ def _measured(settings, sides, work: Path, delay: float, say) -> dict[str, Any]:
     tasks = {role: side.task for role, side in sides.items()}
     pythons = {CHAMPION: settings.champion_python, CHALLENGER: settings.challenger_python}
     say(f"gate: {sides[CHAMPION].label} (champion) against {sides[CHALLENGER].label} (challenger)")
-    workers = rounds.start(tasks, pythons, logs)
+    workers = rounds.start(tasks, pythons, logs, say)
     try:
         check = check_outputs(workers, _shapes(workers), settings.output_tolerance)
         outcome = None

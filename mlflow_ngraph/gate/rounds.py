@@ -84,11 +84,14 @@ class Worker:
         self.conn.send(task)
         self.paused = False
 
-    def reply(self, limit_s: float) -> tuple[str, Any]:
+    def reply(self, limit_s: float, waiting=None) -> tuple[str, Any]:
         """The worker's next message; a worker that died or is silent past ``limit_s`` is
-        an error naming the side."""
-        deadline = time.monotonic() + limit_s
+        an error naming the side. ``waiting(seconds)`` is called each second without one."""
+        began = time.monotonic()
+        deadline = began + limit_s
         while not self.conn.poll(1.0):
+            if waiting is not None:
+                waiting(time.monotonic() - began)
             if self.proc.poll() is not None:
                 raise NgraphError(f"the {self.role}'s worker exited ({self._ended()})")
             if time.monotonic() > deadline:
@@ -136,21 +139,47 @@ class Worker:
         self.conn.close()
 
 
-def start(tasks: dict[str, dict], pythons: dict[str, str | None], logs: Path) -> dict[str, Worker]:
+#: seconds between the lines that say a side is still being built or loaded
+PROGRESS_S = 30.0
+
+
+class Progress:
+    """``gate: building the champion's engine (60 s)`` every :data:`PROGRESS_S` seconds
+    while a side is not ready (a spec compiled here: minutes for a large model)."""
+
+    def __init__(self, say, role: str, task: dict, began: float) -> None:
+        self.say, self.role, self.began, self.next = say, role, began, PROGRESS_S
+        self.what = "building or loading" if task.get("kind") == "spec" else "loading"
+
+    def __call__(self, _: float) -> None:
+        spent = time.monotonic() - self.began
+        if spent >= self.next:
+            self.say(f"gate: still {self.what} the {self.role}'s engine ({spent:.0f} s)")
+            self.next += PROGRESS_S
+
+
+def start(
+    tasks: dict[str, dict], pythons: dict[str, str | None], logs: Path, say=None
+) -> dict[str, Worker]:
     """Both workers started at once (their imports and loads overlap), each ready, with what
-    it said of itself in ``worker.info``.
+    it said of itself in ``worker.info``; ``say`` hears how long each took, and every
+    :data:`PROGRESS_S` seconds, which is not ready yet.
 
     Raises:
         NgraphError: a side could not be had (its reason, in one line)."""
     workers: dict[str, Worker] = {}
+    say = say or (lambda _: None)
+    began = time.monotonic()
     try:
         for role, task in tasks.items():
             workers[role] = Worker(role, task, pythons.get(role), logs / f"gate-{role}.log")
         for role, worker in workers.items():
-            kind, payload = worker.reply(LOAD_LIMIT_S)
+            kind, payload = worker.reply(LOAD_LIMIT_S, Progress(say, role, tasks[role], began))
             if kind == "error":
                 raise NgraphError(f"the {role} ({tasks[role]['label']}): {payload}")
             worker.info = payload
+            runtime = (payload.get("versions") or {}).get("runtime", "")
+            say(f"gate: the {role} is ready ({runtime}; {time.monotonic() - began:.0f} s)")
     except BaseException:
         for worker in workers.values():
             worker.proc.kill()

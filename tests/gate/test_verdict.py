@@ -177,3 +177,16 @@ def test_promote_moves_the_alias_on_faster_or_same_only():
     assert registry.moves == []
     line = promote(registry, champion, challenger, "same")
     assert registry.moves == [("m", "cpu", "2")] and "(it left version 1)" in line
+
+
+def test_a_side_still_loading_is_said_every_30_s():
+    import time
+
+    from mlflow_ngraph.gate.rounds import PROGRESS_S, Progress
+
+    said: list[str] = []
+    progress = Progress(said.append, "champion", {"kind": "spec"}, time.monotonic() - 65)
+    for _ in range(3):
+        progress(0.0)
+    assert said == ["gate: still building or loading the champion's engine (65 s)"] * 2
+    assert progress.next == 3 * PROGRESS_S
