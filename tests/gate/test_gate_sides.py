@@ -91,14 +91,13 @@ def test_a_cell_run_against_a_pulled_folder_with_the_planted_slowdown(store, tmp
     pulled = cli(root, "pull", *SELECT, "--compiler", "onnxruntime", "--batch-size", "2",
                  "-o", str(folder))  # fmt: skip
     assert pulled.returncode == 0, pulled.stderr[-3000:]
-    for args, words in (
-        ([str(folder), "--batch-size", "4"], "takes batch size 2 only, not 4: give --batch-size 2"),
-        ([f"models:/{NAME}@nosuch"], f"models:/{NAME}@nosuch is not a registered version here"),
-    ):  # bad input: one line, status 3, before anything is built
-        bad = cli(root, "gate", "--champion", args[0], "--challenger", str(folder), *args[1:])
-        errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
-        assert bad.returncode == 3 and len(errors) == 1 and words in errors[0], bad.stderr
-        assert "Traceback" not in bad.stderr
+    # bad input: one line, status 3, before anything is built
+    bad = cli(root, "gate", "--champion", str(folder), "--challenger", str(folder),
+              "--batch-size", "4")  # fmt: skip
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode == 3 and len(errors) == 1, bad.stderr
+    assert "takes batch size 2 only, not 4: give --batch-size 2" in errors[0]
+    assert "Traceback" not in bad.stderr
     done = cli(root, "gate", "--champion", f"runs:/{run.info.run_id}", "--batch-size", "2",
                "--challenger", str(folder), "--tolerance", "0.2", "--budget", "8s",
                env={"MLFLOW_NGRAPH_GATE_PLANTED_DELAY": "1.0"})  # fmt: skip
