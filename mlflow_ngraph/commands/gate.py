@@ -84,7 +84,8 @@ def gate(**o: Any) -> None:
     """The challenger against the champion, in the same interleaved rounds on this device.
 
     Exit status: 0 faster or same, 1 slower beyond --tolerance (or outputs that differ),
-    2 unsure (the interval too wide when --budget ran out), 3 an error.
+    2 unsure (the interval too wide when --budget ran out, or the host busy past
+    --wait-quiet), 3 an error.
     """
     try:
         result = _gate(o)
