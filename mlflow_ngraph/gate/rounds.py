@@ -144,8 +144,9 @@ PROGRESS_S = 30.0
 
 
 class Progress:
-    """``gate: building the champion's engine (60 s)`` every :data:`PROGRESS_S` seconds
-    while a side is not ready (a spec compiled here: minutes for a large model)."""
+    """``gate: still building or loading the champion's engine (60 s)``, every
+    :data:`PROGRESS_S` seconds while a side is not ready (a spec compiled here: minutes for
+    a large model)."""
 
     def __init__(self, say, role: str, task: dict, began: float) -> None:
         self.say, self.role, self.began, self.next = say, role, began, PROGRESS_S
