@@ -29,7 +29,7 @@ LAYERS = (
     ("plan", ("plan",)),
     ("record", ("tracking",)),
     ("run", ("run",)),
-    ("use", ("report", "deploy", "tune", "loadgen")),
+    ("use", ("report", "deploy", "tune", "loadgen", "gate")),
     ("commands", ("commands", "__main__", "cluster", "")),
 )  # fmt: skip
 

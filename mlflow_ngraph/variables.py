@@ -42,3 +42,10 @@ def environment(values: dict[str, str | None]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+#: TEST ONLY (bench/bench_gate.py's planted slowdown): the share of each window's own time a
+#: ``mlflow-ngraph gate``'s challenger worker busy-waits at its end (``0.1``: the same engine
+#: 10% slower by construction). Nothing else reads it; a gate run with it set says so on
+#: every output and tags its run ``ngraph.gate.planted_delay``.
+ENV_GATE_PLANTED_DELAY = "MLFLOW_NGRAPH_GATE_PLANTED_DELAY"

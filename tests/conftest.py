@@ -39,6 +39,7 @@ E2E_FILES = {
     "test_calibrated.py", "measure/test_stability.py", "deploy/test_register_faults.py",
     "cluster/test_reaper.py", "commands/test_calibrate.py", "run/test_paper_protocol.py",
     "run/test_sittings_run.py", "compilers/test_plugin.py", "loadgen/test_loadgen_run.py",
+    "gate/test_gate_cli.py",
 }  # fmt: skip
 #: ... or it uses one of these fixtures (a benchmark in-process, a shared store)
 E2E_FIXTURES = {"run_cli", "store", "tiny_store", "shared_build"}
@@ -281,6 +282,7 @@ os.environ.setdefault("MLFLOW_NGRAPH_TUNE_MAX_DURATION", "1")
 os.environ.setdefault("MLFLOW_NGRAPH_BENCHMARK_BUSY_OK", "1")
 os.environ.setdefault("MLFLOW_NGRAPH_BLOCKS_BUSY_OK", "1")
 os.environ.setdefault("MLFLOW_NGRAPH_TUNE_BUSY_OK", "1")
+os.environ.setdefault("MLFLOW_NGRAPH_GATE_BUSY_OK", "1")
 # and look at the host briefly: every e2e run pays the look (3 s by default) before it starts
 os.environ.setdefault("MLFLOW_NGRAPH_HOST_SAMPLE_S", "0.3")
 os.environ.setdefault("MLFLOW_NGRAPH_TUNE_PRECISION", "0.5")

@@ -125,6 +125,10 @@ LAZY_COMMANDS = {
         "mlflow_ngraph.commands.loadgen:loadgen",
         "Run MLPerf LoadGen's scenarios on each compiled engine or a served model.",
     ),
+    "gate": (
+        "mlflow_ngraph.commands.gate:gate",
+        "The challenger against the champion engine, measured in the same rounds; a verdict.",
+    ),
     "sweep": (
         "mlflow_ngraph.commands.cluster:sweep_command",
         "Benchmark every device of a sweep spec on a Ray cluster; compare them at the end.",

@@ -196,6 +196,11 @@ class DeployedEngine:
     def compiler(self) -> str:
         return self.manifest["compiler"]
 
+    @property
+    def runtime_engine(self) -> Any:
+        """The compiler's engine itself (what the harness measures: ``mlflow-ngraph gate``)."""
+        return self._engine
+
     def check_input(self, x: Any) -> np.ndarray:
         """``x`` as the array the engine was built for.
 

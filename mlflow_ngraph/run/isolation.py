@@ -93,7 +93,7 @@ class _Spare:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGSTOP)
             self.paused = True
-            _await_stopped(self.proc.pid)
+            await_stopped(self.proc.pid)
 
     def resume(self) -> None:
         if self.paused:
@@ -113,7 +113,7 @@ class _Spare:
 STOP_WAIT_S = 0.5
 
 
-def _await_stopped(pid: int) -> None:
+def await_stopped(pid: int) -> None:
     import psutil
 
     deadline = time.monotonic() + STOP_WAIT_S
