@@ -107,7 +107,7 @@ def gate(**o: Any) -> None:
 
 
 def _gate(o: dict[str, Any]) -> dict[str, Any]:
-    from mlflow_ngraph.console import default_home
+    from mlflow_ngraph.console import default_home, open_log_file, setup_logging
     from mlflow_ngraph.gate.gate import GateSettings, run_gate
     from mlflow_ngraph.gate.report import render
     from mlflow_ngraph.plan.config import RunPolicy
@@ -136,6 +136,8 @@ def _gate(o: dict[str, Any]) -> dict[str, Any]:
         host_check=host_check_of(o, RunPolicy().max_other_cpu),
     )
     quiet = o["fmt"] != "text"
+    setup_logging(0)  # MLflow's store lines off the terminal; ours to the log file
+    open_log_file(settings.home, "gate")
     result = run_gate(settings, lambda line: click.echo(visible(line), err=quiet))
     text = render(result, o["fmt"])
     click.echo(text)

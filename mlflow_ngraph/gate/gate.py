@@ -204,6 +204,7 @@ def run_gate(settings: GateSettings, say: Callable[[str], None]) -> dict[str, An
     )
     result.pop("infos")
     result["run_id"] = run_id
+    result["experiment"] = settings.experiment
     record.tag_version(client, sides[CHALLENGER], result, run_id)
     if settings.promote:
         result["notes"].append(

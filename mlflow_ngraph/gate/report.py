@@ -53,6 +53,8 @@ def as_text(result: dict[str, Any]) -> str:
         else f"  measured   {result['rounds']} rounds in {result['seconds']:.0f} s; interval: "
         f"{result.get('interval_kind')} ({result.get('interval_source')})"
     )
+    if result.get("run_id"):
+        lines.append(f"  MLflow run {result['run_id']} (experiment {result.get('experiment')})")
     if result.get("planted_delay"):
         lines.append(f"  TEST ONLY: planted delay {result['planted_delay']:g} on the challenger")
     for note in result.get("notes", []):
