@@ -63,11 +63,34 @@ def view_state(device: str, scenarios: Sequence[str]) -> dict:
 
 
 def write_view(client, experiment_id: str, device: str, scenarios: Sequence[str]) -> str:
-    """The view written to the experiment; returns its key."""
+    """The view written to the experiment, with the columns of ``scenarios`` and of every
+    scenario an earlier invocation measured on the device (an invocation of one scenario
+    does not hide the others'); returns its key."""
     from mlflow_ngraph.tracking.ui import VIEW_TAG_PREFIX, encode_view
 
     key = view_key(device)
-    state = view_state(device, scenarios)
-    name = f"mlflow-ngraph loadgen: {device}, {', '.join(scenarios)}"
+    shown = measured_scenarios(client, experiment_id, device, scenarios)
+    state = view_state(device, shown)
+    name = f"mlflow-ngraph loadgen: {device}, {', '.join(shown)}"
     client.set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + key, encode_view(name, state))
     return key
+
+
+def measured_scenarios(
+    client, experiment_id: str, device: str, scenarios: Sequence[str]
+) -> list[str]:
+    """``scenarios`` and those the device's loadgen runs in the experiment carry a verdict
+    of, in the order of :data:`FIGURE_COLUMNS`."""
+    from mlflow.entities import ViewType
+
+    literal = device.replace("'", "\\'")
+    found = set(scenarios)
+    runs = client.search_runs(
+        [experiment_id],
+        f"params.{S.P_DEVICE} = '{literal}' and tags.`{S.T_ROLE}` = 'loadgen'",
+        run_view_type=ViewType.ACTIVE_ONLY,
+        max_results=1000,
+    )
+    for run in runs:
+        found |= {s for s in FIGURE_COLUMNS if validity_tag(s) in run.data.tags}
+    return [s for s in FIGURE_COLUMNS if s in found]

@@ -97,3 +97,8 @@ def test_the_mlflow_view_shows_each_scenario_s_figure_and_verdict(client):
     # the view's filter finds the loadgen runs (MLflow's own search)
     found = client.search_runs([experiment.experiment_id], state["searchFilter"])
     assert len(found) == 5 and state["orderByKey"] == "metrics.`offline.samples_per_s`"
+    # a later invocation of one scenario keeps the columns of those measured before
+    write_view(client, experiment.experiment_id, "cpu", ("offline",))
+    tag = client.get_experiment(experiment.experiment_id).tags
+    again = json.loads(json.loads(tag["mlflow.sharedViewState.ngraph-loadgen-cpu"])["state"])
+    assert again["selectedColumns"] == state["selectedColumns"]
