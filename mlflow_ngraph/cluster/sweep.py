@@ -104,6 +104,8 @@ def sweep_key(sweep: SweepSpec, tracking_uri: str) -> str:
     again after a crash resumes under its id (and ``compare --sweep ID`` shows every cell
     of it, those measured before the crash too)."""
     specs = [{"name": d.name, "profile": d.profile, "spec": d.spec} for d in sweep.devices]
+    if sweep.loadgen:  # a spec without scenarios keeps the id it had before they existed
+        specs.append({"loadgen": sweep.loadgen})
     text = json.dumps([specs, redact_uri(tracking_uri)], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -161,9 +163,11 @@ def sweep_store(tracking_uri: str | None, local: bool, address: str | None) -> s
 
 def run_device(device: dict[str, Any]) -> dict:
     """Body of a device's Ray task: benchmark the device on this node (its home, journal
-    and caches are the node's: ``MLFLOW_NGRAPH_HOME`` as the node was started with). The
-    tracking URI, credentials, device name and sweep id are in the task's environment
-    (Ray's ``runtime_env``), never in its arguments."""
+    and caches are the node's: ``MLFLOW_NGRAPH_HOME`` as the node was started with), then,
+    when the spec has a ``loadgen:`` section, run its LoadGen scenarios on the same models x
+    compilers (:func:`loadgen_command`). The tracking URI, credentials, device name and sweep
+    id are in the task's environment (Ray's ``runtime_env``), never in its arguments. A retry
+    resumes both: the benchmark from its journal, LoadGen skipping journaled scenarios."""
     import ray
 
     node = ray.get_runtime_context().get_node_id()
@@ -177,18 +181,60 @@ def run_device(device: dict[str, Any]) -> dict:
         command = [sys.executable, "-m", "mlflow_ngraph", "benchmark", "--spec", str(spec_path),
                    "--busy-ok"]  # fmt: skip
         done = _benchmark(command, full_env)
+    tail = _ended(done, "benchmark")
+    output = done.stdout
+    if done.returncode == 0 and device.get("loadgen"):
+        command = loadgen_command(device["spec"], device["loadgen"], device.get("experiment"))
+        done = _benchmark(command, full_env)
+        tail = _ended(done, "loadgen")
+        output += done.stdout
+    return {
+        "returncode": done.returncode,
+        "reason": tail if done.returncode else "",
+        "output": redact_uri(output),
+        "node": node,
+    }
+
+
+def _ended(done: subprocess.CompletedProcess, what: str) -> str:
+    """The last line ``what`` wrote to stderr (redacted).
+
+    Raises:
+        DeviceFailed: it crashed or found the tracking server away (Ray tries the task
+            again, which resumes); a user error (status 2) is not retried.
+    """
     tail = redact_uri(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "")
     if done.returncode == StoreAway.exit_code:  # measured into the journal: later, resume
         time.sleep(STORE_AWAY_PAUSE_S)
         raise DeviceFailed(f"tracking server away: {tail}")
     if done.returncode not in (0, 2):  # 2 is a user error: retrying cannot help
-        raise DeviceFailed(f"benchmark exited with {done.returncode}: {tail}")
-    return {
-        "returncode": done.returncode,
-        "reason": tail if done.returncode else "",
-        "output": redact_uri(done.stdout),
-        "node": node,
-    }
+        raise DeviceFailed(f"{what} exited with {done.returncode}: {tail}")
+    return tail
+
+
+def loadgen_command(
+    spec: dict[str, Any], loadgen: dict[str, Any], experiment: str | None = None
+) -> list[str]:
+    """The ``mlflow-ngraph loadgen`` command a device runs after its benchmark: the device
+    spec's models and compilers (every compiler of its profile when it names none, as the
+    benchmark does) on its profile, the ``loadgen:`` section's settings, into the sweep's
+    experiment. The store and the device's name come from the task's environment."""
+    from mlflow_ngraph.cluster.spec import LOADGEN_KEYS
+    from mlflow_ngraph.plan.config import build_spec
+
+    built = build_spec(spec)
+    command = [sys.executable, "-m", "mlflow_ngraph", "loadgen", "--device", built.device,
+               "--experiment", experiment or built.experiment]  # fmt: skip
+    for model in built.models:
+        command += ["--model", model.label]
+    for compiler in built.compilers:
+        flags = ",".join(f"{k}={v}" for k, v in sorted(compiler.flags.items()))
+        command += ["--compiler", compiler.name + (f":{flags}" if flags else "")]
+    for key, option in LOADGEN_KEYS.items():
+        values = loadgen.get(key)
+        for value in values if isinstance(values, list) else [] if values is None else [values]:
+            command += [option, f"{value:g}" if isinstance(value, float) else str(value)]
+    return command
 
 
 #: seconds a cancelled device's benchmark has to mark its open runs KILLED (as Ctrl-C does)
@@ -600,7 +646,8 @@ def _submit(sweep, present, outcome, tracking_uri, parent_run) -> dict:
         env = device_env(device, outcome.sweep_id, tracking_uri, parent_run)
         ref = task.options(
             resources={device.resource: 1}, num_cpus=0, runtime_env={"env_vars": env}
-        ).remote({"name": device.name, "spec": device.spec})
+        ).remote({"name": device.name, "spec": device.spec, "loadgen": device.loadgen,
+                  "experiment": sweep.experiment})  # fmt: skip
         pending[ref] = device.name
         outcome.states[device.name].state = "running"
         outcome.states[device.name].started = time.time()

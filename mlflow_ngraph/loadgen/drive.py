@@ -19,6 +19,7 @@ from mlflow_ngraph.loadgen.settings import LoadgenSettings
 from mlflow_ngraph.loadgen.summary import ScenarioResult
 from mlflow_ngraph.plan.config import ModelSpec
 from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.variables import ENV_SWEEP_ID
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,12 @@ class LoadgenCell:
 
     @property
     def key(self) -> str:
-        facts = [self.model.label, self.compiler, self.flags, self.device, self.settings.key()]
+        from mlflow_ngraph.tracking.mlflow_log import device_name
+
+        # the device by its sweep name (two devices of one profile keep their own runs in a
+        # shared store); outside a sweep that is the profile's name, as before
+        device = device_name(self.device)
+        facts = [self.model.label, self.compiler, self.flags, device, self.settings.key()]
         text = json.dumps(facts, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -122,6 +128,8 @@ class LoadgenRun:
 
         tags = {S.T_DEVICE: device_name(cell.device), "ngraph.model": cell.model.label,
                 "ngraph.compiler": cell.compiler}  # fmt: skip
+        if os.environ.get(ENV_SWEEP_ID):  # run by a device of a sweep (docs/sweep.md)
+            tags[S.T_SWEEP] = os.environ[ENV_SWEEP_ID]
         target = "served" if cell.settings.url else "engine"
         name = f"{cell.title} loadgen" + (" served" if cell.settings.url else "")
         record = CellRecord(self.client, self.experiment_id, cell.key, name, tags)

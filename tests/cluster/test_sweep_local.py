@@ -28,6 +28,8 @@ SPEC = {
     "warmup": 1,
     "repetitions": 3,
     "min_duration": 0.05,
+    # after its benchmark each device runs LoadGen's Offline on its engine (docs/sweep.md)
+    "loadgen": {"scenarios": ["offline"], "min_duration_s": 0.2, "min_queries": 8},
 }
 
 
@@ -101,6 +103,12 @@ def test_the_sweep_measures_every_device_and_compares_them(sweep):
     assert all("throughput.bs1" in r.data.metrics for r in cells)
     sweep_id = re.search(r"sweep (\w+) finished", out).group(1)
     assert {r.data.tags["ngraph.sweep"] for r in cells} == {sweep_id}
+    # each device ran the spec's LoadGen scenario on the same cell, under its own name
+    driven = client.search_runs([exp.experiment_id], "tags.`ngraph.role` = 'loadgen'")
+    assert sorted(r.data.tags["ngraph.device"] for r in driven) == ["cpu-b", "cpu-c", "xeon-a"]
+    assert {r.data.tags["ngraph.sweep"] for r in driven} == {sweep_id}
+    assert all(r.data.tags["ngraph.loadgen.offline.validity"] == "VALID" for r in driven)
+    assert all(r.data.metrics["offline.samples_per_s"] > 0 for r in driven)
     comparison = out.split("comparison across devices")[1]  # `compare --sweep ID`
     assert all(d in comparison for d in ("xeon-a", "cpu-b", "cpu-c"))
 

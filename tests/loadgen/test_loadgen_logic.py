@@ -224,3 +224,21 @@ def test_benchmark_with_a_loadgen_scenario_is_the_loadgen_command(monkeypatch, t
     with pytest.raises(SystemExit):
         main(["benchmark", "--scenario", "offline", "--spec", "smoke"])
     assert "give --model (not --spec)" in capsys.readouterr().err
+
+
+def test_two_sweep_devices_of_one_profile_keep_their_own_cell_keys(monkeypatch):
+    """In a sweep, a device's name (not its profile) is in the key: two ``cpu`` devices
+    logging into one store keep their own runs; outside a sweep the key is the profile's."""
+    from mlflow_ngraph.plan.config import ModelSpec
+    from mlflow_ngraph.variables import ENV_DEVICE_NAME
+
+    cell = LoadgenCell(ModelSpec("conv_block"), "identity", {}, "cpu",
+                       LoadgenSettings(scenarios=("offline",)))  # fmt: skip
+    monkeypatch.delenv(ENV_DEVICE_NAME, raising=False)
+    alone = cell.key
+    monkeypatch.setenv(ENV_DEVICE_NAME, "cpu")
+    assert cell.key == alone
+    monkeypatch.setenv(ENV_DEVICE_NAME, "cpu-b")
+    b = cell.key
+    monkeypatch.setenv(ENV_DEVICE_NAME, "cpu-c")
+    assert len({alone, b, cell.key}) == 3
