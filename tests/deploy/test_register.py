@@ -133,10 +133,10 @@ def test_register_on_a_postgresql_backed_server(tmp_path):
         admin.close()
 
 
-def test_log_models_while_benchmarking(tmp_path):
+def test_log_models_while_benchmarking(tmp_path, tracking_uri):
     """``--log-models``: every valid engine is a logged model of its cell run, and MLflow's
     own search ranks them by throughput."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     benchmark(
         uri,
         tmp_path / "home",

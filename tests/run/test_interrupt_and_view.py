@@ -29,9 +29,9 @@ def _measured(home: Path) -> int:
     return sum(p.read_text().count('"measured"') for p in (home / "journals").glob("*.jsonl"))
 
 
-def test_ctrl_c_ends_with_exit_130_and_the_same_command_resumes(tmp_path):
+def test_ctrl_c_ends_with_exit_130_and_the_same_command_resumes(tmp_path, tracking_uri):
     home = tmp_path / "home"
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     args = [PYTHON, "-m", "mlflow_ngraph", "benchmark", "--compiler", "identity",
             "--batch-sizes", "1,2", "--warmup", "1", "--repetitions", "3",
             "--min-duration", "1", "--experiment", "ctrlc", "--tracking-uri", uri,
