@@ -77,20 +77,6 @@ def test_kill_while_a_cell_run_is_created_leaves_it_tagged(tmp_path, tracking_ur
     _assert_whole(uri)
 
 
-def test_a_cell_run_left_untagged_is_repaired_by_a_rerun(tmp_path, tracking_uri):
-    """A run holding its cell key without its role and parent (an older version killed
-    between creating and tagging it): the re-run that finds it by its cell key tags it."""
-    uri = tracking_uri
-    assert _run(tmp_path, uri, tmp_path / "home").returncode == 0
-    client, cells = _cells(uri)
-    broken = cells[0].info.run_id
-    client.delete_tag(broken, S.T_ROLE)
-    client.delete_tag(broken, "mlflow.parentRunId")
-    done = _run(tmp_path, uri, tmp_path / "fresh-home")  # finds the runs by cell key
-    assert done.returncode == 0, done.stderr
-    _assert_whole(uri)
-
-
 def test_a_result_killed_before_its_signed_record_is_signed_by_the_rerun(tmp_path, tracking_uri):
     """Killed between a result's figures and its signed record: the re-run finds the result
     in the run (not measured or sent again) and signs it from the journal."""
@@ -120,15 +106,30 @@ def test_kill_at_the_end_leaves_no_parent_running(tmp_path, point, tracking_uri)
     _assert_whole(uri)
 
 
-def test_a_parent_left_running_after_the_index_is_ended_by_a_rerun(tmp_path, tracking_uri):
-    """The journal ends with ``indexed`` while the store's parent is RUNNING (an older
-    version wrote ``indexed`` before ending the parent, and was killed between)."""
+def test_a_parent_left_running_or_a_cell_run_left_untagged_is_repaired_by_a_rerun(
+    tmp_path, tracking_uri
+):
+    """Two damages an older version left, on one benchmark (one first run for both):
+
+    - the journal ends with ``indexed`` while the store's parent is RUNNING (an older
+      version wrote ``indexed`` before ending the parent, and was killed between): the
+      re-run with that journal ends it;
+    - a run holding its cell key without its role and parent (an older version killed
+      between creating and tagging it): the re-run that finds it by its cell key (a fresh
+      home, no journal) tags it."""
     uri, home = tracking_uri, tmp_path / "home"
     assert _run(tmp_path, uri, home).returncode == 0
     client, runs = _runs(uri)
     parent = next(r for r in runs if r.data.tags.get(S.T_ROLE) == "benchmark")
     client.update_run(parent.info.run_id, status="RUNNING")
     done = _run(tmp_path, uri, home)
+    assert done.returncode == 0, done.stderr
+    _assert_whole(uri)
+    client, cells = _cells(uri)
+    broken = cells[0].info.run_id
+    client.delete_tag(broken, S.T_ROLE)
+    client.delete_tag(broken, "mlflow.parentRunId")
+    done = _run(tmp_path, uri, tmp_path / "fresh-home")  # finds the runs by cell key
     assert done.returncode == 0, done.stderr
     _assert_whole(uri)
 
