@@ -243,7 +243,9 @@ def empty_store(tmp_path_factory) -> Path:
 def tracking_uri(tmp_path: Path, empty_store: Path) -> str:
     """A fresh local store in the test's folder: a copy of :func:`empty_store`, its Default
     experiment's artifacts in the test's ``mlruns`` as a store created there would have them.
-    (Every test that starts the tool on a path of its own still has MLflow create one.)"""
+    A test that starts the tool on a new store takes this one (a module fixture: a copy of
+    ``empty_store`` by ``copy_empty_store``); only the tests of the store's creation itself
+    (as in cluster/test_journal_safety.py) have MLflow create one."""
     from tests._support import copy_empty_store
 
     return copy_empty_store(empty_store, tmp_path / "mlflow.db")
