@@ -49,17 +49,22 @@ E2E_FIXTURES = {"run_cli", "store", "tiny_store", "shared_build"}
 #: ``--profile-suite``), longest first: they start first, so that the run ends on short tests
 #: (the longest-processing-time-first rule); a file not listed comes after them, in its order
 SLOW_FILES = [  # by their seconds in a full run (--durations=0), the longest first
-    "test_faults.py", "cluster/test_project_backend_kills.py", "tune/test_tune_run.py",
-    "deploy/test_trust.py", "deploy/test_pull.py", "cluster/test_sweep_local.py",
-    "cluster/test_sweep_faults.py", "run/test_resume.py", "cluster/test_project_backend.py",
-    "tracking/test_server_down.py", "deploy/test_register.py", "run/test_isolation.py",
-    "tracking/test_team_server.py", "deploy/test_trust_server.py",
-    "run/test_interrupt_and_view.py", "test_cache.py", "tracking/test_store_record.py",
-    "cluster/test_journal_safety.py", "run/test_template.py", "commands/test_cli.py",
-    "test_imports.py",
-    "run/test_sittings_run.py", "compilers/test_tvm.py", "tracking/test_benchmark_mlflow.py",
-    "compilers/test_plugin.py", "deploy/test_register_faults.py",
-    "deploy/test_register_output.py", "measure/test_harness.py",
+    "test_faults.py", "cluster/test_project_backend_kills.py", "deploy/test_trust.py",
+    "deploy/test_pull.py", "cluster/test_sweep_faults.py", "tracking/test_server_down.py",
+    "tune/test_tune_run.py", "deploy/test_trust_server.py", "deploy/test_register.py",
+    "run/test_resume.py", "cluster/test_sweep_local.py", "deploy/test_signed.py",
+    "cluster/test_project_backend.py", "tracking/test_team_server.py", "test_cache.py",
+    "run/test_interrupt_and_view.py", "run/test_isolation.py", "compilers/test_plugin.py",
+    "test_imports.py", "run/test_template.py", "deploy/test_register_faults.py",
+    "tracking/test_store_record.py", "run/test_sittings_run.py",
+    "tracking/test_benchmark_mlflow.py", "run/test_remeasure.py",
+    "deploy/test_register_output.py", "cluster/test_journal_safety.py", "commands/test_cli.py",
+    "deploy/test_trust_limits.py", "report/test_report_index.py",
+    "models/test_model_sources.py", "measure/test_stability.py", "run/test_paper_protocol.py",
+    "compilers/test_inductor.py", "compilers/test_tvm.py", "test_onnx_file_benchmark.py",
+    "commands/test_calibrate.py", "run/test_output.py", "deploy/test_serving.py",
+    "cluster/test_sync.py", "deploy/test_store_text.py", "report/test_summary.py",
+    "measure/test_harness.py",
 ]  # fmt: skip
 
 
@@ -239,7 +244,9 @@ def empty_store(tmp_path_factory) -> Path:
 def tracking_uri(tmp_path: Path, empty_store: Path) -> str:
     """A fresh local store in the test's folder: a copy of :func:`empty_store`, its Default
     experiment's artifacts in the test's ``mlruns`` as a store created there would have them.
-    (Every test that starts the tool on a path of its own still has MLflow create one.)"""
+    A test that starts the tool on a new store takes this one (a module fixture: a copy of
+    ``empty_store`` by ``copy_empty_store``); only the tests of the store's creation itself
+    (as in cluster/test_journal_safety.py) have MLflow create one."""
     from tests._support import copy_empty_store
 
     return copy_empty_store(empty_store, tmp_path / "mlflow.db")

@@ -66,8 +66,8 @@ def _assert_whole(uri: str) -> None:
 
 
 # --- 1: a kill while a cell's run is created ------------------------------------------------
-def test_kill_while_a_cell_run_is_created_leaves_it_tagged(tmp_path):
-    uri, home = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "home"
+def test_kill_while_a_cell_run_is_created_leaves_it_tagged(tmp_path, tracking_uri):
+    uri, home = tracking_uri, tmp_path / "home"
     killed = _run(tmp_path, uri, home, "cell_run_created")
     assert killed.returncode == -signal.SIGKILL
     _, cells = _cells(uri)
@@ -77,27 +77,13 @@ def test_kill_while_a_cell_run_is_created_leaves_it_tagged(tmp_path):
     _assert_whole(uri)
 
 
-def test_a_cell_run_left_untagged_is_repaired_by_a_rerun(tmp_path):
-    """A run holding its cell key without its role and parent (an older version killed
-    between creating and tagging it): the re-run that finds it by its cell key tags it."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert _run(tmp_path, uri, tmp_path / "home").returncode == 0
-    client, cells = _cells(uri)
-    broken = cells[0].info.run_id
-    client.delete_tag(broken, S.T_ROLE)
-    client.delete_tag(broken, "mlflow.parentRunId")
-    done = _run(tmp_path, uri, tmp_path / "fresh-home")  # finds the runs by cell key
-    assert done.returncode == 0, done.stderr
-    _assert_whole(uri)
-
-
-def test_a_result_killed_before_its_signed_record_is_signed_by_the_rerun(tmp_path):
+def test_a_result_killed_before_its_signed_record_is_signed_by_the_rerun(tmp_path, tracking_uri):
     """Killed between a result's figures and its signed record: the re-run finds the result
     in the run (not measured or sent again) and signs it from the journal."""
     from mlflow_ngraph import keys
     from mlflow_ngraph.tracking.provenance import fetch_signed
 
-    uri, home = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "home"
+    uri, home = tracking_uri, tmp_path / "home"
     assert _run(tmp_path, uri, home, "result_unsigned").returncode == -signal.SIGKILL
     done = _run(tmp_path, uri, home)
     assert done.returncode == 0, done.stderr
@@ -112,18 +98,26 @@ def test_a_result_killed_before_its_signed_record_is_signed_by_the_rerun(tmp_pat
 
 # --- 2: a kill between the index and the parent's end -----------------------------------------
 @pytest.mark.parametrize("point", ["index_written", "parent_finished"])
-def test_kill_at_the_end_leaves_no_parent_running(tmp_path, point):
-    uri, home = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "home"
+def test_kill_at_the_end_leaves_no_parent_running(tmp_path, point, tracking_uri):
+    uri, home = tracking_uri, tmp_path / "home"
     assert _run(tmp_path, uri, home, point).returncode == -signal.SIGKILL
     done = _run(tmp_path, uri, home)
     assert done.returncode == 0, done.stderr
     _assert_whole(uri)
 
 
-def test_a_parent_left_running_after_the_index_is_ended_by_a_rerun(tmp_path):
-    """The journal ends with ``indexed`` while the store's parent is RUNNING (an older
-    version wrote ``indexed`` before ending the parent, and was killed between)."""
-    uri, home = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "home"
+def test_a_parent_left_running_or_a_cell_run_left_untagged_is_repaired_by_a_rerun(
+    tmp_path, tracking_uri
+):
+    """Two damages an older version left, on one benchmark (one first run for both):
+
+    - the journal ends with ``indexed`` while the store's parent is RUNNING (an older
+      version wrote ``indexed`` before ending the parent, and was killed between): the
+      re-run with that journal ends it;
+    - a run holding its cell key without its role and parent (an older version killed
+      between creating and tagging it): the re-run that finds it by its cell key (a fresh
+      home, no journal) tags it."""
+    uri, home = tracking_uri, tmp_path / "home"
     assert _run(tmp_path, uri, home).returncode == 0
     client, runs = _runs(uri)
     parent = next(r for r in runs if r.data.tags.get(S.T_ROLE) == "benchmark")
@@ -131,11 +125,18 @@ def test_a_parent_left_running_after_the_index_is_ended_by_a_rerun(tmp_path):
     done = _run(tmp_path, uri, home)
     assert done.returncode == 0, done.stderr
     _assert_whole(uri)
+    client, cells = _cells(uri)
+    broken = cells[0].info.run_id
+    client.delete_tag(broken, S.T_ROLE)
+    client.delete_tag(broken, "mlflow.parentRunId")
+    done = _run(tmp_path, uri, tmp_path / "fresh-home")  # finds the runs by cell key
+    assert done.returncode == 0, done.stderr
+    _assert_whole(uri)
 
 
 # --- 7: a re-run keeps the end time of cells that had finished --------------------------------
-def test_rerun_after_a_kill_keeps_the_end_time_of_finished_cells(tmp_path):
-    uri, home = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "home"
+def test_rerun_after_a_kill_keeps_the_end_time_of_finished_cells(tmp_path, tracking_uri):
+    uri, home = tracking_uri, tmp_path / "home"
     assert _run(tmp_path, uri, home, "cell_begun@2").returncode == -signal.SIGKILL
     _, cells = _cells(uri)
     finished = [r for r in cells if r.info.status == "FINISHED"]
@@ -169,11 +170,13 @@ def _one_error_line(stderr: str) -> str:
     return errors[0]
 
 
-def test_a_full_disk_is_a_host_failure_that_a_plain_rerun_measures(tmp_path, small_home):
+def test_a_full_disk_is_a_host_failure_that_a_plain_rerun_measures(
+    tmp_path, small_home, tracking_uri
+):
     """The home fills up once the first cell is measured: the torchscript cell cannot save
     its engine. Its batch sizes are not FAILED for good: the run says the host failed, with
     the fix, and the same command measures them once there is room."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     full = _run(tmp_path, uri, small_home, "cell_begun@2:fill")
     assert full.returncode == 4, full.stderr
     line = _one_error_line(full.stderr)
@@ -193,11 +196,13 @@ def test_a_full_disk_is_a_host_failure_that_a_plain_rerun_measures(tmp_path, sma
         assert S.T_HOST_ERROR not in run.data.tags
 
 
-def test_a_home_full_in_the_middle_of_a_result_is_one_line_and_loses_nothing(tmp_path, small_home):
+def test_a_home_full_in_the_middle_of_a_result_is_one_line_and_loses_nothing(
+    tmp_path, small_home, tracking_uri
+):
     """The disk fills up just after the first result was journaled: whatever write meets it
     first (the journal, an engine, a reference output), the run ends with one line, keeps
     what it measured, and the same command finishes once there is room."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     full = _run(tmp_path, uri, small_home, "journal_measured:fill")
     assert full.returncode == 4, full.stderr
     line = _one_error_line(full.stderr)
@@ -217,9 +222,11 @@ def test_a_home_full_in_the_middle_of_a_result_is_one_line_and_loses_nothing(tmp
     [("enospc", "No space left on device", "free space"),
      ("erofs", "Read-only file system", "writable")],
 )  # fmt: skip
-def test_a_journal_write_error_is_one_line_naming_the_journal(tmp_path, action, says, fix):
+def test_a_journal_write_error_is_one_line_naming_the_journal(
+    tmp_path, action, says, fix, tracking_uri
+):
     """Injected: the journal's disk fills up, or turns read-only, after a few records."""
-    uri, home = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "home"
+    uri, home = tracking_uri, tmp_path / "home"
     failed = _run(tmp_path, uri, home, f"journal_append@6:{action}")
     assert failed.returncode == 4, failed.stderr
     line = _one_error_line(failed.stderr)
@@ -232,8 +239,8 @@ def test_a_journal_write_error_is_one_line_naming_the_journal(tmp_path, action, 
 
 
 # --- 4: --retry-failed leaves no stale failure --------------------------------------------------
-def test_retry_failed_clears_the_failures_it_measured(tmp_path, monkeypatch):
-    uri, home = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "home"
+def test_retry_failed_clears_the_failures_it_measured(tmp_path, monkeypatch, tracking_uri):
+    uri, home = tracking_uri, tmp_path / "home"
     model = "tests.fixtures.crashing:flaky:input_shape=4"
     args = [PYTHON, "-m", "mlflow_ngraph", "benchmark", "--model", model, *TINY[2:],
             "--compiler", "identity", "--isolation", "none", "--experiment", "faults",
@@ -264,12 +271,12 @@ def _journal_measured(home: Path) -> int:
     )
 
 
-def test_a_second_copy_waits_for_the_first_and_says_so(tmp_path):
+def test_a_second_copy_waits_for_the_first_and_says_so(tmp_path, tracking_uri):
     """The test holds the journal's lock (as a first copy would): the second copy says in
     one line that it waits, measures nothing meanwhile, and finishes once it is free."""
     from mlflow_ngraph.tracking.journal import Journal, JournalLock
 
-    uri, home = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "home"
+    uri, home = tracking_uri, tmp_path / "home"
     lock = JournalLock(Journal.path_for(home, uri, "faults", "cpu"))
     assert lock.acquire(wait=False)
     env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_NGRAPH_HOME": str(home)}
@@ -290,13 +297,13 @@ def test_a_second_copy_waits_for_the_first_and_says_so(tmp_path):
     _assert_whole(uri)
 
 
-def test_two_copies_at_once_measure_everything_once(tmp_path):
+def test_two_copies_at_once_measure_everything_once(tmp_path, tracking_uri):
     """Two real copies of one benchmark, the second started while the first holds the
     journal (and has 2 s a batch size left to measure): the second says it waits, once, and
     between them every result is measured and logged once."""
     from mlflow_ngraph.tracking.journal import Journal, JournalLock
 
-    uri, home = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "home"
+    uri, home = tracking_uri, tmp_path / "home"
     env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_NGRAPH_HOME": str(home)}
     args = _args(uri, home, "--min-duration", "2", "--max-duration", "2")
 

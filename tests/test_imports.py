@@ -30,7 +30,7 @@ NOT_ON_A_RESUME = ("torch", "timm", "torchvision", "onnx", "openvino", "tvm", "t
 
 
 @pytest.mark.e2e
-def test_a_rerun_with_every_cell_journaled_imports_no_runtime(tmp_path):
+def test_a_rerun_with_every_cell_journaled_imports_no_runtime(tmp_path, tracking_uri):
     """Time to result: a re-run that has nothing to measure imports neither the model
     libraries (timm, torch) nor any compiler runtime."""
     args = [
@@ -54,7 +54,7 @@ def test_a_rerun_with_every_cell_journaled_imports_no_runtime(tmp_path):
         "--home",
         str(tmp_path / "home"),
         "--tracking-uri",
-        f"sqlite:///{tmp_path / 'mlflow.db'}",
+        tracking_uri,
         "-q",
     ]
     code = (

@@ -8,6 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests._support import PYTHON, REPO
 
 TINY_PARAMS = [
@@ -46,6 +48,7 @@ def _mlflow_run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.usefixtures("tracking_uri")  # the store _mlflow_run names, made
 def test_experiment_param_that_disagrees_with_the_run_is_one_clear_line(tmp_path):
     result = _mlflow_run(tmp_path, "--experiment-name", "chosen", "-P", "experiment=other")
     assert result.returncode != 0

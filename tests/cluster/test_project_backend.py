@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mlflow_ngraph import faultpoint
-from tests._support import PYTHON, REPO, process_tracking_uri
+from tests._support import PYTHON, REPO, copy_empty_store, process_tracking_uri
 from tests.cluster.test_sweep_local import watch
 
 MLFLOW = str(Path(PYTHON).parent / "mlflow")
@@ -116,8 +116,9 @@ def test_the_backend_is_found_through_its_entry_point():
 
 # --- a local two-device run ------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def local_run(tmp_path_factory):
+def local_run(tmp_path_factory, empty_store):
     tmp = tmp_path_factory.mktemp("backend")
+    copy_empty_store(empty_store, tmp / "mlflow.db")
     command = _command({"local": True, "devices": DEVICES}, TINY)
     with open(tmp / "out", "w") as out, open(tmp / "err", "w") as err:  # no pipe fills up
         proc = subprocess.Popen(command, cwd=tmp, env=_env(tmp), stdout=out, stderr=err)
@@ -155,18 +156,19 @@ def _backend_config(**more) -> dict:
 
 
 @pytest.fixture
-def in_store(tmp_path, monkeypatch):
+def in_store(tmp_path, monkeypatch, tracking_uri):
     import mlflow
 
     for key, value in _env(tmp_path).items():
         monkeypatch.setenv(key, value)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     with process_tracking_uri(uri):
         experiment_id = mlflow.tracking.MlflowClient(uri).create_experiment("backend-test")
         yield uri, experiment_id
 
 
 # --- every entry point -------------------------------------------------------------------------
+@pytest.mark.usefixtures("tracking_uri")  # the store _env names, made
 def test_the_blocks_entry_point_runs_on_each_device(tmp_path):
     params = {"kinds": "conv_block", "widths": "8", "depths": "1", "batch_sizes": "1",
               "compilers": "identity"}  # fmt: skip

@@ -85,12 +85,13 @@ def test_wait_status_and_cancel_then_the_same_run_resumes(tmp_path, in_store, mo
 
 # --- kill -9 of the client ---------------------------------------------------------------------
 def _make_store(tmp: Path) -> None:
-    """The store and the experiment, made before a command that the test watches the store
-    of: two processes creating one sqlite store's tables at once break one of them."""
+    """The experiment, made in the store (``tracking_uri``, the one :func:`_env` names)
+    before a command that the test watches the store of: two processes creating one sqlite
+    store's tables at once break one of them."""
     _client(tmp).create_experiment("backend-test")
 
 
-def test_a_client_killed_with_kill_9_is_picked_up_by_the_same_command(tmp_path):
+def test_a_client_killed_with_kill_9_is_picked_up_by_the_same_command(tmp_path, tracking_uri):
     _make_store(tmp_path)
     config = {"local": True, "devices": DEVICES[:1]}
     command = _command(config, LONGER)
@@ -114,7 +115,7 @@ def _living(pids: set[int]) -> set[int]:
 
 
 def test_a_driver_killed_with_kill_9_leaves_nothing_running_and_the_same_command_resumes(
-    tmp_path,
+    tmp_path, tracking_uri
 ):
     from mlflow_ngraph.cluster.driver import Driver
 

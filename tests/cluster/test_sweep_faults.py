@@ -84,9 +84,9 @@ class Sweep:
     """``mlflow-ngraph sweep --address`` running against the test's cluster; its output is
     read as it comes."""
 
-    def __init__(self, tmp_path, address: str, *options: str) -> None:
+    def __init__(self, tmp_path, uri: str, address: str, *options: str) -> None:
         (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(SPEC))
-        self.uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        self.uri = uri
         env = {**os.environ, "MLFLOW_NGRAPH_HOME": str(tmp_path / "driver-home"),
                "MLFLOW_TRACKING_URI": self.uri, "PYTHONPATH": str(REPO)}  # fmt: skip
         command = [PYTHON, "-m", "mlflow_ngraph", "sweep", str(tmp_path / "sweep.yaml"),
@@ -202,9 +202,11 @@ def _benchmark_of(device: str) -> int | None:
     return None
 
 
-def test_a_device_whose_benchmark_is_killed_mid_sweep_resumes_from_its_journal(cluster, tmp_path):
+def test_a_device_whose_benchmark_is_killed_mid_sweep_resumes_from_its_journal(
+    cluster, tmp_path, tracking_uri
+):
     cluster_, _, nodes, _ = cluster
-    sweep = Sweep(tmp_path, cluster_.address)
+    sweep = Sweep(tmp_path, tracking_uri, cluster_.address)
     _await_first_cell(sweep)
     pid = _benchmark_of(VICTIM)
     assert pid is not None, "no benchmark process of the victim device"
@@ -222,12 +224,12 @@ def test_a_device_whose_benchmark_is_killed_mid_sweep_resumes_from_its_journal(c
     assert sweep.sockets and all(s.startswith(LOOPBACK) for s in sweep.sockets), sweep.sockets
 
 
-def test_a_device_whose_node_is_replaced_mid_sweep_is_done_once(cluster, tmp_path):
+def test_a_device_whose_node_is_replaced_mid_sweep_is_done_once(cluster, tmp_path, tracking_uri):
     from mlflow_ngraph.cluster.sweep import add_device_node
 
     cluster_, spec, _, _ = cluster
     victim = next(d for d in spec.devices if d.name == VICTIM)
-    sweep = Sweep(tmp_path, cluster_.address)
+    sweep = Sweep(tmp_path, tracking_uri, cluster_.address)
     _await_first_cell(sweep)
     node = next(n for n in cluster_.worker_nodes if victim.resource in n._ray_params.resources)
     cluster_.remove_node(node, allow_graceful=False)
@@ -244,10 +246,10 @@ def test_a_device_whose_node_is_replaced_mid_sweep_is_done_once(cluster, tmp_pat
     assert sweep.sockets and all(s.startswith(LOOPBACK) for s in sweep.sockets), sweep.sockets
 
 
-def test_a_device_whose_node_leaves_for_good_is_reported_missing(cluster, tmp_path):
+def test_a_device_whose_node_leaves_for_good_is_reported_missing(cluster, tmp_path, tracking_uri):
     cluster_, spec, _, _ = cluster
     victim = next(d for d in spec.devices if d.name == VICTIM)
-    sweep = Sweep(tmp_path, cluster_.address, "--wait", "5")
+    sweep = Sweep(tmp_path, tracking_uri, cluster_.address, "--wait", "5")
     _await_first_cell(sweep)
     node = next(n for n in cluster_.worker_nodes if victim.resource in n._ray_params.resources)
     cluster_.remove_node(node, allow_graceful=False)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests._support import PYTHON, REPO
+from tests._support import PYTHON, REPO, copy_empty_store
 
 SPEC = {
     "experiment": "sweep-test",
@@ -61,10 +61,10 @@ def _listening(pids: set[int], states: str = "-ltnpH") -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def sweep(tmp_path_factory, empty_store):
     tmp = tmp_path_factory.mktemp("sweep")
     (tmp / "sweep.yaml").write_text(yaml.safe_dump(SPEC))
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = copy_empty_store(empty_store, tmp / "mlflow.db")
     env = {**os.environ, "MLFLOW_NGRAPH_HOME": str(tmp / "home"), "MLFLOW_TRACKING_URI": uri,
            "PYTHONPATH": str(REPO)}  # fmt: skip
     command = [PYTHON, "-m", "mlflow_ngraph", "sweep", str(tmp / "sweep.yaml"), "--local"]

@@ -83,10 +83,10 @@ def test_in_a_log_each_finished_cell_is_one_line_not_the_table_again(tracking_ur
     assert lines[0].startswith("[cpu-a 2/2] conv_block/torchscript finished")
 
 
-def test_a_sigterm_stops_the_sweep_cleanly_and_says_how_to_resume(tmp_path):
+def test_a_sigterm_stops_the_sweep_cleanly_and_says_how_to_resume(tmp_path, tracking_uri):
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({**SPEC, "devices": SPEC["devices"][:1]}))
     env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_NGRAPH_HOME": str(tmp_path / "h"),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}  # fmt: skip
+           "MLFLOW_TRACKING_URI": tracking_uri}  # fmt: skip
     proc = subprocess.Popen(
         [PYTHON, "-m", "mlflow_ngraph", "sweep", str(tmp_path / "sweep.yaml"), "--local"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

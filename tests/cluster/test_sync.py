@@ -49,10 +49,10 @@ def test_sync_ignores_journals_of_other_stores(tmp_path, home, run_cli):
     assert code == 0 and "0 result(s) sent" in out and "from 0 journal(s)" in out
 
 
-def test_sync_creates_the_run_of_a_cell_that_started_offline(tmp_path, home, run_cli):
+def test_sync_creates_the_run_of_a_cell_that_started_offline(tmp_path, home, run_cli, tracking_uri):
     """A cell that started while the server was down has no run: its journal description
     makes one (name, parent, params, tags), filled and ended as the benchmark would."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     client = ml.connect(uri)
     exp = ml.ensure_experiment(client, "e")
     parent = client.create_run(exp).info.run_id

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._support import copy_empty_store
+
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "conv_block:width=8,depth=1,image_size=32"
 COLOUR = "#0a7e8c"
@@ -79,7 +81,7 @@ class ToyCompiler(Compiler):
 
 
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory):
+def toy(tmp_path_factory, empty_store):
     """The toy's package on a path of its own, and a command line that sees it."""
     tmp = tmp_path_factory.mktemp("toy")
     site = tmp / "site"
@@ -92,7 +94,7 @@ def toy(tmp_path_factory):
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
     env["MLFLOW_NGRAPH_HOME"] = str(tmp / "home")
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = copy_empty_store(empty_store, tmp / "mlflow.db")
 
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(

@@ -108,7 +108,8 @@ def test_register_on_a_postgresql_backed_server(tmp_path):
         [str(Path(PYTHON).parent / "mlflow"), "server", "--backend-store-uri",
          f"{POSTGRES_URL.replace('postgresql:', 'postgresql+psycopg2:')}/{database}",
          "--artifacts-destination",
-         str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port)],
+         str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],  # as the suite's other servers: one client at a time
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -133,10 +134,10 @@ def test_register_on_a_postgresql_backed_server(tmp_path):
         admin.close()
 
 
-def test_log_models_while_benchmarking(tmp_path):
+def test_log_models_while_benchmarking(tmp_path, tracking_uri):
     """``--log-models``: every valid engine is a logged model of its cell run, and MLflow's
     own search ranks them by throughput."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     benchmark(
         uri,
         tmp_path / "home",

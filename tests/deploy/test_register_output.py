@@ -7,8 +7,8 @@ from __future__ import annotations
 from deploy_support import benchmark, cli
 
 
-def test_register_prints_no_escape_codes_and_no_type_hint_warning(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_register_prints_no_escape_codes_and_no_type_hint_warning(tmp_path, tracking_uri):
+    uri = tracking_uri
     benchmark(uri, tmp_path / "home", compilers=["identity", "onnxruntime"])
     done = cli("register", "-e", "deploy", "--device", "cpu", "--model", "conv_block",
                "--compiler", "onnxruntime", "--allow-unstable", "--tracking-uri", uri,

@@ -23,8 +23,8 @@ CELLS = {
 
 
 @pytest.fixture
-def hand_made(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def hand_made(tmp_path, tracking_uri):
+    uri = tracking_uri
     client = mlflow.tracking.MlflowClient(uri)
     experiment_id = client.create_experiment("hand")
     for compiler, (status, batches) in CELLS.items():

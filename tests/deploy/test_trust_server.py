@@ -27,7 +27,7 @@ from trust_support import (
 )
 
 from mlflow_ngraph.errors import NgraphError
-from tests._support import free_port
+from tests._support import copy_empty_store, free_port
 
 ADMIN = "admin-" + uuid.uuid4().hex[:10]
 PASSWORDS = {
@@ -62,13 +62,14 @@ def env_of(name: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, empty_store):
     """(URL, the victim's benchmark output) of a basic-auth server holding a tiny benchmark
     the victim ran with the password in the tracking URI and --log-models."""
     pytest.importorskip("flask_wtf", reason="mlflow[auth] (Flask-WTF) is not installed")
     import requests
 
     tmp = tmp_path_factory.mktemp("trust-server")
+    copy_empty_store(empty_store, tmp / "mlflow.db")  # the server's store, made
     ini = tmp / "auth.ini"
     ini.write_text(
         "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"

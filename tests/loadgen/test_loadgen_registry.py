@@ -12,6 +12,7 @@ from mlflow_ngraph.loadgen.drive import LoadgenCell, LoadgenRun
 from mlflow_ngraph.loadgen.settings import LoadgenSettings
 from mlflow_ngraph.loadgen.summary import ScenarioResult
 from mlflow_ngraph.plan.config import ModelSpec
+from tests._support import copy_empty_store
 
 MODEL = ModelSpec("conv_block", {"width": 8, "depth": 1, "image_size": 32})
 
@@ -33,11 +34,11 @@ def candidate(compiler, flags="", batch=2):
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
+def client(tmp_path_factory, empty_store):
     import mlflow
 
     root = tmp_path_factory.mktemp("bound")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = copy_empty_store(empty_store, root / "mlflow.db")
     loadgen_run(uri, root, "openvino", {"PERFORMANCE_HINT": "THROUGHPUT"}, 120.0)
     loadgen_run(
         uri, root, "openvino", {"PERFORMANCE_HINT": "THROUGHPUT"}, 400.0, valid=False, s=5.0

@@ -9,17 +9,17 @@ import subprocess
 
 import pytest
 
-from tests._support import PYTHON, REPO
+from tests._support import PYTHON, REPO, copy_empty_store
 
 MODEL = "conv_block:width=8,depth=1,image_size=32"
 SCENARIOS = "singlestream,offline,multistream,server"
 
 
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory):
+def resumed(tmp_path_factory, empty_store):
     """(the killed run, the resumed run, the store URI)."""
     root = tmp_path_factory.mktemp("loadgen")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = copy_empty_store(empty_store, root / "mlflow.db")
     args = [PYTHON, "-m", "mlflow_ngraph", "loadgen", "--model", MODEL,
             "--compiler", "onnxruntime", "--scenario", SCENARIOS, "--min-duration", "1",
             "--latency-bound", "0.001", "--server-steps", "2", "--experiment", "lg",

@@ -15,13 +15,15 @@ from report_data import (
     model_cells,
 )
 
+from tests._support import copy_empty_store
+
 
 @pytest.fixture(scope="session")
-def store(tmp_path_factory) -> tuple[str, MlflowClient]:
+def store(tmp_path_factory, empty_store) -> tuple[str, MlflowClient]:
     """A sqlite store with the data set above in two experiments; (uri, client). The cpu
     benchmark has a results index (compare reads it), the gpu one has none (searched)."""
     root = tmp_path_factory.mktemp("report-store")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = copy_empty_store(empty_store, root / "mlflow.db")
     client = MlflowClient(uri)
     paper = client.create_experiment(EXPERIMENT, artifact_location=str(root / "artifacts"))
     gpu = client.create_experiment(OTHER_EXPERIMENT, artifact_location=str(root / "gpu-art"))

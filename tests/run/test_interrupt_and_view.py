@@ -12,6 +12,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from mlflow_ngraph import faultpoint
 from mlflow_ngraph.tracking import schema as S
 from tests._support import PYTHON, REPO, TINY
 
@@ -29,21 +30,22 @@ def _measured(home: Path) -> int:
     return sum(p.read_text().count('"measured"') for p in (home / "journals").glob("*.jsonl"))
 
 
-def test_ctrl_c_ends_with_exit_130_and_the_same_command_resumes(tmp_path):
+def test_ctrl_c_ends_with_exit_130_and_the_same_command_resumes(tmp_path, tracking_uri):
     home = tmp_path / "home"
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     args = [PYTHON, "-m", "mlflow_ngraph", "benchmark", "--compiler", "identity",
             "--batch-sizes", "1,2", "--warmup", "1", "--repetitions", "3",
-            "--min-duration", "1", "--experiment", "ctrlc", "--tracking-uri", uri,
+            "--min-duration", "0", "--experiment", "ctrlc", "--tracking-uri", uri,
             "--home", str(home)]  # fmt: skip
-    # eight cells of at least 2 s each: the run must still be measuring when the first
-    # result is journaled, also on a busy host (in a full suite, with half a second a
-    # batch size, the whole run once finished before the interrupt landed)
-    for depth in range(1, 9):
+    for depth in range(1, 4):
         args += ["--model", f"conv_block:width=8,depth={depth},image_size=32"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # the run waits just after its first result is journaled until the interrupt lands, so
+    # that it still has work left however fast or busy the host is
+    (tmp_path / "gate").touch()
+    held = {**env, faultpoint.ENV: f"journal_measured:hold={tmp_path / 'gate'}"}
     proc = subprocess.Popen(
-        args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        args, cwd=tmp_path, env=held, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True, preexec_fn=_as_from_a_terminal,
     )  # fmt: skip
     deadline = time.time() + 240

@@ -12,6 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.tracking import schema as S
+from tests._support import copy_empty_store
 
 MODEL = "conv_block:width=8,depth=1,image_size=32"
 REPETITIONS = 40
@@ -28,9 +29,9 @@ def _benchmark(uri: str, home, experiment: str, *extra: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def paper_runs(tmp_path_factory):
+def paper_runs(tmp_path_factory, empty_store):
     tmp = tmp_path_factory.mktemp("paper")
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = copy_empty_store(empty_store, tmp / "mlflow.db")
     home = tmp / "home"
     _benchmark(uri, home, "paper", "--scenario", "latency", "--protocol", "paper",
                "--repetitions", str(REPETITIONS))  # fmt: skip

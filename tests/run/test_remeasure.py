@@ -15,7 +15,9 @@ def _cells(uri: str) -> list:
     return [r for r in runs if r.data.tags.get(S.T_ROLE) == "cell"]
 
 
-def test_remeasure_unstable_replaces_figures_in_their_own_runs(run_cli, tmp_path, home):
+def test_remeasure_unstable_replaces_figures_in_their_own_runs(
+    run_cli, tmp_path, home, tracking_uri
+):
     """Measured to an impossible interval (every result UNSTABLE), then ``--remeasure
     unstable`` with a loose one: the model's whole group, baseline included, measured again
     into the same runs (figures, marks and signed records replaced, the history kept), no
@@ -23,7 +25,7 @@ def test_remeasure_unstable_replaces_figures_in_their_own_runs(run_cli, tmp_path
     from mlflow_ngraph import keys
     from mlflow_ngraph.tracking.provenance import fetch_signed
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     base = ["benchmark", *TINY, "--compiler", "identity", "--compiler", "torchscript",
             "--experiment", "again", "--tracking-uri", uri]  # fmt: skip
     code, out, err = run_cli(*base, "--max-interval", "1e-9")

@@ -12,7 +12,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.tracking import schema as S
-from tests._support import PYTHON, REPO, TINY, last_log
+from tests._support import PYTHON, REPO, TINY, copy_empty_store, last_log
 
 
 def _cell_runs(uri: str, experiment: str):
@@ -23,7 +23,7 @@ def _cell_runs(uri: str, experiment: str):
 
 
 def test_rerun_of_a_finished_indexed_spec_does_not_open_the_store(
-    run_cli, tmp_path, monkeypatch, home
+    run_cli, tmp_path, monkeypatch, home, empty_store
 ):
     """Every cell logged and the results index written, nothing since: the re-run skips
     every finished cell (compiles nothing, creates no run, logs no metric again), answers
@@ -31,8 +31,7 @@ def test_rerun_of_a_finished_indexed_spec_does_not_open_the_store(
     checks, with sqlite itself, that the store is still the one it recorded)."""
     from mlflow_ngraph.tracking import mlflow_log
 
-    db = tmp_path / "store.db"
-    uri = f"sqlite:///{db}"
+    uri = copy_empty_store(empty_store, tmp_path / "store.db")
     args = ["benchmark", *TINY, "--compiler", "identity", "--compiler", "torchscript",
             "--experiment", "fast", "--tracking-uri", uri]  # fmt: skip
     code, first, err = run_cli(*args)
@@ -94,9 +93,9 @@ def _journal_logged(home: Path) -> int:
     return total
 
 
-def test_kill_9_mid_run_then_resume_finishes_the_rest(tmp_path):
+def test_kill_9_mid_run_then_resume_finishes_the_rest(tmp_path, tracking_uri):
     home = tmp_path / "home"
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     models = [f"conv_block:width=8,depth={d},image_size=32" for d in (1, 2, 3)]
     args = [
         PYTHON,
@@ -160,10 +159,10 @@ def test_kill_9_mid_run_then_resume_finishes_the_rest(tmp_path):
     assert len(keys) == 12
 
 
-def test_warm_engine_cache_skips_compilation_in_a_new_store(run_cli, tmp_path, home):
+def test_warm_engine_cache_skips_compilation_in_a_new_store(run_cli, tmp_path, home, empty_store):
     args = ["benchmark", *TINY, "--compiler", "onnxruntime", "--experiment", "cache"]
-    first = f"sqlite:///{tmp_path / 'first.db'}"
-    second = f"sqlite:///{tmp_path / 'second.db'}"
+    first = copy_empty_store(empty_store, tmp_path / "first.db")
+    second = copy_empty_store(empty_store, tmp_path / "second.db")
     assert run_cli(*args, "--tracking-uri", first)[0] == 0
     code, _, err = run_cli(*args, "--tracking-uri", second)
     assert code == 0, err
@@ -174,14 +173,14 @@ def test_warm_engine_cache_skips_compilation_in_a_new_store(run_cli, tmp_path, h
     assert ort.data.metrics["cache_hit.bs2"] == 1.0
 
 
-def test_mlflow_run_entry_point(tmp_path):
+def test_mlflow_run_entry_point(tmp_path, tracking_uri):
     """`mlflow run . -e benchmark` from the repository root, as the README says, from a
     fresh shell (no virtual environment on PATH, so `python` is not the project's: the entry
     point runs with the interpreter of `mlflow run`), twice: the second resumes."""
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env.update(
         PATH="/usr/bin:/bin",
-        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        MLFLOW_TRACKING_URI=tracking_uri,
         MLFLOW_NGRAPH_HOME=str(tmp_path / "home"),
     )
     bin_dir = Path(PYTHON).parent

@@ -11,16 +11,17 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.tracking import schema as S
+from tests._support import copy_empty_store
 
 MODELS = ["conv_block:width=8,depth=1,image_size=32", "mha_block:width=32,depth=1"]
 
 
 @pytest.fixture(scope="module")
-def two_sittings(tmp_path_factory):
+def two_sittings(tmp_path_factory, empty_store):
     from mlflow_ngraph.commands.cli import main
 
     tmp = tmp_path_factory.mktemp("sittings")
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = copy_empty_store(empty_store, tmp / "mlflow.db")
     args = ["benchmark", "--batch-sizes", "1,2", "--compiler", "identity"]
     args += ["--compiler", "onnxruntime", "--warmup", "1", "--repetitions", "3"]
     args += ["--min-duration", "0", "--max-duration", "0.8", "--sittings", "2"]

@@ -131,10 +131,12 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_a_run_records_how_its_workers_started_and_its_runner_never_imports_torch(tmp_path):
+def test_a_run_records_how_its_workers_started_and_its_runner_never_imports_torch(
+    tmp_path, tracking_uri
+):
     """The runner plans, logs and coordinates; PyTorch is the workers' (forks of the
     template), and the environment record's thread counts are asked of a fork."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     args = ["benchmark", "--model", "conv_block:width=8,depth=1,image_size=32",
             "--batch-sizes", "1", "--warmup", "1", "--repetitions", "3", "--min-duration", "0",
             "--tracking-uri", uri, "--home", str(tmp_path / "home"), "--compiler", "identity",

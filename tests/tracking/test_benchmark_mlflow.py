@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.tracking import schema as S
-from tests._support import TINY
+from tests._support import TINY, copy_empty_store
 
 COMPILERS = ["identity", "torchscript", "inductor", "onnxruntime", "openvino"]
 #: compilers whose engines serialize, and the file each writes
@@ -20,12 +20,12 @@ ENGINE_FILES = {
 
 
 @pytest.fixture(scope="module")
-def benchmarked(tmp_path_factory):
+def benchmarked(tmp_path_factory, empty_store):
     """One real benchmark run shared by the contract tests below."""
     from mlflow_ngraph.commands.cli import main
 
     tmp = tmp_path_factory.mktemp("bench")
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = copy_empty_store(empty_store, tmp / "mlflow.db")
     args = [
         "benchmark",
         *TINY,

@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
-from tests._support import PYTHON, REPO, TINY, free_port, last_log
+from tests._support import PYTHON, REPO, TINY, copy_empty_store, free_port, last_log
 
 
 def _start_server(tmp: Path, port: int) -> subprocess.Popen:
@@ -173,11 +173,12 @@ def _offline_run(tmp_path: Path):
 
 
 @pytest.fixture(scope="module")
-def offline(tmp_path_factory):
+def offline(tmp_path_factory, empty_store):
     """One outage run for the tests below (the folder it ran in, its server's port): each
     test sends what its journal holds from a copy of the folder, to a server started again
     on the same port (the journal belongs to the store's address)."""
     folder = tmp_path_factory.mktemp("offline")
+    copy_empty_store(empty_store, folder / "server.db")  # the server's store, made
     port, _, _ = _offline_run(folder)
     return folder, port
 
@@ -244,7 +245,8 @@ def test_server_killed_mid_run_then_sync_sends_each_result_once(tmp_path, run_cl
         os.killpg(server.pid, signal.SIGKILL)
 
 
-def test_server_back_during_the_run_gets_everything_on_the_next_contact(tmp_path):
+def test_server_back_during_the_run_gets_everything_on_the_next_contact(tmp_path, empty_store):
+    copy_empty_store(empty_store, tmp_path / "server.db")  # the server's store, made
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     home = tmp_path / "home"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests._support import PYTHON, REPO
+from tests._support import PYTHON, REPO, copy_empty_store
 
 MODEL = "conv_block:width=8,depth=1,image_size=32"
 EXPERIMENT = "tuned"
@@ -42,11 +42,11 @@ def measured_records(home: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def tuned(tmp_path_factory):
+def tuned(tmp_path_factory, empty_store):
     """One tune, as the MLproject's entry point from a fresh shell (no virtualenv on PATH,
     no PYTHONPATH): ONNX Runtime and TorchScript, four trials, the winner registered."""
     tmp = tmp_path_factory.mktemp("tune")
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = copy_empty_store(empty_store, tmp / "mlflow.db")
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env.update(PATH="/usr/bin:/bin", MLFLOW_TRACKING_URI=uri, MLFLOW_NGRAPH_HOME=str(tmp / "home"))
     # the experiment's artifacts in the test's folder (by default ./mlruns of the project)
@@ -130,8 +130,10 @@ def test_the_winner_is_registered_with_the_device_alias(tuned):
     assert version.tags["batch_size"] == "1"
 
 
-def test_a_candidate_that_fails_to_compile_is_a_failed_trial_and_the_search_goes_on(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_a_candidate_that_fails_to_compile_is_a_failed_trial_and_the_search_goes_on(
+    tmp_path, tracking_uri
+):
+    uri = tracking_uri
     args = tune_args(
         uri, tmp_path / "home", "--compiler", "openvino:device=NO_SUCH_DEVICE",
         "--compiler", "onnxruntime", "--trials", "4",
@@ -143,8 +145,8 @@ def test_a_candidate_that_fails_to_compile_is_a_failed_trial_and_the_search_goes
     assert "winner: onnxruntime" in result.stdout
 
 
-def test_unmeetable_constraints_are_one_line_naming_the_closest_candidate(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_unmeetable_constraints_are_one_line_naming_the_closest_candidate(tmp_path, tracking_uri):
+    uri = tracking_uri
     args = tune_args(
         uri, tmp_path / "home", "--compiler", "onnxruntime", "--trials", "1",
         "--per-group", "1", "--max-latency-ms", "0.000001",
@@ -157,13 +159,15 @@ def test_unmeetable_constraints_are_one_line_naming_the_closest_candidate(tmp_pa
     assert "Traceback" not in result.stderr
 
 
-def test_a_tune_killed_with_kill_9_is_resumed_by_two_copies_one_after_the_other(tmp_path):
+def test_a_tune_killed_with_kill_9_is_resumed_by_two_copies_one_after_the_other(
+    tmp_path, tracking_uri
+):
     """A tune killed in its second group, then the same command twice at once (1 s apart):
     one copy resumes it (nothing measured twice), the other says it waits, then takes what
     the first left; one winner, never tied with itself; every trial, group and cell in the
     journals once; the groups measured before the kill keep their identity reference."""
     home = tmp_path / "home"
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     args = tune_args(uri, home, "--compiler", "onnxruntime", "--trials", "4")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
