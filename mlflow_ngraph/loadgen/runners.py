@@ -62,17 +62,28 @@ class HttpRunner:
         rows = [self.bodies[i % len(self.bodies)] for i in indices]
         rows += rows[-1:] * (self.batch - len(rows))
         body = '{"inputs": [' + ",".join(rows) + "]}"
-        conn = self.connection()
-        try:
-            conn.request("POST", self.path, body, {"Content-Type": "application/json"})
-            response = conn.getresponse()
-            answer = response.read()
-        except (OSError, http.client.HTTPException):
-            self.local.conn = None  # a fresh connection next time
-            conn.close()
-            raise
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}: {answer[:200].decode(errors='replace')}")
+        status, answer = self._post(body)
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {answer[:200].decode(errors='replace')}")
+
+    def _post(self, body: str) -> tuple[int, bytes]:
+        """One POST on this thread's kept-alive connection. A server closes an idle one (a
+        pause between two LoadGen runs outlasts uvicorn's 5 s keep-alive): a reused
+        connection that fails is replaced and the request sent once more on a fresh one,
+        as HTTP clients do; a fresh one that fails is the run's failure."""
+        for attempt in (1, 2):
+            conn = self.connection()
+            reused = conn.sock is not None
+            try:
+                conn.request("POST", self.path, body, {"Content-Type": "application/json"})
+                response = conn.getresponse()
+                return response.status, response.read()
+            except (OSError, http.client.HTTPException):
+                self.local.conn = None  # a fresh connection next time
+                conn.close()
+                if attempt == 2 or not reused:
+                    raise
+        raise AssertionError("unreachable")
 
     def check(self) -> None:
         """One request: a URL nothing answers, or a server that refuses this model's input,

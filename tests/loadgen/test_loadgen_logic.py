@@ -242,3 +242,46 @@ def test_two_sweep_devices_of_one_profile_keep_their_own_cell_keys(monkeypatch):
     b = cell.key
     monkeypatch.setenv(ENV_DEVICE_NAME, "cpu-c")
     assert len({alone, b, cell.key}) == 3
+
+
+def test_the_http_runner_sends_again_on_a_fresh_connection_when_a_kept_alive_one_was_closed():
+    """A scoring server closes an idle kept-alive connection (uvicorn after 5 s: the pause
+    between two Server runs): the next request is sent on a fresh connection, not a failure.
+    A server that answers nothing is still a failure."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import numpy as np
+
+    from mlflow_ngraph.loadgen.runners import HttpRunner
+
+    posts = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            posts.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+            self.close_connection = True  # closed after answering, without saying so
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    runner = HttpRunner(url, np.zeros((4, 3), dtype=np.float32), batch=1, slots=1)
+    try:
+        for _ in range(3):
+            runner.run(0, [0])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert posts == ["/invocations"] * 3
+    with pytest.raises(OSError):
+        runner.run(0, [0])  # nothing answers now: the fresh connection fails
