@@ -181,11 +181,12 @@ def host_options(command):
     )(command)
 
 
-def host_check_of(o: dict[str, Any], max_other_cpu: float):
-    """The sample before the run that ``o``'s ``--busy-ok`` and ``--wait-quiet`` ask for."""
+def host_check_of(o: dict[str, Any], max_other_cpu: float, **more: Any):
+    """The sample before the run that ``o``'s ``--busy-ok`` and ``--wait-quiet`` ask for
+    (``more``: the other fields of :class:`~mlflow_ngraph.measure.quiet.HostCheck`)."""
     from mlflow_ngraph.measure.quiet import HostCheck
 
-    return HostCheck(max_other_cpu, o["wait_quiet"], o["busy_ok"])
+    return HostCheck(max_other_cpu, o["wait_quiet"], o["busy_ok"], **more)
 
 
 #: ``-v``'s help: the terminal shows results; the run's steps are the log file's

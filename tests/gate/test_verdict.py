@@ -153,7 +153,24 @@ def test_a_busy_host_is_no_verdict_unless_busy_ok():
     assert caught.value.exit_code == EXIT_STATUS["unsure"]
     message = str(caught.value)
     assert "\n" not in message and "make (pid 41)" in message and "--busy-ok" in message
-    look_at_host(HostCheck(25.0, wait_s=0, busy_ok=True, sampler=busy, sample_s=0.01))
+    import logging
+
+    from mlflow_ngraph.commands.gate import gate_host_check
+
+    # the gate's own check, as its command builds it: --busy-ok says what a gate should expect
+    check = gate_host_check({"wait_quiet": 0, "busy_ok": True})
+    check.sampler, check.sample_s = busy, 0.01
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    quiet_log = logging.getLogger("mlflow_ngraph.measure.quiet")
+    quiet_log.addHandler(handler)
+    try:
+        look_at_host(check)
+    finally:
+        quiet_log.removeHandler(handler)
+    assert len(said) == 1 and "--busy-ok" in said[0] and "unsure" in said[0]
+    assert "UNSTABLE" not in said[0]
     look_at_host(None)
 
 
