@@ -35,7 +35,7 @@ from mlflow_ngraph.measure.rounds import (
     throughput_figures,
 )
 from mlflow_ngraph.measure.settings import MeasureSettings
-from mlflow_ngraph.run.isolation import ASK_LIMIT_S, await_stopped
+from mlflow_ngraph.run.isolation import ASK_LIMIT_S, continue_process, stop_process
 
 #: the most seconds one side may take to load or build its engine (a compile of a large
 #: model on a busy host; the benchmark's default cell limit is of this order)
@@ -116,15 +116,12 @@ class Worker:
 
     def pause(self) -> None:
         if not self.paused:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGSTOP)
+            stop_process(self.proc.pid)
             self.paused = True
-            await_stopped(self.proc.pid)
 
     def resume(self) -> None:
         if self.paused:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGCONT)
+            continue_process(self.proc.pid)
             self.paused = False
 
     def close(self) -> None:

@@ -90,15 +90,12 @@ class _Spare:
         """Stop the worker (a spare's imports, an idle group member's spinning threads)
         while another measures: no CPU until resumed."""
         if not self.paused and self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGSTOP)
+            stop_process(self.proc.pid)
             self.paused = True
-            await_stopped(self.proc.pid)
 
     def resume(self) -> None:
         if self.paused:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGCONT)
+            continue_process(self.proc.pid)
             self.paused = False
 
     def kill(self) -> None:
@@ -113,7 +110,20 @@ class _Spare:
 STOP_WAIT_S = 0.5
 
 
-def await_stopped(pid: int) -> None:
+def stop_process(pid: int) -> None:
+    """SIGSTOP ``pid`` (gone already: nothing to do) and wait until it has stopped."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)
+    _await_stopped(pid)
+
+
+def continue_process(pid: int) -> None:
+    """SIGCONT ``pid`` (gone already: nothing to do)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+
+
+def _await_stopped(pid: int) -> None:
     import psutil
 
     deadline = time.monotonic() + STOP_WAIT_S
