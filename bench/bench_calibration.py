@@ -229,20 +229,16 @@ def coverage(runs: list[dict]) -> None:
     inside them; and every figure that moved more than 25% between two runs without either
     being marked."""
     for figure in ("speedup", "throughput"):
-        low, high = f"{figure}_rerun_low", f"{figure}_rerun_high"
-        held = total = 0
-        for before, after in zip(runs, runs[1:]):
-            for k, r in after.items():
-                if r.get(low) is None or k not in before or before[k].get(figure) is None:
-                    continue
-                if figure == "speedup" and k[1] == "identity":
-                    continue
-                total += 1
-                held += r[low] <= before[k][figure] <= r[high]
-        share = (
-            f"{held} of {total} ({100 * held / total:.1f}%)" if total else "none (no spread yet)"
-        )
-        print(f"re-run coverage of the {figure}s: the previous run's figure inside: {share}")
+        for way, pairs in (
+            ("the previous run's figure inside", [(b, a) for a, b in zip(runs, runs[1:])]),
+            ("the next run's figure inside (a prediction)", list(zip(runs, runs[1:]))),
+        ):
+            held = total = 0
+            for interval, other in pairs:
+                h, n = _held(interval, other, figure)
+                held, total = held + h, total + n
+            share = f"{held} of {total} ({100 * held / max(total, 1):.1f}%)"
+            print(f"re-run coverage of the {figure}s: {way}: {share if total else 'none yet'}")
     unmarked = []
     for i, a in enumerate(runs):
         for b in runs[i + 1 :]:
@@ -253,6 +249,21 @@ def coverage(runs: list[dict]) -> None:
                 if "UNSTABLE" not in (a[k].get("stability"), b[k].get("stability")):
                     unmarked.append((k, round(max(x / y, y / x), 2)))
     print(f"6. moved more than 25% between runs, neither marked: {len(unmarked)} {unmarked[:5]}")
+
+
+def _held(interval: dict, other: dict, figure: str) -> tuple[int, int]:
+    """(held, compared): how many of ``other``'s figures lie inside ``interval``'s re-run
+    intervals, of those both runs have (identity's speedup left out)."""
+    low, high = f"{figure}_rerun_low", f"{figure}_rerun_high"
+    held = total = 0
+    for k, r in interval.items():
+        if r.get(low) is None or k not in other or other[k].get(figure) is None:
+            continue
+        if figure == "speedup" and k[1] == "identity":
+            continue
+        total += 1
+        held += r[low] <= other[k][figure] <= r[high]
+    return held, total
 
 
 def screen_bias(uri: str, experiment: str) -> None:

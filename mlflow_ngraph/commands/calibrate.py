@@ -119,11 +119,11 @@ def report(home: Path) -> str:
         if pooled is None:
             lines.append(f"  {what}: not yet (too few engines measured in two sittings)")
             continue
-        lines.append(f"  {what}: sd {100 * pooled.sd:.2f}% ({pooled.df} df; {pooled.source})")
+        lines.append(f"  {what}: {pooled.words()}")
         for family in history.families(home):
             own = history.spread(home, what, family)
-            if own is not None and own.source.startswith(f"this host's history (the {family}"):
-                lines.append(f"    {family}: sd {100 * own.sd:.2f}% ({own.df} df)")
+            if own is not None and f"the {family} engines" in own.source:
+                lines.append(f"    {family}: {own.words().split(' from ')[0].removeprefix('sd ')}")
     lines.append(
         "later runs on this host give each figure a re-run interval from it "
         "(re-run CI in the summary, *_rerun_low/high in MLflow)"

@@ -119,10 +119,12 @@ def _shapes(workers) -> dict[str, tuple]:
 
 def _spread(settings: GateSettings):
     """The host's spread between sittings of a ratio, where known (``--rerun-sd``, else
-    the home's history of speedups: a ratio of two engines measured in rounds)."""
+    the home's history of speedups: a ratio of two engines measured in rounds): that of one
+    sitting on another occasion, both of its components together."""
     from mlflow_ngraph.measure.history import given_or_measured
 
-    return given_or_measured(settings.home, "speedup", None, settings.rerun_sd)
+    spread = given_or_measured(settings.home, "speedup", None, settings.rerun_sd)
+    return spread.of_mean(1) if spread is not None else None
 
 
 def _side(side, info: dict, throughput: float | None) -> dict[str, Any]:

@@ -68,16 +68,50 @@ class Entry:
     stable: bool = True
     other_cpu: float | None = None
     load: float | None = None
+    #: the invocation of the tool that measured it (its sittings share that occasion's
+    #: offset); "" in lines written before occasions were kept: each its own occasion
+    occasion: str = ""
+    #: UNSTABLE only because its interval was too wide (nothing the host did): it still
+    #: says where the figure lies, as wide as its interval says, and counts in the spread
+    width_only: bool = False
 
 
 @dataclass(frozen=True)
 class Spread:
     """The host's spread between sittings of one kind of figure (sd of the log), with its
-    degrees of freedom and what it was estimated from."""
+    degrees of freedom and what it was estimated from, in two components: ``sd``, a
+    sitting's own offset (what differs between two sittings of one run), and ``between``,
+    the offset of an occasion that all of its sittings share (what differs between two runs
+    beyond that: the host in another state, minutes or hours later). A run's figure, the
+    mean of its N sittings, moves between runs by ``sqrt(sd^2 / N + between^2)``
+    (:meth:`of_mean`)."""
 
     sd: float
     df: int
     source: str  # e.g. "this host's history: 14 engines, 2-3 sittings each"
+    between: float = 0.0
+    between_df: int = 0
+
+    def of_mean(self, n: int) -> Spread:
+        """The spread of the mean of ``n`` sittings of one run, one component, with the
+        Welch-Satterthwaite degrees of freedom of its two parts."""
+        a, b = self.sd**2 / n, self.between**2
+        parts = [(v, d) for v, d in ((a, self.df), (b, self.between_df)) if d > 0]
+        if a + b <= 0 or not parts:
+            df = max(self.df, self.between_df)
+        else:
+            df = (a + b) ** 2 / sum(v * v / d for v, d in parts if v > 0)
+        return Spread(math.sqrt(a + b), max(int(df), 1), self.source)
+
+    def words(self) -> str:
+        """The spread as the record and the log say it."""
+        runs = f"{100 * self.between:.2f}% ({self.between_df} df) between runs"
+        if not self.df:
+            return f"sd {runs} from {self.source}"
+        text = f"sd {100 * self.sd:.2f}% ({self.df} df)"
+        if self.between_df:
+            text += f" between sittings, {runs}"
+        return f"{text} from {self.source}"
 
 
 @dataclass(frozen=True)
@@ -272,8 +306,10 @@ def _text(what: str, ratio: float, then: Entry, now: Entry, max_other_cpu: float
 
 def spread(home, what: str, family: str | None = None) -> Spread | None:
     """The host's spread between sittings of ``what`` (``throughput`` or ``speedup``) from
-    its history: every engine measured in two or more uncontended, STABLE sittings (its
-    latest :data:`SPREAD_LATEST`), pooled by :func:`pooled_spread`. ``None`` with fewer
+    its history: every engine measured in two or more uncontended sittings that were
+    STABLE or UNSTABLE only for their width (its latest :data:`SPREAD_LATEST`; a wide
+    sitting's own interval is taken out of the squares, so leaving it out would only keep
+    the lucky ones), pooled by :func:`pooled_spread`. ``None`` with fewer
     than :data:`MIN_DF` degrees of freedom."""
     base = folder(home)
     if not base.is_dir():
@@ -283,11 +319,17 @@ def spread(home, what: str, family: str | None = None) -> Spread | None:
         kept = [
             e
             for e in _read(path)
-            if e.stable and not e.contended and getattr(e, what) and getattr(e, what) > 0
+            if (e.stable or e.width_only)
+            and not e.contended
+            and getattr(e, what)
+            and getattr(e, what) > 0
         ][-SPREAD_LATEST:]
         if len(kept) >= 2:
             by_family.setdefault(kept[-1].family or "-", []).append(
-                [(math.log(getattr(e, what)), _log_sd(getattr(e, f"{what}_h"))) for e in kept]
+                [
+                    (math.log(getattr(e, what)), _log_sd(getattr(e, f"{what}_h")), e.occasion)
+                    for e in kept
+                ]
             )
     return pooled_spread(by_family, family, "this host's history")
 
@@ -299,7 +341,7 @@ def given_or_measured(home, what: str, family: str | None, rerun_sd: float | Non
     return spread(home, what, family)
 
 
-def variance_components(engines: list[list[tuple[float, float]]]) -> tuple[float, int]:
+def variance_components(engines: list[list[tuple]]) -> tuple[float, int]:
     """(variance between sittings, degrees of freedom) of log figures: for each engine its
     sittings' (log figure, that sitting's own sd of the log), the squares about the engine's
     mean less what each sitting's own noise accounts for, pooled over engines (method of
@@ -309,33 +351,87 @@ def variance_components(engines: list[list[tuple[float, float]]]) -> tuple[float
     df = 0
     for sittings in engines:
         n = len(sittings)
-        mean = sum(x for x, _ in sittings) / n
-        ss += sum((x - mean) ** 2 for x, _ in sittings)
-        own += (1 - 1 / n) * sum(s * s for _, s in sittings)
+        mean = sum(x[0] for x in sittings) / n
+        ss += sum((x[0] - mean) ** 2 for x in sittings)
+        own += (1 - 1 / n) * sum(x[1] * x[1] for x in sittings)
         df += n - 1
     return (max(ss - own, 0.0) / df if df else math.nan), df
 
 
-def pooled_spread(
-    by_family: dict[str, list[list[tuple[float, float]]]], family: str | None, source: str
-) -> Spread | None:
+def _occasions(sittings: list[tuple]) -> list[list[tuple]]:
+    """An engine's sittings grouped by the occasion (run) that measured them, in order; a
+    sitting without one (a 2-tuple, or an empty occasion) is an occasion of its own."""
+    groups: dict[object, list[tuple]] = {}
+    for i, x in enumerate(sittings):
+        key = x[2] if len(x) > 2 and x[2] else ("alone", i)
+        groups.setdefault(key, []).append(x)
+    return list(groups.values())
+
+
+def nested_components(engines: list[list[tuple]]) -> tuple[float, int, float, int]:
+    """(within, df_within, between, df_between): the variance of a sitting's offset within
+    one occasion and that of an occasion's offset shared by its sittings, from each engine's
+    sittings (log figure, own sd of the log, occasion), method of moments (a nested
+    analysis of variance, each clamped at zero).
+
+    Within: :func:`variance_components` over each engine's occasions of two or more
+    sittings. Between: the engine's occasion means about their mean, less what the
+    sittings' offsets (within / n) and their own noise account for: E[sum (m_r - m)^2] =
+    (R - 1) between + (1 - 1/R) sum (within / n_r + own_r). Where no occasion had two
+    sittings, the within part cannot be told apart and ``between`` holds both (a sitting
+    of another run moves by it whole). NaN where a part has no degrees of freedom."""
+    within, df_w = variance_components(
+        [group for engine in engines for group in _occasions(engine) if len(group) >= 2]
+    )
+    w = within if df_w else 0.0
+    ss = expected = 0.0
+    df_b = 0
+    for engine in engines:
+        groups = _occasions(engine)
+        r = len(groups)
+        if r < 2:
+            continue
+        means = [
+            (sum(x[0] for x in g) / len(g), sum(x[1] ** 2 for x in g) / len(g) ** 2, len(g))
+            for g in groups
+        ]
+        centre = sum(m for m, _, _ in means) / r
+        ss += sum((m - centre) ** 2 for m, _, _ in means)
+        expected += (1 - 1 / r) * sum(w / n + own for _, own, n in means)
+        df_b += r - 1
+    between = max(ss - expected, 0.0) / df_b if df_b else math.nan
+    return within, df_w, between, df_b
+
+
+def pooled_spread(by_family: dict[str, list[list[tuple]]], family: str | None, source: str):
     """The spread between sittings of the engines ``by_family`` (each engine: its sittings'
-    log figures and own sds, :func:`variance_components`): those of ``family`` where they
-    have :data:`FAMILY_MIN_DF` degrees of freedom, else every engine pooled; ``None`` with
-    fewer than :data:`MIN_DF`. ``source`` names where the sittings come from."""
-    engines = by_family.get(family, []) if family else []
-    var, df = variance_components(engines)
-    label = f"the {family} engines"
-    if df < FAMILY_MIN_DF:
-        engines = [e for group in by_family.values() for e in group]
-        var, df = variance_components(engines)
-        label = "every engine"
-    if df < MIN_DF:
+    log figures, own sds and occasions, :func:`nested_components`), each component from
+    the engines of ``family`` where they give it :data:`FAMILY_MIN_DF` degrees of freedom,
+    else from every engine pooled; ``None`` where neither component has :data:`MIN_DF`."""
+    everyone = [e for group in by_family.values() for e in group]
+    own = by_family.get(family, []) if family else []
+    mine, pooled = nested_components(own), nested_components(everyone)
+    parts, labels = [], []
+    for i, what in ((0, "sittings"), (2, "runs")):
+        use, label = (
+            (mine, f"the {family} engines")
+            if mine[i + 1] >= FAMILY_MIN_DF
+            else (pooled, "every engine")
+        )
+        var, df = (use[i], use[i + 1]) if use[i + 1] >= MIN_DF else (0.0, 0)
+        parts.append((var, df))
+        if df:
+            labels.append(label if what == "sittings" else f"{label}, between runs")
+    (within, df_w), (between, df_b) = parts
+    if not df_w and not df_b:
         return None
+    sittings = sum(len(e) for e in everyone)
     return Spread(
-        math.sqrt(var),
-        df,
-        f"{source} ({label}: {len(engines)} measured in {df + len(engines)} sittings)",
+        math.sqrt(within),
+        df_w,
+        f"{source} ({'; '.join(labels)}: {len(everyone)} measured in {sittings} sittings)",
+        math.sqrt(between),
+        df_b,
     )
 
 
@@ -350,16 +446,21 @@ def families(home) -> list[str]:
     return sorted(found)
 
 
-def rerun_interval(value: float, h: float | None, spread: Spread | None, confidence=0.95):
+def rerun_interval(
+    value: float, h: float | None, spread: Spread | None, sittings: int = 1, confidence=0.95
+):
     """(low, high, relative half-width) of the 95% interval where a re-run on this host is
-    expected to land: the re-run's figure differs from this one by both sittings' offsets
-    (2 sd^2 of the spread) and both sittings' own noise (this sitting's, twice), a Student-t
-    prediction interval with the spread's degrees of freedom. ``None`` without a spread or
-    a sitting interval."""
+    expected to land, for a figure that is the mean of ``sittings`` sittings of one run: the
+    re-run's figure differs from this one by both runs' offsets (2 x
+    :meth:`Spread.of_mean`'s variance: the sittings' own offsets over their number, and the
+    occasion's) and both runs' own noise (this one's, twice), a Student-t prediction
+    interval with the spread's degrees of freedom. ``None`` without a spread or a sitting
+    interval."""
     if spread is None or h is None or not value or value <= 0:
         return None
     from scipy import stats
 
-    q = float(stats.t.ppf(0.5 + confidence / 2, max(spread.df, 1)))
-    width = q * math.sqrt(2 * spread.sd**2 + 2 * _log_sd(h) ** 2)
+    one = spread.of_mean(sittings)
+    q = float(stats.t.ppf(0.5 + confidence / 2, max(one.df, 1)))
+    width = q * math.sqrt(2 * one.sd**2 + 2 * _log_sd(h) ** 2)
     return value * math.exp(-width), value * math.exp(width), math.expm1(width)

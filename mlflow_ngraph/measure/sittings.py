@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from mlflow_ngraph.measure.history import MIN_DF, Z95, Spread, pooled_spread, rerun_interval
 from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER
@@ -67,16 +68,19 @@ def figure(record: Mapping, what: str) -> tuple[float, float | None] | None:
     return value, max(math.log(high / value), math.log(value / low))
 
 
-def engine_sittings(records: Sequence[Mapping], what: str) -> list[tuple[float, float]] | None:
+def engine_sittings(records: Sequence[Mapping], what: str) -> list[tuple] | None:
     """One engine's sittings as the variance components take them: (log figure, its own sd
-    of the log) of each STABLE sitting with an interval; ``None`` with fewer than two."""
+    of the log, the occasion: this run) of each sitting with an interval that was STABLE
+    or UNSTABLE only for its width (its own interval is taken out of the squares);
+    ``None`` with fewer than two."""
     out = []
     for record in records:
-        if (record.get("stability") or {}).get("stable") is False:
+        stability = record.get("stability") or {}
+        if stability.get("stable") is False and not stability.get("width_only"):
             continue
         got = figure(record, what)
         if got is not None and got[1] is not None:
-            out.append((math.log(got[0]), got[1] / Z95))
+            out.append((math.log(got[0]), got[1] / Z95, "this run"))
     return out if len(out) >= 2 else None
 
 
@@ -86,6 +90,23 @@ def run_spread(
     """The spread between sittings this run measured (``by_family``: each engine's
     :func:`engine_sittings`), by ``family`` where it has enough of them."""
     return pooled_spread(by_family, family, f"this run's {sittings} sittings")
+
+
+def with_runs(run: Spread | None, host: Spread | None) -> Spread | None:
+    """The spread a run with several sittings uses: between its sittings, what the ``run``
+    itself measured (else the ``host``'s history); between runs, what the ``host``'s
+    history measured (nothing where it holds fewer than two runs of the same engines: the
+    record's words then say only "between sittings")."""
+    if run is None:
+        return host
+    if host is None or not host.between_df:
+        return run
+    return replace(
+        run,
+        source=f"{run.source}; between runs {host.source}",
+        between=host.between,
+        between_df=host.between_df,
+    )
 
 
 def combine(
@@ -150,8 +171,7 @@ def _rerun_of_mean(
     ``n`` sittings (log half-width ``h``), from ``spread``, the spread of one sitting;
     nothing where either is missing."""
     if spread is not None and h is not None:
-        one = Spread(spread.sd / math.sqrt(n), spread.df, spread.source)
-        interval = rerun_interval(value, h, one)
+        interval = rerun_interval(value, h, spread, n)
         if interval is not None:
             metrics[names[0]], metrics[names[1]] = interval[:2]
 
@@ -161,8 +181,9 @@ def _rerun_source(out: dict, chosen: Spread | None) -> None:
     (``rerun_sd``, ``rerun_df`` in its metrics, ``rerun`` in words), or why there is none."""
     metrics = out["metrics"]
     if chosen is not None:
-        metrics["rerun_sd"], metrics["rerun_df"] = chosen.sd, float(min(chosen.df, 10**6))
-        out["rerun"] = f"sd {100 * chosen.sd:.2f}% ({chosen.df} df) from {chosen.source}"
+        one = chosen.of_mean(int(metrics["sittings"]))
+        metrics["rerun_sd"], metrics["rerun_df"] = one.sd, float(min(one.df, 10**6))
+        out["rerun"] = chosen.words()
     else:
         metrics.pop("rerun_sd", None)
         metrics.pop("rerun_df", None)

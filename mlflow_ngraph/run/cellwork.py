@@ -5,6 +5,7 @@ of the cell once its worker is done."""
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,9 @@ class CellWork:
         self.sink = sink
         self.combiner = combiner
         self.view = view
+        #: this invocation of the tool: the sittings it measures share its occasion in the
+        #: host's history (the spread between runs is told from that between sittings)
+        self.occasion = uuid.uuid4().hex[:12]
 
     def task(self, cell: Cell, pending: list[int]) -> CellTask:
         """What a worker needs to measure the ``pending`` batch sizes of ``cell``."""
@@ -74,6 +78,7 @@ class CellWork:
             rtol=self.spec.rtol,
             run=self.policy.per_sitting(),
             math=self.spec.math,
+            extra={"occasion": self.occasion},
         )
 
     def worker_task(self, cell: Cell, pending: list[int]) -> CellTask:

@@ -37,7 +37,8 @@ class SittingsCombiner:
         """The record of a batch size measured in ``records`` (its sittings, in order):
         :func:`mlflow_ngraph.measure.sittings.combine`, with the spread between sittings
         this run measured so far (this engine's sittings included; ``settled``: the whole
-        run's, every engine already in it), else the host's."""
+        run's, every engine already in it), else the host's; the spread between runs, which
+        a run's own sittings cannot see, from the host's history where it has one."""
         from mlflow_ngraph.measure import history
         from mlflow_ngraph.measure import sittings as sit
 
@@ -48,11 +49,10 @@ class SittingsCombiner:
             own = sit.engine_sittings(records, what)
             if own is not None and not settled:
                 by_family.setdefault(family, []).append(own)
-            spreads[what] = sit.run_spread(by_family, family, self.policy.sittings)
-            if spreads[what] is None:
-                spreads[what] = history.given_or_measured(
-                    self.home, what, family, self.policy.rerun_sd
-                )
+            known = history.given_or_measured(self.home, what, family, self.policy.rerun_sd)
+            spreads[what] = sit.with_runs(
+                sit.run_spread(by_family, family, self.policy.sittings), known
+            )
         return sit.combine(records, spreads, self.policy.max_interval)
 
     def settle(self, journal: Journal, sink: ResultSink) -> None:

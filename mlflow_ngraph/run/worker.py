@@ -279,7 +279,7 @@ def _screen_moved(result, paired: bool) -> float | None:
 SCREEN_DECIDES = 0.25
 
 
-def _history_entry(task: CellTask, result, paired: bool, stable: bool = True):
+def _history_entry(task: CellTask, result, paired: bool, stability=None):
     from mlflow_ngraph.measure.history import Entry
 
     def log_h(value, low, high):
@@ -303,9 +303,11 @@ def _history_entry(task: CellTask, result, paired: bool, stable: bool = True):
         if speedup
         else None,
         contended=bool(contended),
-        stable=stable,
+        stable=stability is None or stability.stable,
+        width_only=stability is not None and stability.width_only,
         other_cpu=other,
         load=result.host_load_avg,
+        occasion=task.extra.get("occasion", ""),
     )
 
 
@@ -340,7 +342,8 @@ def _moved(task: CellTask, result, paired: bool, key: str | None = None):
             return None
         spread = history.spread(task.home, "speedup" if paired else "throughput")
         run = task.run
-        sd = run.rerun_sd if run.rerun_sd is not None else (spread.sd if spread else None)
+        sd = spread.of_mean(1).sd if spread else None
+        sd = run.rerun_sd if run.rerun_sd is not None else sd
         return history.check(entries, _history_entry(task, result, paired), sd, run.max_other_cpu)
     except Exception as exc:  # noqa: BLE001 - the history is a check, never the measurement
         log.debug("history check skipped: %s", exc)
@@ -359,7 +362,7 @@ def _remember(task: CellTask, result, stability, paired: bool) -> dict[str, Any]
         spreads = {}
         for what in ("throughput", "speedup"):
             spreads[what] = history.given_or_measured(task.home, what, family, task.run.rerun_sd)
-        entry = _history_entry(task, result, paired, stability.stable)
+        entry = _history_entry(task, result, paired, stability)
         for what, value, h in (
             ("throughput", entry.throughput, entry.throughput_h),
             ("speedup", entry.speedup, entry.speedup_h),
@@ -370,8 +373,9 @@ def _remember(task: CellTask, result, stability, paired: bool) -> dict[str, Any]
                 setattr(result, f"{what}_rerun_high", interval[1])
         chosen = spreads["speedup" if paired else "throughput"]
         if chosen is not None:
-            result.rerun_sd, result.rerun_df = chosen.sd, float(min(chosen.df, 10**6))
-            out["rerun"] = f"sd {100 * chosen.sd:.2f}% ({chosen.df} df) from {chosen.source}"
+            one = chosen.of_mean(1)
+            result.rerun_sd, result.rerun_df = one.sd, float(min(one.df, 10**6))
+            out["rerun"] = chosen.words()
         else:
             out["rerun"] = (
                 "none: this host has no spread between sittings yet (a figure enters it once "

@@ -41,8 +41,9 @@ def test_calibrate_measures_the_spread_and_a_later_benchmark_carries_re_run_inte
     assert code == 0, err
     # 3 engines (3 batch sizes) in 2 sittings: 3 degrees of freedom, the fewest it takes
     spread = history.spread(home, "throughput")
-    assert spread is not None and spread.df == 3, spread
-    assert f"throughput: sd {100 * spread.sd:.2f}% (3 df;" in out
+    # each sitting a run of its own: the whole spread is between runs
+    assert spread is not None and spread.between_df == 3 and spread.df == 0, spread
+    assert f"throughput: sd {100 * spread.between:.2f}% (3 df) between runs from" in out
     assert "speedup: not yet" in out  # identity alone has no speedup
     # a later benchmark of the same engines on this host: each figure has a re-run interval
     code, out, err = run_cli(

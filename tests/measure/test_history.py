@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mlflow_ngraph.measure import history
+from mlflow_ngraph.measure.history import Z95 as Z
 from mlflow_ngraph.measure.history import Entry
 from mlflow_ngraph.measure.settings import MeasureSettings
 from mlflow_ngraph.plan.config import RunPolicy
@@ -91,14 +92,18 @@ def test_the_spread_between_sittings_is_measured_from_the_history(tmp_path):
     for i, engine in enumerate(_sittings(rng, 40, 3, 0.03, 0.01)):
         for value, h in engine:
             history.append(tmp_path, f"e{i}", entry(value, h))
-    spread = history.spread(tmp_path, "throughput")
+    # lines that name no occasion are each their own: all of the spread is between runs
+    spread = history.spread(tmp_path, "throughput").of_mean(1)
     assert spread.df == 80
     assert 0.024 < spread.sd < 0.036
-    assert "40 measured in 120 sittings" in spread.source
+    assert "40 measured in 120 sittings" in history.spread(tmp_path, "throughput").source
     # contended or UNSTABLE sittings say nothing of a quiet host's spread
     history.append(tmp_path, "e0", entry(1.0, 0.01, contended=True))
     history.append(tmp_path, "e0", entry(1.0, 0.01, stable=False))
-    assert history.spread(tmp_path, "throughput").df == 80
+    assert history.spread(tmp_path, "throughput").of_mean(1).df == 80
+    # one UNSTABLE only for its width says where the figure lies, as wide as it says: in
+    history.append(tmp_path, "e1", entry(1.0, 0.01, stable=False, width_only=True))
+    assert history.spread(tmp_path, "throughput").of_mean(1).df == 81
     assert history.spread(tmp_path / "none", "throughput") is None
 
 
@@ -108,10 +113,10 @@ def test_a_family_with_enough_sittings_gets_its_own_spread(tmp_path):
         for i, engine in enumerate(_sittings(rng, 20, 2, sigma, 0.005)):
             for value, h in engine:
                 history.append(tmp_path, f"{fam}{i}", Entry(time.time(), fam, value, h))
-    mha = history.spread(tmp_path, "throughput", "mha_block")
-    conv = history.spread(tmp_path, "throughput", "conv_block")
+    mha = history.spread(tmp_path, "throughput", "mha_block").of_mean(1)
+    conv = history.spread(tmp_path, "throughput", "conv_block").of_mean(1)
     assert mha.sd > 2 * conv.sd and mha.df == conv.df == 20
-    assert history.spread(tmp_path, "throughput", "resnet").df == 40  # pooled
+    assert history.spread(tmp_path, "throughput", "resnet").of_mean(1).df == 40  # pooled
 
 
 def test_the_rerun_interval_holds_95_percent_of_re_runs():
@@ -229,3 +234,58 @@ def test_two_writers_at_once_lose_no_latest_line(tmp_path):
     expected = history.KEEP + (appended - 2 * history.KEEP - 1) % (history.KEEP + 1)
     text = (history.folder(tmp_path) / "shared.jsonl").read_text()
     assert len(text.splitlines()) == len(history.earlier(tmp_path, "shared")) == expected
+
+
+def _runs(rng, engines, runs, sittings, within, between, noise):
+    """Each engine's sittings as the history holds them, (log figure, own sd, occasion):
+    its level, plus each run's offset (sd ``between``, shared by the run's sittings), plus
+    each sitting's own (sd ``within``), plus the rounds' noise (sd ``noise``)."""
+    out = []
+    for _ in range(engines):
+        level = rng.uniform(3, 9)
+        engine = []
+        for r in range(runs):
+            offset = rng.normal(0, between)
+            for _ in range(sittings):
+                x = level + offset + rng.normal(0, within) + rng.normal(0, noise)
+                engine.append((x, noise, f"run{r}"))
+        out.append(engine)
+    return out
+
+
+def test_the_spread_between_runs_is_told_from_that_between_sittings_and_a_rerun_holds():
+    """Sittings of one run share the run's offset, which the run cannot see in its own
+    sittings: the nested estimate tells the two apart, and the re-run interval of a run of
+    2 sittings built on both holds another run's figure about 95% of the time, where one
+    built on the run's own sittings alone holds it far less often."""
+    rng = np.random.default_rng(11)
+    within, between, noise = 0.015, 0.025, 0.01
+    w, df_w, b, df_b = history.nested_components(_runs(rng, 200, 2, 2, within, between, noise))
+    assert df_w == 400 and df_b == 200
+    assert 0.012 < math.sqrt(w) < 0.018 and 0.020 < math.sqrt(b) < 0.030
+    fitted = history.pooled_spread({"x": _runs(rng, 60, 2, 2, within, between, noise)}, "x", "test")
+    assert fitted.df == 120 and fitted.between_df == 60
+    own_only = history.Spread(fitted.sd, fitted.df, "this run's sittings")
+    held = held_own = 0
+    trials = 2000
+    h = Z * noise / math.sqrt(2)  # the mean of 2 sittings' own interval
+    for engine in _runs(rng, trials, 2, 2, within, between, noise):
+        first = math.exp((engine[0][0] + engine[1][0]) / 2)
+        again = math.exp((engine[2][0] + engine[3][0]) / 2)
+        low, high, _ = history.rerun_interval(first, h, fitted, 2)
+        held += low <= again <= high
+        low, high, _ = history.rerun_interval(first, h, own_only, 2)
+        held_own += low <= again <= high
+    assert 0.93 <= held / trials <= 0.975
+    assert held_own / trials < 0.8
+
+
+def test_the_history_keeps_each_sittings_occasion(tmp_path):
+    rng = np.random.default_rng(5)
+    for i, engine in enumerate(_runs(rng, 30, 2, 2, 0.01, 0.03, 0.005)):
+        for x, sd, occasion in engine:
+            history.append(tmp_path, f"e{i}", entry(math.exp(x), Z * sd, occasion=occasion))
+    spread = history.spread(tmp_path, "throughput")
+    assert spread.df == 60 and spread.between_df == 30
+    assert spread.between > spread.sd
+    assert "between sittings" in spread.words() and "between runs" in spread.words()

@@ -61,14 +61,15 @@ def test_the_rerun_interval_is_a_prediction_for_another_mean_of_n_sittings():
     out = combine(sittings, {"throughput": spread, "speedup": spread}, 0.05)
     m = out["metrics"]
     h = math.sqrt(2 * 0.02**2) / 2
-    low, high, _ = rerun_interval(m["throughput"], h, Spread(0.03 / math.sqrt(2), 12, ""))
+    low, high, _ = rerun_interval(m["throughput"], h, Spread(0.03, 12, ""), 2)
     assert (m["throughput_rerun_low"], m["throughput_rerun_high"]) == pytest.approx((low, high))
     # the variance of the difference of two means of 2 sittings: 2 (sd^2 + own^2) / 2
     from scipy import stats
 
     width = stats.t.ppf(0.975, 12) * math.sqrt(2 * (0.03**2 + (0.02 / Z95) ** 2) / 2)
     assert math.log(m["throughput_rerun_high"] / m["throughput"]) == pytest.approx(width)
-    assert m["rerun_sd"] == 0.03 and m["rerun_df"] == 12
+    # the spread of the mean of 2 sittings is logged, the sitting's in the words
+    assert m["rerun_sd"] == pytest.approx(0.03 / math.sqrt(2)) and m["rerun_df"] == 12
     assert out["rerun"] == f"sd 3.00% (12 df) from {spread.source}"
 
 
@@ -104,6 +105,9 @@ def test_the_run_spread_pools_its_engines_as_the_history_does():
     ]
     sittings = [engine_sittings(e, "throughput") for e in engines]
     assert sittings[2] is None
+    wide = record(10.3, 0.09, stable=False)
+    wide["stability"]["width_only"] = True  # only too wide: it counts, as wide as it is
+    assert len(engine_sittings([engines[2][0], wide], "throughput")) == 2
     by_family = {"cnn": [s for s in sittings if s is not None]}
     var, df = variance_components(by_family["cnn"])
     assert df == 1 + 2
