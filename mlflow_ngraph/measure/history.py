@@ -71,9 +71,6 @@ class Entry:
     #: the invocation of the tool that measured it (its sittings share that occasion's
     #: offset); "" in lines written before occasions were kept: each its own occasion
     occasion: str = ""
-    #: UNSTABLE only because its interval was too wide (nothing the host did): it still
-    #: says where the figure lies, as wide as its interval says, and counts in the spread
-    width_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -306,10 +303,10 @@ def _text(what: str, ratio: float, then: Entry, now: Entry, max_other_cpu: float
 
 def spread(home, what: str, family: str | None = None) -> Spread | None:
     """The host's spread between sittings of ``what`` (``throughput`` or ``speedup``) from
-    its history: every engine measured in two or more uncontended sittings that were
-    STABLE or UNSTABLE only for their width (its latest :data:`SPREAD_LATEST`; a wide
-    sitting's own interval is taken out of the squares, so leaving it out would only keep
-    the lucky ones), pooled by :func:`pooled_spread`. ``None`` with fewer
+    its history: every engine measured in two or more uncontended, STABLE sittings (its
+    latest :data:`SPREAD_LATEST`), pooled by :func:`pooled_spread`. (Sittings UNSTABLE
+    only for their width are left out too: docs/measurement.md says what counting them
+    did.) ``None`` with fewer
     than :data:`MIN_DF` degrees of freedom."""
     base = folder(home)
     if not base.is_dir():
@@ -319,10 +316,7 @@ def spread(home, what: str, family: str | None = None) -> Spread | None:
         kept = [
             e
             for e in _read(path)
-            if (e.stable or e.width_only)
-            and not e.contended
-            and getattr(e, what)
-            and getattr(e, what) > 0
+            if e.stable and not e.contended and getattr(e, what) and getattr(e, what) > 0
         ][-SPREAD_LATEST:]
         if len(kept) >= 2:
             by_family.setdefault(kept[-1].family or "-", []).append(

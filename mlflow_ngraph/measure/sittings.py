@@ -70,13 +70,11 @@ def figure(record: Mapping, what: str) -> tuple[float, float | None] | None:
 
 def engine_sittings(records: Sequence[Mapping], what: str) -> list[tuple] | None:
     """One engine's sittings as the variance components take them: (log figure, its own sd
-    of the log, the occasion: this run) of each sitting with an interval that was STABLE
-    or UNSTABLE only for its width (its own interval is taken out of the squares);
-    ``None`` with fewer than two."""
+    of the log, the occasion: this run) of each STABLE sitting with an interval; ``None``
+    with fewer than two."""
     out = []
     for record in records:
-        stability = record.get("stability") or {}
-        if stability.get("stable") is False and not stability.get("width_only"):
+        if (record.get("stability") or {}).get("stable") is False:
             continue
         got = figure(record, what)
         if got is not None and got[1] is not None:

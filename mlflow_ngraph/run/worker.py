@@ -304,7 +304,6 @@ def _history_entry(task: CellTask, result, paired: bool, stability=None):
         else None,
         contended=bool(contended),
         stable=stability is None or stability.stable,
-        width_only=stability is not None and stability.width_only,
         other_cpu=other,
         load=result.host_load_avg,
         occasion=task.extra.get("occasion", ""),

@@ -101,9 +101,7 @@ def test_the_spread_between_sittings_is_measured_from_the_history(tmp_path):
     history.append(tmp_path, "e0", entry(1.0, 0.01, contended=True))
     history.append(tmp_path, "e0", entry(1.0, 0.01, stable=False))
     assert history.spread(tmp_path, "throughput").of_mean(1).df == 80
-    # one UNSTABLE only for its width says where the figure lies, as wide as it says: in
-    history.append(tmp_path, "e1", entry(1.0, 0.01, stable=False, width_only=True))
-    assert history.spread(tmp_path, "throughput").of_mean(1).df == 81
+
     assert history.spread(tmp_path / "none", "throughput") is None
 
 
