@@ -14,7 +14,7 @@ experiment: tiny-calibrate
 models:
   - {name: conv_block, params: {width: 8, depth: 1, image_size: 16}}
 compilers: [identity]
-batch_sizes: [1, 2, 4]
+batch_sizes: [1, 2, 4, 8]
 warmup: 1
 repetitions: 1
 min_duration: 0
@@ -39,11 +39,13 @@ def test_calibrate_measures_the_spread_and_a_later_benchmark_carries_re_run_inte
         "calibrate", "--spec", str(spec), "--max-duration", "0.3", *loose, "-q"
     )
     assert code == 0, err
-    # 3 engines (3 batch sizes) in 2 sittings: 3 degrees of freedom, the fewest it takes
     spread = history.spread(home, "throughput")
-    # each sitting a run of its own: the whole spread is between runs
-    assert spread is not None and spread.between_df == 3 and spread.df == 0, spread
-    assert f"throughput: sd {100 * spread.between:.2f}% (3 df) between runs from" in out
+    # each sitting a run of its own: the whole spread is between runs. 4 engines in 2
+    # sittings: 4 degrees of freedom, 3 (the fewest it takes) where a noisy host made one
+    # sitting UNSTABLE (it stays out of the spread)
+    assert spread is not None and spread.between_df >= 3 and spread.df == 0, spread
+    df = spread.between_df
+    assert f"throughput: sd {100 * spread.between:.2f}% ({df} df) between runs from" in out
     assert "speedup: not yet" in out  # identity alone has no speedup
     # a later benchmark of the same engines on this host: each figure has a re-run interval
     code, out, err = run_cli(
