@@ -178,11 +178,29 @@ class EngineSupply:
             }
             write_manifest(Path(tmp), files.files, info)
             if not files.files:  # nothing serializable (eager, torch.compile JIT)
-                target = self.home / "work" / f"manifest-{key}"
-                shutil.rmtree(target, ignore_errors=True)
-                shutil.copytree(tmp, target)
-                return target
+                return publish(Path(tmp), self.home / "work" / f"manifest-{key}")
             return self.cache.store(key, Path(tmp))
+
+
+def publish(source: Path, target: Path, tries: int = 8) -> Path:
+    """A copy of the folder ``source`` put at ``target`` whole, replacing what is there:
+    copied beside it, then renamed into place (the one being replaced renamed aside first,
+    then removed). Two workers of one engine (two runs into one home, an A/A pair) publish
+    the same manifest at once: removing and copying in place let the second copy meet the
+    first one's files (``FileExistsError``, the engine's measurement lost)."""
+    fresh = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-new-"))
+    shutil.copytree(source, fresh, dirs_exist_ok=True)
+    for _ in range(tries):
+        try:
+            fresh.rename(target)
+            return target
+        except OSError:  # there already: set it aside, then try again
+            aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-old-"))
+            with contextlib.suppress(FileNotFoundError):  # another just set it aside
+                target.rename(aside / "old")
+            shutil.rmtree(aside, ignore_errors=True)
+    shutil.rmtree(fresh, ignore_errors=True)  # kept replacing by others: theirs is as good
+    return target
 
 
 def gpu_fingerprint() -> str:
