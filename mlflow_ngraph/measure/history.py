@@ -238,7 +238,12 @@ def check(
     nearest to ``now`` is the one named: a figure that agrees with any earlier one has not
     moved (one bad sitting in the history does not mark every later good one). Only a move
     against an earlier STABLE, uncontended measurement is gross: where the history holds
-    only noisy ones, a move is said, and the earlier one is the suspect."""
+    only noisy ones, a move is said, and the earlier one is the suspect.
+
+    One that agrees with an older measurement but moved by more than :data:`GROSS_MOVE`
+    against the latest trusted run before this one (another occasion) is said too, not
+    gross: the engine's speed on this host changes between runs by that much (a threaded
+    engine of a small model an hour apart), which a re-run meets and its user must hear."""
     sd = GUARD_SD if spread is None else max(spread, 0.0)
     trusted = [e for e in entries if e.stable and not e.contended]
     entries = trusted or entries
@@ -247,7 +252,7 @@ def check(
         value, h = getattr(now, what), getattr(now, f"{what}_h")
         if not value or value <= 0:
             continue
-        nearest = None
+        beyond = []  # (log distance beyond what is allowed, log ratio, the earlier one)
         for then in entries:
             old = getattr(then, what)
             if not old or old <= 0:
@@ -256,17 +261,48 @@ def check(
             allowed = Z95 * math.sqrt(
                 2 * sd**2 + _log_sd(h) ** 2 + _log_sd(getattr(then, f"{what}_h")) ** 2
             )
-            if nearest is None or abs(d) - allowed < nearest[0]:
-                nearest = (abs(d) - allowed, d, then)
-        if nearest is None or nearest[0] <= 0:
-            continue  # within what some earlier measurement allows
-        _, d, then = nearest
-        ratio = math.exp(d)
-        gross = bool(trusted) and abs(ratio - 1) > GROSS_MOVE
-        move = Move(what, ratio, then, gross, _text(what, ratio, then, now, max_other_cpu))
-        if found is None or (move.gross and not found.gross):
+            beyond.append((abs(d) - allowed, d, then))
+        if not beyond:
+            continue
+        move = _nearest_move(what, beyond, now, bool(trusted), max_other_cpu)
+        if move is None and trusted:
+            move = _latest_run_move(what, beyond, now, max_other_cpu)
+        if move is not None and (found is None or (move.gross and not found.gross)):
             found = move
     return found
+
+
+def _nearest_move(what, beyond, now: Entry, trusted: bool, max_other_cpu: float):
+    """The move against the nearest earlier measurement, where even that one is beyond
+    what the intervals allow (gross past :data:`GROSS_MOVE` when the earlier ones are
+    trusted)."""
+    excess, d, then = min(beyond, key=lambda x: x[0])
+    if excess <= 0:
+        return None  # within what some earlier measurement allows
+    ratio = math.exp(d)
+    gross = trusted and abs(ratio - 1) > GROSS_MOVE
+    return Move(what, ratio, then, gross, _text(what, ratio, then, now, max_other_cpu))
+
+
+def _latest_run_move(what, beyond, now: Entry, max_other_cpu: float):
+    """The move against the latest earlier run of the engine (another occasion than
+    ``now``'s), where it is beyond the intervals and past :data:`GROSS_MOVE` while an older
+    measurement agrees: said, not gross."""
+    others = [b for b in beyond if not now.occasion or b[2].occasion != now.occasion]
+    if not others:
+        return None
+    excess, d, then = max(others, key=lambda x: x[2].time)
+    ratio = math.exp(d)
+    if excess <= 0 or abs(ratio - 1) <= GROSS_MOVE:
+        return None
+    agrees = min(beyond, key=lambda x: x[0])[2]
+    text = (
+        f"{_text(what, ratio, then, now, max_other_cpu)}, the latest run before this one; "
+        f"it agrees with the one at {_when(agrees.time)} ({getattr(agrees, what):.4g}"
+        f"{'x' if what == 'speedup' else '/s'}): this engine's {what} on this host changes "
+        f"between runs by more than {100 * GROSS_MOVE:.0f}%"
+    )
+    return Move(what, ratio, then, False, text)
 
 
 def _factor(ratio: float) -> str:

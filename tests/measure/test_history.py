@@ -38,6 +38,33 @@ def test_a_figure_that_agrees_with_any_earlier_one_has_not_moved():
     assert history.check(earlier, entry(9100.0), None, 25.0) is None
 
 
+def test_a_figure_past_25pc_off_the_latest_run_is_said_where_an_older_one_agrees():
+    """The host's speed for a small engine changed between runs an hour apart (2,083/s,
+    then 2,944/s, then 2,116/s): the third agrees with the first, but a re-run of the
+    second moved 28%, which is said (not UNSTABLE: no earlier figure disagrees with all)."""
+    t = time.time()
+    earlier = [
+        Entry(t - 7200, "mha_block", 2083.0, 0.02, occasion="r1"),
+        Entry(t - 3600, "mha_block", 2944.0, 0.02, occasion="r2"),
+    ]
+    now = Entry(t, "mha_block", 2116.0, 0.02, occasion="r3")
+    move = history.check(earlier, now, 0.03, 25.0)
+    assert move is not None and not move.gross and move.what == "throughput"
+    assert "1.39x lower" not in move.text and "-28.1%" in move.text and "(2944/s)" in move.text
+    assert "agrees with the one at" in move.text and "(2083/s)" in move.text
+    # the latest run agreeing, or a move within 25% of it, is no move
+    swapped = [
+        Entry(t - 7200, "mha_block", 2944.0, 0.02, occasion="r1"),
+        Entry(t - 3600, "mha_block", 2083.0, 0.02, occasion="r2"),
+    ]
+    assert history.check(swapped, now, 0.03, 25.0) is None
+    assert history.check(earlier, Entry(t, "mha_block", 2250.0, 0.02, occasion="r3"), 0.03,
+                         25.0) is None  # fmt: skip
+    # a sitting of this same run is not "the latest run before this one"
+    same = [earlier[0], Entry(t - 60, "mha_block", 2944.0, 0.02, occasion="r3")]
+    assert history.check(same, now, 0.03, 25.0) is None
+
+
 def test_a_paired_speedup_that_moved_is_said_even_where_the_host_moved_as_a_whole():
     earlier = [entry(1000.0, speedup=2.0, sh=0.02)]
     move = history.check(earlier, entry(1000.0, speedup=3.0, sh=0.02), None, 25.0)
