@@ -45,8 +45,9 @@ Figures, each over the rounds (k windows per engine):
   (the host changed in a way the pairing did not cancel); the relative change, else None.
 
 Stop rule (per engine; widths are the sitting's own): the
-floors (``--repetitions`` requests, ``--min-duration`` seconds, :data:`MIN_ROUNDS` rounds)
-are met and the figure the user compares is known to ``precision`` (the relative half-width
+floors (``--repetitions`` requests, ``--min-duration`` seconds, :data:`MIN_ROUNDS` rounds
+the figure rests on: for a paired speedup, rounds where neither window was left out) are
+met and the figure the user compares is known to ``precision`` (the relative half-width
 of the speedup's interval; for the baseline and an engine measured alone, the throughput's
 against twice that), or the engine has been measured for ``max_s`` seconds. Where the cap
 leaves the figure wider than the UNSTABLE limit (``enough``), the engine goes on past the
@@ -629,6 +630,17 @@ def _reachable(width: float, limit: float, seconds: float, until: float) -> bool
     return seconds * (math.log1p(width) / math.log1p(limit)) ** 2 <= until
 
 
+def _rounds_it_rests_on(name, windows, baseline) -> int:
+    """The rounds the figure of engine ``name`` rests on: for a speedup paired with the
+    baseline, those where neither window was left out (an engine with six windows of its
+    own had 3-5 pairs where the baseline's windows of other rounds were disturbed, and the
+    cap left it without an interval: UNSTABLE, "too few windows"); else its own windows."""
+    base = windows.get(baseline) if baseline and name != baseline else None
+    if base is None:
+        return sum(w is not None for w in windows[name])
+    return sum(w is not None and b is not None for w, b in zip(windows[name], base))
+
+
 def _stop(name, windows, taken, baseline, settings, policy, cap) -> str:
     """Why engine ``name`` is done after the rounds so far (``""``: not yet). ``windows``
     are every engine's windows as the figures see them (disturbed ones left out), ``taken``
@@ -641,7 +653,7 @@ def _stop(name, windows, taken, baseline, settings, policy, cap) -> str:
     ready = (
         requests >= settings.repetitions
         and seconds >= settings.min_duration_s
-        and len(own) >= policy.min_rounds
+        and _rounds_it_rests_on(name, windows, baseline) >= policy.min_rounds
     )
     width = limit = None
     if ready:

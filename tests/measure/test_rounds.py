@@ -150,6 +150,35 @@ def test_the_default_cap_leaves_an_engine_with_long_requests_the_rounds_an_inter
     assert capped["x"].rounds < 6 and capped["x"].speedup_ci is None
 
 
+class BusyAtMeter:
+    """An engine at a steady ``rate`` whose windows ``busy`` (by index) another process
+    shared (it took 90% of the machine then: the screen leaves them out)."""
+
+    def __init__(self, rate: float, busy=()) -> None:
+        self.rate, self.busy, self.taken = rate, set(busy), 0
+
+    def window(self, seconds: float) -> Window:
+        i, self.taken = self.taken, self.taken + 1
+        samples = max(1, round(self.rate * seconds))
+        wall = samples / self.rate
+        other = 0.9 * wall * (os.cpu_count() or 1) if i in self.busy else 0.0
+        return Window(samples, samples, wall, wall, 0.0, other)
+
+
+def test_the_default_cap_waits_for_the_paired_rounds_where_the_baselines_were_left_out():
+    """A slow engine (0.8 s a request) has six windows of its own at the 4 s cap, but two
+    of the baseline's windows beside them were disturbed and left out: four pairs, too few
+    for a signed-rank interval. The rounds go on until six pairs (on 2026-11-27 OpenVINO at
+    batch 2-8 stopped with 3-5 and its speedup was UNSTABLE, "too few windows")."""
+    meters = {"identity": BusyAtMeter(200.0, busy={1, 3}), "x": BusyAtMeter(1.25)}
+    policy = RoundPolicy(window_s=0.1, min_rounds=6, precision=1e-6)
+    figures = run_rounds(meters, settings(), "identity", policy)
+    x = figures["x"]
+    assert x.speedup_ci is not None and x.rounds == 8  # not 6, with 4 pairs and no interval
+    assert x.speedup == pytest.approx(1.25 / 200.0)
+    assert figures["identity"].disturbed == 2
+
+
 def test_an_engine_that_fails_is_dropped_and_the_rest_go_on():
     host = Host([1.0])
 
