@@ -638,7 +638,7 @@ def _rounds_it_rests_on(name, windows, baseline) -> int:
     base = windows.get(baseline) if baseline and name != baseline else None
     if base is None:
         return sum(w is not None for w in windows[name])
-    return sum(w is not None and b is not None for w, b in zip(windows[name], base))
+    return len(_log_ratios(windows[name], base))  # the pairs the interval is made of
 
 
 def _stop(name, windows, taken, baseline, settings, policy, cap) -> str:

@@ -184,23 +184,24 @@ class EngineSupply:
 
 def publish(source: Path, target: Path, tries: int = 8) -> Path:
     """A copy of the folder ``source`` put at ``target`` whole, replacing what is there:
-    copied beside it, then renamed into place (the one being replaced renamed aside first,
-    then removed). Two workers of one engine (two runs into one home, an A/A pair) publish
+    copied into a work folder beside it, then renamed into place (the one being replaced
+    renamed into the work folder first, and removed with it; what a kill leaves, the next
+    one removes). Two workers of one engine (two runs into one home, an A/A pair) publish
     the same manifest at once: removing and copying in place let the second copy meet the
     first one's files (``FileExistsError``, the engine's measurement lost)."""
-    fresh = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-new-"))
-    shutil.copytree(source, fresh, dirs_exist_ok=True)
-    for _ in range(tries):
-        try:
-            fresh.rename(target)
-            return target
-        except OSError:  # there already: set it aside, then try again
-            aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-old-"))
-            with contextlib.suppress(FileNotFoundError):  # another just set it aside
-                target.rename(aside / "old")
-            shutil.rmtree(aside, ignore_errors=True)
-    shutil.rmtree(fresh, ignore_errors=True)  # kept replacing by others: theirs is as good
-    return target
+    from mlflow_ngraph.scratch import work_folder
+
+    with work_folder(target.parent, f".{target.name}-") as holder:
+        fresh = holder / "new"
+        shutil.copytree(source, fresh)
+        for i in range(tries):
+            try:
+                fresh.rename(target)
+                return target
+            except OSError:  # there already: set it aside, then try again
+                with contextlib.suppress(FileNotFoundError):  # another just set it aside
+                    target.rename(holder / f"old-{i}")
+    return target  # kept replacing by others: theirs is as good
 
 
 def gpu_fingerprint() -> str:
