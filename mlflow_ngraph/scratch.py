@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -73,8 +74,11 @@ def work_folder(parent: Path | str | None, prefix: str) -> Iterator[Path]:
     sweep(parent, prefix)
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     try:
-        handle = open(path / HOLD, "wb")
+        # locked under another name first, then renamed: a lock file seen before its lock
+        # was taken read as a kill's leftover, and a sweep beside removed the live folder
+        handle = open(path / f"{HOLD}.new", "wb")
         fcntl.flock(handle, fcntl.LOCK_EX)
+        os.rename(path / f"{HOLD}.new", path / HOLD)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
