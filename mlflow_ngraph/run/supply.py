@@ -83,9 +83,8 @@ class EngineSupply:
         with self._build_lock():
             engine = compiler.compile(model, flags, ctx)
         compile_s = time.perf_counter() - t0
-        return Supplied(
-            engine, compile_s, False, self.save(compiler, flags, model, engine, b, compile_s)
-        )
+        saved = self.save(compiler, flags, model, engine, b, compile_s, replace=cached is not None)
+        return Supplied(engine, compile_s, False, saved)
 
     def _load(self, compiler, flags, model, ctx, cached: Path, name: str, b: int):
         """The cached engine, or None where it does not load here (a TensorRT plan of
@@ -147,9 +146,11 @@ class EngineSupply:
         engine: Engine,
         b: int,
         compile_s: float,
+        replace: bool = False,
     ) -> Path:
-        """Write ``engine`` and its manifest; serializable engines go into the cache, the
-        others (eager, JIT) leave a manifest-only directory under ``work``."""
+        """Write ``engine`` and its manifest; serializable engines go into the cache (``replace``:
+        over an entry there, one that did not load), the others (eager, JIT) leave a
+        manifest-only directory under ``work``."""
         key = self.key(compiler, flags, model, b)
         (self.home / "work").mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=self.home / "work") as tmp:
@@ -179,7 +180,7 @@ class EngineSupply:
             write_manifest(Path(tmp), files.files, info)
             if not files.files:  # nothing serializable (eager, torch.compile JIT)
                 return publish(Path(tmp), self.home / "work" / f"manifest-{key}")
-            return self.cache.store(key, Path(tmp))
+            return self.cache.store(key, Path(tmp), replace=replace)
 
 
 def publish(source: Path, target: Path, tries: int = 8) -> Path:

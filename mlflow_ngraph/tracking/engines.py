@@ -90,19 +90,36 @@ class EngineCache:
             return directory
         return None
 
-    def store(self, key: str, source: Path) -> Path:
-        """Copy a written engine directory into the cache (atomically) and return its path."""
+    def store(self, key: str, source: Path, replace: bool = False) -> Path:
+        """Copy a written engine directory into the cache whole and return its path.
+
+        The copy is made in a ``.tmp-*`` folder beside the entries and renamed into place.
+        Two workers that built the same engine at once (two runs into one home, an A/A pair)
+        both store it: where a whole entry is already there the second keeps it (the same
+        engine, and the first may be reading it), unless ``replace`` (the entry there did not
+        load: a plan of another TensorRT); an entry that fails :func:`verify` is set aside
+        into the ``.tmp-*`` folder and replaced. Removing the old entry and renaming
+        the new one over it let the second meet the first's files (``OSError``: directory
+        not empty, the engine's measurement lost). What a kill leaves in ``.tmp-*``,
+        ``mlflow-ngraph cache --prune`` removes."""
         target = self.root / key
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=".tmp-"))
         try:
-            shutil.copytree(source, tmp, dirs_exist_ok=True)
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
+            fresh = tmp / "new"
+            shutil.copytree(source, fresh)
+            for i in range(8):
+                try:
+                    fresh.rename(target)
+                    return target
+                except OSError:  # an entry is there
+                    if not replace and verify(target):
+                        return target
+                    with contextlib.suppress(FileNotFoundError):  # another just set it aside
+                        target.rename(tmp / f"old-{i}")
+            return target  # kept being replaced by other workers: theirs is as good
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        return target
 
 
 def local_artifact_dir(artifact_uri: str) -> Path | None:
