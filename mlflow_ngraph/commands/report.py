@@ -132,6 +132,32 @@ def remeasure_commands(unstable: pd.DataFrame, names: dict[str, str]) -> list[st
     return out
 
 
+#: the moves a note spells out (the rest are counted)
+MOVES_SHOWN = 5
+
+
+def moved_note(frame: pd.DataFrame) -> str:
+    """The figures the guard said moved against the same engine measured earlier on this
+    host (``ngraph.moved.bs<b>``) that are not UNSTABLE (an UNSTABLE one names the move in
+    its reason): each with the guard's words, store text made one visible line."""
+    if "moved" not in frame:
+        return ""
+    moved = frame[(frame["moved"].fillna("") != "") & (frame["stability"] != "UNSTABLE")]
+    if moved.empty:
+        return ""
+    said = [
+        f"{visible(r.model_label)} {visible(r.compiler_label)} bs{int(r.batch_size)}: "
+        f"{visible(r.moved)}"
+        for r in moved.head(MOVES_SHOWN).itertuples()
+    ]
+    more = len(moved) - len(said)
+    return (
+        f"{len(moved)} figure(s) moved against the same engine measured earlier on this host "
+        "(tag ngraph.moved.bs<b>; their own interval holds, the host's speed may have "
+        "changed: measure them again): " + "; ".join(said) + (f"; and {more} more" if more else "")
+    )
+
+
 def _notes(frame: pd.DataFrame, superseded: int, names: dict[str, str] | None = None) -> list[str]:
     notes = []
     if superseded:
@@ -150,6 +176,8 @@ def _notes(frame: pd.DataFrame, superseded: int, names: dict[str, str] | None = 
             "host, with the command that measured them and --remeasure unstable: "
             + "; ".join(remeasure_commands(unstable, names or {}))
         )
+    if note := moved_note(frame):
+        notes.append(note)
     hits = frame[frame["cache_hit"] == 1]
     if len(hits):
         notes.append(f"{len(hits)} cache hit(s) left out of the compile table")

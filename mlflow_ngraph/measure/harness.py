@@ -115,6 +115,7 @@ class Measurement:
     #: what the intervals rest on (measure/rounds.py): rounds, the lag-1 autocorrelation of
     #: the windows' rates and of the per-round ratios, whether the halves could be compared
     rounds: int = 0
+    speedup_rounds: int | None = None  # the paired rounds (None without a paired speedup)
     throughput_autocorr: float | None = None
     speedup_autocorr: float | None = None
     drift_checked: float | None = None  # 1/0 for a paired speedup, None without one
@@ -402,6 +403,7 @@ def finish(meter: Meter, figures) -> Measurement:
         stretched=figures.stretched,
         windows_disturbed=figures.disturbed,
         rounds=figures.rounds,
+        speedup_rounds=figures.speedup_rounds,
         throughput_autocorr=figures.throughput_autocorr,
         speedup_autocorr=figures.speedup_autocorr,
         drift_checked=float(figures.drift_checked) if figures.speedup is not None else None,

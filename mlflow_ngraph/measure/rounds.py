@@ -152,7 +152,10 @@ class Figures:
     speedup_ci: tuple[float, float] | None = None
     speedup_halfwidth: float | None = None
     moved: float | None = None  # moved_between_halves
-    rounds: int = 0
+    rounds: int = 0  # the engine's own windows the throughput rests on
+    #: the paired rounds the speedup rests on: rounds where neither the engine's nor the
+    #: baseline's window was left out (fewer than ``rounds`` where the baseline's were)
+    speedup_rounds: int | None = None
     #: measured past the cap because the figure was wider than the UNSTABLE limit: more
     #: rounds at once were already tried, so re-measuring after a pause may not help
     stretched: bool = False
@@ -579,6 +582,7 @@ def _add_speedup(
     and ``base_measured`` as taken (the speedup with the disturbed windows kept in)."""
     logs = _log_ratios(seen, base)
     figures.speedup, figures.speedup_ci, figures.speedup_halfwidth = _speedup_of(logs)
+    figures.speedup_rounds = len(logs)
     figures.speedup_autocorr = lag1(logs)
     figures.moved = moved_between_halves(seen, base)
     figures.drift_checked = len(logs) >= DRIFT_MIN_ROUNDS

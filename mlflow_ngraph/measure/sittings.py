@@ -107,6 +107,10 @@ def with_runs(run: Spread | None, host: Spread | None) -> Spread | None:
     )
 
 
+#: counts a combined record sums over its sittings (the rounds, the paired rounds)
+COUNTED = ("rounds", "speedup_rounds")
+
+
 def combine(
     records: Sequence[Mapping],
     spreads: Mapping[str, Spread | None],
@@ -121,6 +125,10 @@ def combine(
     out = copy.deepcopy(dict(records[-1]))
     metrics = out.setdefault("metrics", {})
     metrics["sittings"] = float(n)
+    for key in COUNTED:  # what the combined figure rests on: every sitting's rounds
+        counts = [(r.get("metrics") or {}).get(key) for r in records]
+        if all(c is not None for c in counts):
+            metrics[key] = float(sum(counts))
     said, halfwidths = [], {}
     for what, (_, _, _, rerun_names) in FIELDS.items():
         for key in rerun_names:

@@ -40,7 +40,7 @@ DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 #: the frame's columns the page reads (others are dropped first: the frame has hundreds)
 COLUMNS = (
     "section", "model_label", "device", "scenario", "compiler", "compiler_label", "batch_size",
-    "status", "stability", "stability_reason", "parent_run_id", "start_time",
+    "status", "stability", "stability_reason", "moved", "parent_run_id", "start_time",
     S.M_THROUGHPUT, S.M_THROUGHPUT_CI_LOW, S.M_THROUGHPUT_CI_HIGH, S.M_THROUGHPUT_RERUN_LOW,
     S.M_THROUGHPUT_RERUN_HIGH, "speedup", "speedup_ci_low", "speedup_ci_high",
     S.M_SPEEDUP_RERUN_LOW, S.M_SPEEDUP_RERUN_HIGH, "rtr", "ase", "bsr",
@@ -88,6 +88,7 @@ def keyed(frame: pd.DataFrame) -> list[dict]:
     for r in records:
         r["stability"] = r["stability"] or ""
         r["stability_reason"] = r["stability_reason"] or ""
+        r["moved"] = r["moved"] or ""
     return records
 
 
@@ -146,6 +147,8 @@ def _hover(r: Mapping, value: str, low: str, high: str, unit: str) -> str:
     if r.get("stability") == S.STABILITY_UNSTABLE:
         reason = r.get("stability_reason") or "reason not recorded"
         lines.append(f"<b>UNSTABLE</b>: {esc(reason)}")
+    elif r.get("moved"):  # an UNSTABLE one names the move in its reason
+        lines.append(f"<b>moved</b>: {esc(r['moved'])}")
     if r.get("status") != S.STATUS_OK:
         lines.append(f"status {esc(r.get('status'))}")
     return "<br>".join(lines)
@@ -349,9 +352,13 @@ def model_figure(part: list[dict]) -> dict:
 
 
 # --- tables -----------------------------------------------------------------------------
+#: joins a stability mark and the guard's word on a move (``ngraph.moved.bs<b>``)
+MOVED = "; moved: "
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], css: str = "") -> str:
     """An HTML table of already formatted cells, every cell escaped; a cell reading
-    UNSTABLE is marked."""
+    UNSTABLE is marked, and one a move was said of."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = []
     for row in rows:
@@ -362,6 +369,9 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], css: str = 
                 mark, _, why = text.partition(": ")
                 why = f'<span class="why">{why}</span>' if why else ""
                 cells.append(f'<td class="unstable"><b>{mark}</b>{why}</td>')
+            elif MOVED in text:  # STABLE, but the guard said it moved against an earlier run
+                mark, _, why = text.partition(MOVED)
+                cells.append(f'<td class="moved">{mark}<span class="why">moved: {why}</span></td>')
             else:
                 cells.append(f"<td>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
@@ -377,7 +387,9 @@ FIGURE_LEGEND = (
     "95% CI: this run's interval; re-run CI: where a re-run on this host is expected to land "
     "(once the host has measured its spread between sittings). RTR: throughput at batch b "
     "over batch 1; ASE: RTR / b (1 = perfect batching); BSR: the compiler's ASE over eager's. "
-    "A hollow point is UNSTABLE: noise on this host, measure it again on a quiet host."
+    "A hollow point is UNSTABLE: noise on this host, measure it again on a quiet host. "
+    "moved: the figure is further from the same engine measured earlier on this host than "
+    "its intervals allow; the host's speed may have changed: measure it again."
 )
 
 
@@ -392,7 +404,8 @@ def _stable_text(r: Mapping) -> str:
     if mark == S.STABILITY_UNSTABLE:
         reason = r.get("stability_reason")
         return f"UNSTABLE: {reason}" if reason else "UNSTABLE"
-    return {S.STABILITY_STABLE: "yes"}.get(mark, "-")
+    text = {S.STABILITY_STABLE: "yes"}.get(mark, "-")
+    return f"{text}{MOVED}{r['moved']}" if r.get("moved") else text
 
 
 def figures_table(part: list[dict]) -> str:
@@ -461,6 +474,8 @@ th{background:#f5f5f5}td:first-child,th:first-child{text-align:left}
 table.environment td{text-align:left;white-space:normal}
 td.unstable{color:#b00020;white-space:normal;text-align:left;min-width:14em}
 td.unstable .why{display:block;font-size:11px;color:#7a2a36;max-width:40em}
+td.moved{color:#8a5a00;white-space:normal;text-align:left;min-width:14em}
+td.moved .why{display:block;font-size:11px;max-width:40em}
 .note,.legend{color:#555;font-size:13px;max-width:70em}nav li{margin:.15em 0}"""
 
 

@@ -305,6 +305,8 @@ def run_records(run: RunData, metrics: Collection[str] | None = None) -> list[di
             "batch_size": b,
             "stability": _stability(run.tags, b),
             "stability_reason": run.tags.get(f"{schema.T_STABILITY_REASON}.bs{b}", ""),
+            # the guard's word: the figure moved against this engine measured earlier here
+            "moved": run.tags.get(f"{schema.T_MOVED}.bs{b}", ""),
             # each batch size's own status (the run's says FAILED or INVALID if any was)
             "status": run.tags.get(f"{schema.T_STATUS}.bs{b}") or base["status"],
         }

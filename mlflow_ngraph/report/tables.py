@@ -101,6 +101,7 @@ def add_labels(raw: pd.DataFrame) -> pd.DataFrame:
         if column not in frame:
             frame[column] = np.nan
     frame["stability"] = frame["stability"].fillna("") if "stability" in frame else ""
+    frame["moved"] = frame["moved"].fillna("") if "moved" in frame else ""
     frame["family"] = [
         fam if isinstance(fam, str) and fam else family_of(str(model))
         for fam, model in zip(_list(frame["family"]), _list(frame["model"]), strict=True)
@@ -460,6 +461,7 @@ CELL_COLUMNS = [
     "experiment_id",
     "run_id",
     "error",
+    "moved",
 ]
 
 

@@ -110,6 +110,7 @@ M_SITTINGS = "sittings"
 # their values (an interval is widened where it is positive beyond chance), and whether
 # the drift between the rounds' halves could be judged (1) or there were too few rounds (0)
 M_ROUNDS = "rounds"
+M_SPEEDUP_ROUNDS = "speedup_rounds"  # the paired rounds the speedup's interval rests on
 M_THROUGHPUT_AUTOCORR = "throughput_autocorr"
 M_SPEEDUP_AUTOCORR = "speedup_autocorr"
 M_DRIFT_CHECKED = "drift_checked"

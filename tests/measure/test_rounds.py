@@ -175,6 +175,8 @@ def test_the_default_cap_waits_for_the_paired_rounds_where_the_baselines_were_le
     figures = run_rounds(meters, settings(), "identity", policy)
     x = figures["x"]
     assert x.speedup_ci is not None and x.rounds == 8  # not 6, with 4 pairs and no interval
+    assert x.speedup_rounds == 6  # the pairs its interval rests on, logged beside the rounds
+    assert figures["identity"].speedup_rounds is None  # the baseline has no speedup
     assert x.speedup == pytest.approx(1.25 / 200.0)
     assert figures["identity"].disturbed == 2
 

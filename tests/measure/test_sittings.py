@@ -55,6 +55,15 @@ def test_the_figure_is_the_geometric_mean_and_its_interval_the_sittings_own():
     assert a["metrics"]["throughput"] == 100.0  # the sittings' records are left as they were
 
 
+def test_the_combined_figure_says_every_sittings_rounds_it_rests_on():
+    """The rounds and paired rounds behind a combined interval are all its sittings' (the
+    last sitting's alone undercounted what the interval rests on)."""
+    a = record(100.0, 0.02, 2.0, 0.01, rounds=9.0, speedup_rounds=7.0)
+    b = record(121.0, 0.04, 2.2, 0.03, rounds=6.0, speedup_rounds=6.0)
+    m = combine([a, b], {"throughput": None, "speedup": None}, 0.05)["metrics"]
+    assert (m["rounds"], m["speedup_rounds"]) == (15.0, 13.0)
+
+
 def test_the_rerun_interval_is_a_prediction_for_another_mean_of_n_sittings():
     sittings = [record(100.0, 0.02, 1.5, 0.02), record(104.0, 0.02, 1.55, 0.02)]
     spread = Spread(0.03, 12, "this run's 2 sittings (every engine: 12 measured in 24 sittings)")

@@ -57,6 +57,8 @@ class Cell:
     speedup_rerun: dict[int, tuple[float, float]] = field(default_factory=dict)
     #: logged paired speedups (measured in rounds with identity), by batch size
     speedup_paired: dict[int, float] = field(default_factory=dict)
+    #: further tags of the cell's run (``ngraph.moved.bs<b>``: the guard's word)
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 def _per_batch(cell: Cell) -> dict[str, dict[int, float]]:
@@ -145,6 +147,7 @@ def log_benchmark(
         tags = {S.T_ROLE: "cell", S.T_PARENT: parent_id, S.T_STATUS: cell.status, **swept}
         if cell.status == S.STATUS_FAILED:
             tags[S.T_ERROR] = "compile failed: unsupported op"
+        tags.update(cell.tags)
         for b, verdict in cell.stability.items():
             tags[f"{S.T_STABILITY}.bs{b}"] = verdict
         if cell.stability:

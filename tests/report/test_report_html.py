@@ -19,13 +19,15 @@ from mlflow_ngraph.tracking import schema as S
 EVIL = "<script>alert(1)</script>"
 DECODER = json.JSONDecoder()
 UNSTABLE_WHY = "interval 31% wider than --max-interval"
+MOVED = f"the throughput moved 3.18x lower against this engine measured at 06:24 {EVIL}"
 
 
-def _run(run_id: str, model: str, compiler: str, figures: dict, marks: dict) -> RunData:
+def _run(run_id: str, model: str, compiler: str, figures: dict, marks: dict,
+         **tags: str) -> RunData:  # fmt: skip
     """A cell run as the store holds it: ``figures`` batch -> {metric: value} (flat keys),
     ``marks`` batch -> (STABLE/UNSTABLE, reason)."""
     metrics = {S.flat_key(m, b): v for b, values in figures.items() for m, v in values.items()}
-    tags = {S.T_ROLE: "cell", S.T_STATUS: S.STATUS_OK, S.T_PARENT: "parent"}
+    tags = {S.T_ROLE: "cell", S.T_STATUS: S.STATUS_OK, S.T_PARENT: "parent", **tags}
     for b, (mark, why) in marks.items():
         tags[f"{S.T_STABILITY}.bs{b}"] = mark
         if why:
@@ -56,7 +58,8 @@ def _frame():
                     speedup_ci_high=90.0)},
              {1: STABLE, 8: (S.STABILITY_UNSTABLE, UNSTABLE_WHY)}),
         _run("b1", EVIL, "identity", {1: _t(10, 9, 11)}, {1: STABLE}),
-        _run("b2", EVIL, "onnxruntime", {1: _t(30, 29, 31)}, {1: STABLE}),
+        _run("b2", EVIL, "onnxruntime", {1: _t(30, 29, 31)}, {1: STABLE},
+             **{f"{S.T_MOVED}.bs1": MOVED}),
     ]  # fmt: skip
     frame, _ = tables.prepare(runs_to_frame(runs, tables.READ_METRICS))
     return frame
@@ -156,6 +159,17 @@ def test_text_from_the_store_is_escaped(page):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # in headings and tables
     for data, _ in _figures(page):  # and in the figures' labels (Plotly renders HTML)
         assert all("<script" not in json.dumps(t) for t in data)
+
+
+def test_a_figure_the_guard_said_moved_says_so_in_its_row_and_its_point(page):
+    """The guard's word (``ngraph.moved.bs<b>``) reached only the benchmark's terminal."""
+    said = html_report.esc(MOVED)
+    assert f'<td class="moved">yes<span class="why">moved: {said}</span></td>' in page
+    data, _ = next(f for f in _figures(page) if any(t.get("name") == "onnxruntime" for t in f[0]))
+    point = next(t for t in data if t.get("name") == "onnxruntime" and t["yaxis"] == "y")
+    assert f"<b>moved</b>: {said}" in point["text"][0]
+    resnet = next(t for t in _resnet_traces(page) if t.get("name") == "openvino")
+    assert not any("moved" in text for text in resnet["text"])
 
 
 def test_the_paper_metrics_and_the_environment(page):

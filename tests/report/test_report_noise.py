@@ -11,8 +11,10 @@ from report_data import Cell, log_benchmark, new_store, one, records_of
 
 from mlflow_ngraph.commands.report import compare
 from mlflow_ngraph.report.tables import tau_interval
+from mlflow_ngraph.tracking import schema as S
 
 A, B, C, D = "resnet18", "resnet50", "efficientnet_b3", "convnext_tiny"
+MOVED = "the throughput moved 3.18x lower against this engine measured at 06:24\x1b[31m"
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +37,20 @@ def noisy_store(tmp_path_factory):
             {1: 400},
             ci={1: (380, 420)},
             stability={1: "UNSTABLE"},
+            tags={f"{S.T_MOVED}.bs1": "moved 2x: said in its UNSTABLE reason"},
         ),  # fmt: skip
-        # onnxruntime: the same figures as openvino's, every one STABLE
-        Cell("cpu", A, "resnet", "onnxruntime", {1: 200}, ci={1: (190, 210)}),
+        # onnxruntime: the same figures as openvino's, every one STABLE; the guard said A's
+        # moved against an earlier run (store text: a terminal escape in it stays inert)
+        Cell(
+            "cpu",
+            A,
+            "resnet",
+            "onnxruntime",
+            {1: 200},
+            ci={1: (190, 210)},
+            stability={1: "STABLE"},
+            tags={f"{S.T_MOVED}.bs1": MOVED},
+        ),  # fmt: skip
         Cell("cpu", B, "resnet", "onnxruntime", {1: 300}, ci={1: (280, 320)}),
         Cell("cpu", C, "efficientnet", "onnxruntime", {1: 400}, ci={1: (380, 420)}),
     ]
@@ -76,6 +89,20 @@ def test_unstable_rows_are_marked_and_counted(noisy_store):
     assert "mlflow-ngraph benchmark --experiment" in said and "--remeasure unstable" in said
     line = next(x for x in result.output.splitlines() if C in x and "openvino" in x)
     assert "UNSTABLE" in line and "[380-420]" in line  # the interval beside the throughput
+
+
+def test_compare_says_the_figures_the_guard_said_moved(noisy_store):
+    """The guard's word (``ngraph.moved.bs<b>``) reached only the benchmark's terminal: a
+    colleague reading ``compare`` saw a STABLE figure 3x off an earlier run unremarked."""
+    result = CliRunner().invoke(compare, ["--tracking-uri", noisy_store])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "1 figure(s) moved against the same engine measured earlier" in said
+    assert f"{A} onnxruntime bs1: the throughput moved 3.18x lower" in said
+    assert "said in its UNSTABLE reason" not in said  # an UNSTABLE one says it in its reason
+    assert "\x1b" not in result.output  # store text is data, never a terminal's command
+    row = one(_json(noisy_store), model=A, compiler="onnxruntime", batch_size=1)
+    assert row["moved"].startswith("the throughput moved 3.18x lower")
 
 
 def test_flips_say_which_are_beyond_noise(noisy_store):
