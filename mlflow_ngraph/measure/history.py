@@ -243,10 +243,17 @@ def check(
     One that agrees with an older measurement but moved by more than :data:`GROSS_MOVE`
     against the latest trusted run before this one (another occasion) is said too, not
     gross: the engine's speed on this host changes between runs by that much (a threaded
-    engine of a small model an hour apart), which a re-run meets and its user must hear."""
+    engine of a small model an hour apart), which a re-run meets and its user must hear.
+
+    Where other runs measured the engine, the earlier sittings of ``now``'s own run
+    (its occasion) are left out: a run's second sitting agrees with its first whatever
+    the host did between runs (on 2026-11-27 eager PyTorch's throughput fell 21% from one
+    run to the next, both sittings of the second run alike, and nothing was said)."""
     sd = GUARD_SD if spread is None else max(spread, 0.0)
     trusted = [e for e in entries if e.stable and not e.contended]
     entries = trusted or entries
+    if now.occasion:
+        entries = [e for e in entries if e.occasion != now.occasion] or entries
     found = None
     for what in ("speedup", "throughput"):
         value, h = getattr(now, what), getattr(now, f"{what}_h")

@@ -142,6 +142,11 @@ def combine(
         said.append(f"{what} " + ", ".join(f"{v:.4g}{unit}" for v, _ in got))
         _rerun_of_mean(metrics, rerun_names, value, h, spreads.get(what), n)
     out["sittings_text"] = "; ".join(said)
+    # the guard's word on each sitting (the last one's alone lost the first one's move)
+    moves = [f"sitting {i}: {r['moved']}" for i, r in enumerate(records, 1) if r.get("moved")]
+    out.pop("moved", None)
+    if moves:
+        out["moved"] = "; ".join(moves)
     paired = "speedup" in halfwidths
     compared = "speedup" if paired else "throughput"
     _rerun_source(out, spreads.get(compared))

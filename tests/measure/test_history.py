@@ -65,6 +65,26 @@ def test_a_figure_past_25pc_off_the_latest_run_is_said_where_an_older_one_agrees
     assert history.check(same, now, 0.03, 25.0) is None
 
 
+def test_a_runs_second_sitting_is_set_against_other_runs_not_its_own_first_sitting():
+    """Eager PyTorch on the attention block, 2026-11-27: 3,129/s and 3,047/s in the two
+    sittings of one run, 2,503/s and 2,401/s in the next run's. The second run's second
+    sitting agreed with its first, so the guard said nothing of a 21% fall."""
+    t = time.time()
+    earlier = [
+        Entry(t - 900, "mha_block", 3129.5, 0.05, occasion="r1"),
+        Entry(t - 600, "mha_block", 3047.2, 0.039, occasion="r1"),
+        Entry(t - 300, "mha_block", 2503.2, 0.042, occasion="r2"),
+    ]
+    move = history.check(earlier, Entry(t, "mha_block", 2401.5, 0.132, occasion="r2"), 0.03, 25)
+    assert move is not None and not move.gross and "-21.2%" in move.text
+    assert "(3047/s)" in move.text
+    # the first run's second sitting, with no other run yet, is set against its first
+    assert history.check(earlier[:1], Entry(t, "mha_block", 3047.2, 0.039, occasion="r1"),
+                         0.03, 25) is None  # fmt: skip
+    assert history.check(earlier[:1], Entry(t, "mha_block", 2401.5, 0.02, occasion="r1"),
+                         0.03, 25) is not None  # fmt: skip
+
+
 def test_a_paired_speedup_that_moved_is_said_even_where_the_host_moved_as_a_whole():
     earlier = [entry(1000.0, speedup=2.0, sh=0.02)]
     move = history.check(earlier, entry(1000.0, speedup=3.0, sh=0.02), None, 25.0)

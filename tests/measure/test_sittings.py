@@ -55,6 +55,18 @@ def test_the_figure_is_the_geometric_mean_and_its_interval_the_sittings_own():
     assert a["metrics"]["throughput"] == 100.0  # the sittings' records are left as they were
 
 
+def test_the_combined_record_carries_the_guards_word_on_every_sitting():
+    """The combined record was the last sitting's: a move the guard said of the first
+    sitting was lost (and the run's figure logged without it)."""
+    a, b = record(100.0, 0.02), record(101.0, 0.02)
+    a["moved"] = "the throughput moved -17.8% against this engine measured at 09:20"
+    out = combine([a, b], {"throughput": None, "speedup": None}, 0.05)
+    assert out["moved"] == f"sitting 1: {a['moved']}"
+    b["moved"] = "the throughput moved -21.2% against this engine measured at 09:20"
+    assert combine([a, b], {}, 0.05)["moved"].endswith(f"; sitting 2: {b['moved']}")
+    assert "moved" not in combine([record(1.0, 0.02), b | {"moved": ""}], {}, 0.05)
+
+
 def test_the_combined_figure_says_every_sittings_rounds_it_rests_on():
     """The rounds and paired rounds behind a combined interval are all its sittings' (the
     last sitting's alone undercounted what the interval rests on)."""
