@@ -153,8 +153,8 @@ def moved_note(frame: pd.DataFrame) -> str:
     more = len(moved) - len(said)
     return (
         f"{len(moved)} figure(s) moved against the same engine measured earlier on this host "
-        "(tag ngraph.moved.bs<b>; their own interval holds, the host's speed may have "
-        "changed: measure them again): " + "; ".join(said) + (f"; and {more} more" if more else "")
+        "by more than the intervals allow (tag ngraph.moved.bs<b>: the host's speed for it "
+        "changed between the two): " + "; ".join(said) + (f"; and {more} more" if more else "")
     )
 
 
