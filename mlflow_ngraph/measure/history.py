@@ -320,8 +320,15 @@ def _factor(ratio: float) -> str:
 
 def _text(what: str, ratio: float, then: Entry, now: Entry, max_other_cpu: float) -> str:
     old = getattr(then, what)
+    # a sitting of this same run (no other run has measured the engine): the host drifted
+    # between the run's sittings, which the run's own spread carries
+    where = (
+        "this run's earlier sitting of this engine"
+        if now.occasion and then.occasion == now.occasion
+        else "this engine measured on this host"
+    )
     text = (
-        f"the {what} moved {_factor(ratio)} against this engine measured on this host at "
+        f"the {what} moved {_factor(ratio)} against {where} at "
         f"{_when(then.time)} ({old:.4g}{'x' if what == 'speedup' else '/s'})"
     )
     if ratio < 1 and now.contended:

@@ -164,6 +164,10 @@ _SHORT = (
     (r"^the host drifted .* moved ([+-][\d.]+%)", "host drifted {0}"),
     (r"^leaving out the disturbed windows moved the \w+ ([+-][\d.]+%)", "disturbed {0}"),
     (r"^the \w+ moved (\S+(?: lower)?) against this engine", "moved {0} against an earlier run"),
+    (
+        r"^the \w+ moved (\S+(?: lower)?) against this run's earlier sitting",
+        "moved {0} against this run's earlier sitting",
+    ),
 )
 
 
@@ -176,12 +180,14 @@ def short_reason(reason: str) -> str:
     causes = reason.strip().removesuffix(": measure on a quiet host").split("; ")
     short = []
     for cause in filter(None, causes):
+        # a figure combined from sittings names the sitting each cause came from
+        sitting, cause = re.match(r"^(sitting \d+: )?(.*)$", cause, re.S).groups()
         for pattern, form in _SHORT:
             found = re.match(pattern, cause)
             if found:
-                short.append(form.format(*found.groups()))
+                short.append((sitting or "") + form.format(*found.groups()))
                 break
         else:
             head = cause.split(":")[0]
-            short.append(head if len(head) <= 40 else head[:39] + "…")
+            short.append((sitting or "") + (head if len(head) <= 40 else head[:39] + "…"))
     return ", ".join(short)

@@ -160,6 +160,17 @@ def test_each_cause_of_an_unstable_verdict_has_its_few_words():
     )
     moved = "the speedup moved 2.5x lower against this engine measured on this host at 12:00"
     assert short_reason(moved) == "moved 2.5x lower against an earlier run"
+    # a figure combined from sittings: each cause keeps the sitting it came from
+    assert short_reason(
+        f"sitting 1: {moved}; sitting 2: the throughput moved -12.2% against this run's "
+        "earlier sitting of this engine at 09:15 (2247/s)"
+    ) == (
+        "sitting 1: moved 2.5x lower against an earlier run, "
+        "sitting 2: moved -12.2% against this run's earlier sitting"
+    )
+    assert short_reason("sitting 2: too few windows for a speedup interval") == (
+        "sitting 2: too few windows"
+    )
     assert short_reason("a cause worded some new way: with its detail") == (
         "a cause worded some new way"
     )
