@@ -87,3 +87,20 @@ def work_folder(parent: Path | str | None, prefix: str) -> Iterator[Path]:
     finally:
         handle.close()
         shutil.rmtree(path, ignore_errors=True)
+
+
+def put_in_place(fresh: Path, target: Path, aside: Path, keep=None, tries: int = 8) -> Path:
+    """Rename the folder ``fresh`` to ``target`` whole. Where one is there already (another
+    writer of the same thing), it is renamed into ``aside`` (a folder the caller removes)
+    and the rename tried again, unless ``keep(target)`` says the one there stays. After
+    ``tries`` the one there stays: other writers kept replacing it, and theirs is as good."""
+    for i in range(tries):
+        try:
+            fresh.rename(target)
+            return target
+        except OSError:  # there already
+            if keep is not None and keep(target):
+                return target
+            with contextlib.suppress(FileNotFoundError):  # another just set it aside
+                target.rename(aside / f"old-{i}")
+    return target

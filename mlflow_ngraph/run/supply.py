@@ -190,19 +190,11 @@ def publish(source: Path, target: Path, tries: int = 8) -> Path:
     one removes). Two workers of one engine (two runs into one home, an A/A pair) publish
     the same manifest at once: removing and copying in place let the second copy meet the
     first one's files (``FileExistsError``, the engine's measurement lost)."""
-    from mlflow_ngraph.scratch import work_folder
+    from mlflow_ngraph.scratch import put_in_place, work_folder
 
     with work_folder(target.parent, f".{target.name}-") as holder:
-        fresh = holder / "new"
-        shutil.copytree(source, fresh)
-        for i in range(tries):
-            try:
-                fresh.rename(target)
-                return target
-            except OSError:  # there already: set it aside, then try again
-                with contextlib.suppress(FileNotFoundError):  # another just set it aside
-                    target.rename(holder / f"old-{i}")
-    return target  # kept replacing by others: theirs is as good
+        shutil.copytree(source, holder / "new")
+        return put_in_place(holder / "new", target, holder, tries=tries)
 
 
 def gpu_fingerprint() -> str:

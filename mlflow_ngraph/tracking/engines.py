@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow_ngraph.models.base import file_hash
+from mlflow_ngraph.scratch import put_in_place
 
 log = logging.getLogger(__name__)
 
@@ -106,18 +107,8 @@ class EngineCache:
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=".tmp-"))
         try:
-            fresh = tmp / "new"
-            shutil.copytree(source, fresh)
-            for i in range(8):
-                try:
-                    fresh.rename(target)
-                    return target
-                except OSError:  # an entry is there
-                    if not replace and verify(target):
-                        return target
-                    with contextlib.suppress(FileNotFoundError):  # another just set it aside
-                        target.rename(tmp / f"old-{i}")
-            return target  # kept being replaced by other workers: theirs is as good
+            shutil.copytree(source, tmp / "new")
+            return put_in_place(tmp / "new", target, tmp, keep=None if replace else verify)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
