@@ -71,6 +71,10 @@ class Entry:
     #: the invocation of the tool that measured it (its sittings share that occasion's
     #: offset); "" in lines written before occasions were kept: each its own occasion
     occasion: str = ""
+    #: the engine's group: the model and batch size measured together (:func:`group_key`),
+    #: whose engines share a sitting's offset (a speedup's baseline, the host's state):
+    #: they count once in the degrees of freedom; "" in older lines (each its own group)
+    group: str = ""
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,16 @@ def engine_key(
         default=str,
     )
     return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def group_key(
+    model: str, params: dict, scenario: str, device: str, batch_size: int,
+    versions: dict | None = None,
+) -> str:  # fmt: skip
+    """The name of the group an engine is measured in: its model at a batch size on a
+    device, every compiler's engine of it (they share the baseline their speedups divide
+    by, and the sitting's host)."""
+    return engine_key(model, params, "", {}, scenario, device, batch_size, versions)
 
 
 @functools.cache
@@ -371,7 +385,12 @@ def spread(home, what: str, family: str | None = None) -> Spread | None:
         if len(kept) >= 2:
             by_family.setdefault(kept[-1].family or "-", []).append(
                 [
-                    (math.log(getattr(e, what)), _log_sd(getattr(e, f"{what}_h")), e.occasion)
+                    (
+                        math.log(getattr(e, what)),
+                        _log_sd(getattr(e, f"{what}_h")),
+                        e.occasion,
+                        e.group,
+                    )
                     for e in kept
                 ]
             )
@@ -385,21 +404,47 @@ def given_or_measured(home, what: str, family: str | None, rerun_sd: float | Non
     return spread(home, what, family)
 
 
-def variance_components(engines: list[list[tuple]]) -> tuple[float, int]:
+def variance_components(
+    engines: list[list[tuple]], clusters: list | None = None
+) -> tuple[float, int]:
     """(variance between sittings, degrees of freedom) of log figures: for each engine its
     sittings' (log figure, that sitting's own sd of the log), the squares about the engine's
     mean less what each sitting's own noise accounts for, pooled over engines (method of
-    moments, clamped at zero); the degrees of freedom are the sittings less one per engine.
-    NaN variance without any."""
+    moments, clamped at zero), over the sittings less one per engine. The degrees of
+    freedom count each of ``clusters`` (one key per engine; None: an engine of its own)
+    once, with its most sittings less one: engines that share their sittings' offsets (a
+    group's speedups divide by one baseline) do not tell them apart. NaN variance without
+    any."""
     ss = own = 0.0
-    df = 0
+    n_df = 0
     for sittings in engines:
         n = len(sittings)
         mean = sum(x[0] for x in sittings) / n
         ss += sum((x[0] - mean) ** 2 for x in sittings)
         own += (1 - 1 / n) * sum(x[1] * x[1] for x in sittings)
-        df += n - 1
-    return (max(ss - own, 0.0) / df if df else math.nan), df
+        n_df += n - 1
+    keys = clusters or [None] * len(engines)
+    df = _cluster_df([(k, len(e) - 1) for k, e in zip(keys, engines)])
+    return (max(ss - own, 0.0) / n_df if n_df else math.nan), df
+
+
+def _cluster_df(items: list[tuple[object, int]]) -> int:
+    """Degrees of freedom of (cluster key, engine's df) pairs: each cluster's largest once,
+    an engine without a key (None) on its own."""
+    most: dict[object, int] = {}
+    for i, (key, df) in enumerate(items):
+        key = ("alone", i) if key is None else key
+        most[key] = max(most.get(key, 0), df)
+    return sum(most.values())
+
+
+def _group_of(sittings: list[tuple]) -> str | None:
+    """The group an engine's sittings were measured in (their 4th field), None where not
+    kept (lines written before groups were)."""
+    for x in sittings:
+        if len(x) > 3 and x[3]:
+            return x[3]
+    return None
 
 
 def _occasions(sittings: list[tuple]) -> list[list[tuple]]:
@@ -415,7 +460,7 @@ def _occasions(sittings: list[tuple]) -> list[list[tuple]]:
 def nested_components(engines: list[list[tuple]]) -> tuple[float, int, float, int]:
     """(within, df_within, between, df_between): the variance of a sitting's offset within
     one occasion and that of an occasion's offset shared by its sittings, from each engine's
-    sittings (log figure, own sd of the log, occasion), method of moments (a nested
+    sittings (log figure, own sd of the log, occasion, group), method of moments (a nested
     analysis of variance, each clamped at zero).
 
     Within: :func:`variance_components` over each engine's occasions of two or more
@@ -423,13 +468,26 @@ def nested_components(engines: list[list[tuple]]) -> tuple[float, int, float, in
     sittings' offsets (within / n) and their own noise account for: E[sum (m_r - m)^2] =
     (R - 1) between + (1 - 1/R) sum (within / n_r + own_r). Where no occasion had two
     sittings, the within part cannot be told apart and ``between`` holds both (a sitting
-    of another run moves by it whole). NaN where a part has no degrees of freedom."""
+    of another run moves by it whole). NaN where a part has no degrees of freedom.
+
+    The degrees of freedom count a group once (within: a group's sittings in one
+    occasion; between: its occasions), not each of its engines: a group's engines share
+    a sitting's offset (the baseline every speedup divides by, the host's state), so
+    that a model's ten engines read 0% between runs in one pair of runs and then moved
+    3-5% together in the next (2026-11-27); 29 degrees of freedom had made that 0% the
+    family's own spread."""
+    pieces = [
+        (group, (_group_of(engine), group[0][2] if len(group[0]) > 2 else None))
+        for engine in engines
+        for group in _occasions(engine)
+        if len(group) >= 2
+    ]
     within, df_w = variance_components(
-        [group for engine in engines for group in _occasions(engine) if len(group) >= 2]
+        [g for g, _ in pieces], [k if k[0] is not None else None for _, k in pieces]
     )
     w = within if df_w else 0.0
     ss = expected = 0.0
-    df_b = 0
+    n_df, counted = 0, []
     for engine in engines:
         groups = _occasions(engine)
         r = len(groups)
@@ -442,9 +500,10 @@ def nested_components(engines: list[list[tuple]]) -> tuple[float, int, float, in
         centre = sum(m for m, _, _ in means) / r
         ss += sum((m - centre) ** 2 for m, _, _ in means)
         expected += (1 - 1 / r) * sum(w / n + own for _, own, n in means)
-        df_b += r - 1
-    between = max(ss - expected, 0.0) / df_b if df_b else math.nan
-    return within, df_w, between, df_b
+        n_df += r - 1
+        counted.append((_group_of(engine), r - 1))
+    between = max(ss - expected, 0.0) / n_df if n_df else math.nan
+    return within, df_w, between, _cluster_df(counted)
 
 
 def pooled_spread(by_family: dict[str, list[list[tuple]]], family: str | None, source: str):

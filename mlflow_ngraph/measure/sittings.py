@@ -68,17 +68,17 @@ def figure(record: Mapping, what: str) -> tuple[float, float | None] | None:
     return value, max(math.log(high / value), math.log(value / low))
 
 
-def engine_sittings(records: Sequence[Mapping], what: str) -> list[tuple] | None:
+def engine_sittings(records: Sequence[Mapping], what: str, group: str = "") -> list[tuple] | None:
     """One engine's sittings as the variance components take them: (log figure, its own sd
-    of the log, the occasion: this run) of each STABLE sitting with an interval; ``None``
-    with fewer than two."""
+    of the log, the occasion: this run, the ``group`` it was measured in: its model at the
+    batch size) of each STABLE sitting with an interval; ``None`` with fewer than two."""
     out = []
     for record in records:
         if (record.get("stability") or {}).get("stable") is False:
             continue
         got = figure(record, what)
         if got is not None and got[1] is not None:
-            out.append((math.log(got[0]), got[1] / Z95, "this run"))
+            out.append((math.log(got[0]), got[1] / Z95, "this run", group))
     return out if len(out) >= 2 else None
 
 
@@ -93,12 +93,13 @@ def run_spread(
 def with_runs(run: Spread | None, host: Spread | None) -> Spread | None:
     """The spread a run with several sittings uses: between its sittings, what the ``run``
     itself measured (else the ``host``'s history); between runs, what the ``host``'s
-    history measured (nothing where it holds fewer than two runs of the same engines: the
-    record's words then say only "between sittings")."""
+    history measured. Where it holds fewer than two runs of the same engines, the record's
+    words say that the interval leaves the spread between runs out (measured on this host,
+    two runs moved 2.4% apart beyond their sittings' 0.9%: docs/measurement.md)."""
     if run is None:
         return host
     if host is None or not host.between_df:
-        return run
+        return replace(run, source=f"{run.source}; {NO_RUNS}")
     return replace(
         run,
         source=f"{run.source}; between runs {host.source}",
@@ -106,6 +107,12 @@ def with_runs(run: Spread | None, host: Spread | None) -> Spread | None:
         between_df=host.between_df,
     )
 
+
+#: what a re-run interval built on a run's own sittings alone leaves out
+NO_RUNS = (
+    "the spread between runs is not in it: not yet measured on this host (a second run of "
+    "these engines, or mlflow-ngraph calibrate, measures it)"
+)
 
 #: counts a combined record sums over its sittings (the rounds, the paired rounds)
 COUNTED = ("rounds", "speedup_rounds")

@@ -31,9 +31,11 @@ class SittingsCombiner:
         """The record of ``cell`` at batch size ``b`` from its sittings' ``records`` (in
         order), kept to be settled at the run's end (:meth:`settle`)."""
         self.results.append((cell, b, records, family))
-        return self.combined(records, family)
+        return self.combined(records, family, _group(cell, b))
 
-    def combined(self, records: list[dict], family: str, settled: bool = False) -> dict:
+    def combined(
+        self, records: list[dict], family: str, group: str = "", settled: bool = False
+    ) -> dict:
         """The record of a batch size measured in ``records`` (its sittings, in order):
         :func:`mlflow_ngraph.measure.sittings.combine`, with the spread between sittings
         this run measured so far (this engine's sittings included; ``settled``: the whole
@@ -46,7 +48,7 @@ class SittingsCombiner:
             return records[-1]
         spreads = {}
         for what, by_family in self._sat.items():
-            own = sit.engine_sittings(records, what)
+            own = sit.engine_sittings(records, what, group)
             if own is not None and not settled:
                 by_family.setdefault(family, []).append(own)
             known = history.given_or_measured(self.home, what, family, self.policy.rerun_sd)
@@ -60,7 +62,7 @@ class SittingsCombiner:
         of the whole run (a group measured early had only the engines before it): where it
         changed, journaled and sent to the cell's run, and its row shows it."""
         for cell, b, records, family in self.results:
-            record = self.combined(records, family, settled=True)
+            record = self.combined(records, family, _group(cell, b), settled=True)
             before = journal.cell(cell.key).measured.get(b)
             if before is None or before.get("status") != record["status"]:
                 continue
@@ -72,3 +74,9 @@ class SittingsCombiner:
                 k: record["metrics"][k] for k in S.RERUN_METRICS if k in record["metrics"]
             }}, "rerun": record.get("rerun")}  # fmt: skip
             sink.rerun(cell, b, record)
+
+
+def _group(cell: Cell, b: int) -> str:
+    """The group ``cell`` is measured in at batch size ``b``: its model there (every
+    compiler's engine of it shares a sitting's baseline and host)."""
+    return f"{cell.model.label}/bs{b}"

@@ -307,6 +307,7 @@ def _history_entry(task: CellTask, result, paired: bool, stability=None):
         other_cpu=other,
         load=result.host_load_avg,
         occasion=task.extra.get("occasion", ""),
+        group=_history_key(task, result.batch_size, group=True),
     )
 
 
@@ -314,14 +315,18 @@ def _history_entry(task: CellTask, result, paired: bool, stability=None):
 STEAL_CONTENDED = 10.0
 
 
-def _history_key(task: CellTask, b: int) -> str:
-    from mlflow_ngraph.measure.history import engine_key
+def _history_key(task: CellTask, b: int, group: bool = False) -> str:
+    """The name of the engine's history at batch size ``b`` (``group``: of the group of
+    engines it is measured with, every compiler's of the model at ``b``)."""
+    from mlflow_ngraph.measure.history import engine_key, group_key
 
     # another arithmetic is another engine (an fp32 key is the one earlier runs wrote): an
     # fp16 engine was once judged against the tf32 one measured a minute before
     device = task.device if task.math == "fp32" else f"{task.device}/{task.math}"
     if task.measure.protocol != "rounds":  # another figure (the mean of b / t_i)
         device = f"{device}/{task.measure.protocol}"
+    if group:
+        return group_key(task.model_name, task.model_params, task.measure.scenario, device, b)
     return engine_key(
         task.model_name, task.model_params, task.compiler, task.flags, task.measure.scenario,
         device, b,

@@ -335,3 +335,77 @@ def test_the_history_keeps_each_sittings_occasion(tmp_path):
     assert spread.df == 60 and spread.between_df == 30
     assert spread.between > spread.sd
     assert "between sittings" in spread.words() and "between runs" in spread.words()
+
+
+def _grouped(rng, groups, engines, runs, shared, own, noise, family="deit"):
+    """{family: engines}, each engine's sittings (log figure, own sd, occasion, group), one
+    sitting per run: its level, plus its group's offset in that run (sd ``shared``: the
+    baseline every speedup of the group divides by), plus its own (sd ``own``), plus the
+    rounds' noise (sd ``noise``)."""
+    out = []
+    for g in range(groups):
+        offsets = [rng.normal(0, shared) for _ in range(runs)]
+        for _ in range(engines):
+            level = rng.uniform(0, 2)
+            out.append(
+                [
+                    (level + offsets[r] + rng.normal(0, own) + rng.normal(0, noise), noise,
+                     f"run{r}", f"{family}/g{g}")
+                    for r in range(runs)
+                ]
+            )  # fmt: skip
+    return {family: out}
+
+
+def test_a_groups_engines_count_once_in_the_degrees_of_freedom():
+    """A model's engines share each run's baseline offset: ten of them moving together say
+    no more of the spread between runs than one, so the degrees of freedom count groups,
+    and a family of few groups does not get a spread of its own (on 2026-11-27 one family's
+    29 engines read 0% between runs and then moved 3-5% together)."""
+    rng = np.random.default_rng(21)
+    data = _grouped(rng, 3, 10, 2, 0.03, 0.005, 0.002)
+    _, _, between, df_b = history.nested_components(data["deit"])
+    assert df_b == 3 and between > 0
+    ungrouped = [[x[:3] for x in engine] for engine in data["deit"]]
+    assert history.nested_components(ungrouped)[3] == 30  # as each engine counted before
+    data["conv"] = _grouped(rng, 8, 10, 2, 0.03, 0.005, 0.002, "conv")["conv"]
+    deit = history.pooled_spread(data, "deit", "test")
+    assert deit.between_df == 11 and "every engine" in deit.source  # pooled, not its own 3
+
+
+def test_a_rerun_interval_on_a_few_groups_holds_95_percent_of_re_runs():
+    """Built on 4 groups' engines measured in two runs, the re-run interval of one run's
+    figure holds the next run's about 95% of the time; with every engine counted as its
+    own degree of freedom, the t quantile is that of 40 and it holds far less often."""
+    rng = np.random.default_rng(8)
+    shared, own, noise = 0.03, 0.004, 0.002
+    h = Z * noise
+    held = held_engines = trials = 0
+    for _ in range(400):
+        fitted = history.pooled_spread(
+            _grouped(rng, 4, 10, 2, shared, own, noise), "deit", "test"
+        ).of_mean(1)
+        engines = history.Spread(fitted.sd, 40, "each engine counted")
+        for _ in range(5):
+            truth = math.sqrt(shared**2 + own**2)
+            first, again = (rng.normal(0, truth) + rng.normal(0, noise) for _ in range(2))
+            low, high, _ = history.rerun_interval(math.exp(first), h, fitted)
+            held += low <= math.exp(again) <= high
+            low, high, _ = history.rerun_interval(math.exp(first), h, engines)
+            held_engines += low <= math.exp(again) <= high
+            trials += 1
+    assert 0.93 <= held / trials <= 0.98
+    assert held_engines / trials < held / trials - 0.03
+
+
+def test_the_worker_keeps_each_measurements_group(tmp_path):
+    """Each line of the history names the group its engine was measured in: the model at
+    the batch size, the same for every compiler's engine of it."""
+    task = _task(tmp_path)
+    _remember(task, _result(1000.0), None, False)
+    other = _task(tmp_path)
+    other.compiler = "openvino"
+    _remember(other, _result(2000.0), None, False)
+    files = sorted(history.folder(tmp_path).glob("*.jsonl"))
+    groups = [history._read(f)[0].group for f in files]
+    assert len(files) == 2 and groups[0] and groups[0] == groups[1]

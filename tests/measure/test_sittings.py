@@ -9,7 +9,7 @@ import math
 import pytest
 
 from mlflow_ngraph.measure.history import Z95, Spread, rerun_interval, variance_components
-from mlflow_ngraph.measure.sittings import combine, engine_sittings, run_spread
+from mlflow_ngraph.measure.sittings import combine, engine_sittings, run_spread, with_runs
 from mlflow_ngraph.plan.config import RunPolicy
 
 
@@ -143,3 +143,16 @@ def test_each_sitting_may_be_root_n_looser():
     assert one.per_sitting() == one
     four = RunPolicy(precision=0.02, max_interval=0.05, sittings=4).per_sitting()
     assert (four.precision, four.max_interval, four.sittings) == pytest.approx((0.04, 0.1, 4))
+
+
+def test_a_rerun_interval_on_a_runs_own_sittings_says_it_leaves_the_runs_spread_out():
+    """A run's sittings share its occasion's offset: where the host has not measured two
+    runs of these engines, the words say the spread between runs is not in the interval;
+    once it has, they name it."""
+    run = Spread(0.01, 8, "this run's 2 sittings (every engine: 80 measured in 160 sittings)")
+    alone = with_runs(run, None).words()
+    assert "between runs is not in it" in alone and "mlflow-ngraph calibrate" in alone
+    host = Spread(0.0, 0, "this host's history", between=0.024, between_df=8)
+    both = with_runs(run, host)
+    assert both.between == 0.024 and "2.40% (8 df) between runs" in both.words()
+    assert "not in it" not in both.words()
