@@ -360,10 +360,11 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], css: str = 
     """An HTML table of already formatted cells, every cell escaped; a cell reading
     UNSTABLE is marked, and one a move was said of."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    marks = {i for i, h in enumerate(headers) if h == "stable"}  # words, read from the left
     body = []
     for row in rows:
         cells = []
-        for cell in row:
+        for i, cell in enumerate(row):
             text = esc(cell)
             if text.startswith("UNSTABLE"):  # the mark first, its reason smaller beside it
                 mark, _, why = text.partition(": ")
@@ -373,7 +374,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], css: str = 
                 mark, _, why = text.partition(MOVED)
                 cells.append(f'<td class="moved">{mark}<span class="why">moved: {why}</span></td>')
             else:
-                cells.append(f"<td>{text}</td>")
+                cells.append(f'<td class="mark">{text}</td>' if i in marks else f"<td>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return (
         f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
@@ -389,7 +390,7 @@ FIGURE_LEGEND = (
     "over batch 1; ASE: RTR / b (1 = perfect batching); BSR: the compiler's ASE over eager's. "
     "A hollow point is UNSTABLE: noise on this host, measure it again on a quiet host. "
     "moved: the figure is further from the same engine measured earlier on this host than "
-    "its intervals allow; the host's speed may have changed: measure it again."
+    "its intervals allow: the host's speed for it changed between the two."
 )
 
 
@@ -474,6 +475,7 @@ th{background:#f5f5f5}td:first-child,th:first-child{text-align:left}
 table.environment td{text-align:left;white-space:normal}
 td.unstable{color:#b00020;white-space:normal;text-align:left;min-width:14em}
 td.unstable .why{display:block;font-size:11px;color:#7a2a36;max-width:40em}
+td.mark{text-align:left}
 td.moved{color:#8a5a00;white-space:normal;text-align:left;min-width:14em}
 td.moved .why{display:block;font-size:11px;max-width:40em}
 .note,.legend{color:#555;font-size:13px;max-width:70em}nav li{margin:.15em 0}"""

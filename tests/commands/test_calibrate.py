@@ -36,7 +36,15 @@ def test_calibrate_measures_the_spread_and_a_later_benchmark_carries_re_run_inte
     # a tiny model's figures in 0.3 s are wide: not left out of the spread for that
     loose = ("--max-interval", "0.95", "--max-other-cpu", "100")
     code, out, err = run_cli(
-        "calibrate", "--spec", str(spec), "--max-duration", "0.3", *loose, "-q"
+        "calibrate",
+        "--spec",
+        str(spec),
+        "--sittings",
+        "2",
+        "--max-duration",
+        "0.3",
+        *loose,
+        "-q",
     )
     assert code == 0, err
     spread = history.spread(home, "throughput")
