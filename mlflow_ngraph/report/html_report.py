@@ -359,8 +359,11 @@ MOVED = "; moved: "
 def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], css: str = "") -> str:
     """An HTML table of already formatted cells, every cell escaped; a cell reading
     UNSTABLE is marked, and one a move was said of."""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     marks = {i for i, h in enumerate(headers) if h == "stable"}  # words, read from the left
+    head = "".join(
+        f'<th class="mark">{html.escape(h)}</th>' if i in marks else f"<th>{html.escape(h)}</th>"
+        for i, h in enumerate(headers)
+    )
     body = []
     for row in rows:
         cells = []
@@ -475,7 +478,7 @@ th{background:#f5f5f5}td:first-child,th:first-child{text-align:left}
 table.environment td{text-align:left;white-space:normal}
 td.unstable{color:#b00020;white-space:normal;text-align:left;min-width:14em}
 td.unstable .why{display:block;font-size:11px;color:#7a2a36;max-width:40em}
-td.mark{text-align:left}
+td.mark,th.mark{text-align:left}
 td.moved{color:#8a5a00;white-space:normal;text-align:left;min-width:14em}
 td.moved .why{display:block;font-size:11px;max-width:40em}
 .note,.legend{color:#555;font-size:13px;max-width:70em}nav li{margin:.15em 0}"""
