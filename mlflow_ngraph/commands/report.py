@@ -139,7 +139,10 @@ MOVES_SHOWN = 5
 def moved_note(frame: pd.DataFrame) -> str:
     """The figures the guard said moved against the same engine measured earlier on this
     host (``ngraph.moved.bs<b>``) that are not UNSTABLE (an UNSTABLE one names the move in
-    its reason): each with the guard's words, store text made one visible line."""
+    its reason): each with the guard's words, store text made one visible line, and how
+    many of them moved only between their own run's sittings."""
+    from mlflow_ngraph.measure.history import OTHER_RUN
+
     if "moved" not in frame:
         return ""
     moved = frame[(frame["moved"].fillna("") != "") & (frame["stability"] != "UNSTABLE")]
@@ -151,10 +154,21 @@ def moved_note(frame: pd.DataFrame) -> str:
         for r in moved.head(MOVES_SHOWN).itertuples()
     ]
     more = len(moved) - len(said)
+    # only against the same run's earlier sitting (no other run measured the engine yet):
+    # the host drifted during that run, which its own spread between sittings carries
+    within = int((~moved["moved"].str.contains(OTHER_RUN, regex=False)).sum())
     return (
         f"{len(moved)} figure(s) moved against the same engine measured earlier on this host "
         "by more than the intervals allow (tag ngraph.moved.bs<b>: the host's speed for it "
-        "changed between the two): " + "; ".join(said) + (f"; and {more} more" if more else "")
+        "changed between the two): "
+        + "; ".join(said)
+        + (f"; and {more} more" if more else "")
+        + (
+            f". {within} of them moved only between their own run's sittings (the host "
+            "drifted during that run; no other run had measured them)"
+            if within
+            else ""
+        )
     )
 
 

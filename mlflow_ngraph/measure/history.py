@@ -332,15 +332,17 @@ def _factor(ratio: float) -> str:
     return f"{100 * (ratio - 1):+.1f}%"
 
 
+#: what a move is against, as the guard says it: a sitting of this same run (no other run
+#: measured the engine yet: the host drifted during the run), or another run
+WITHIN_RUN = "this run's earlier sitting of this engine"
+OTHER_RUN = "this engine measured on this host"
+
+
 def _text(what: str, ratio: float, then: Entry, now: Entry, max_other_cpu: float) -> str:
     old = getattr(then, what)
     # a sitting of this same run (no other run has measured the engine): the host drifted
     # between the run's sittings, which the run's own spread carries
-    where = (
-        "this run's earlier sitting of this engine"
-        if now.occasion and then.occasion == now.occasion
-        else "this engine measured on this host"
-    )
+    where = WITHIN_RUN if now.occasion and then.occasion == now.occasion else OTHER_RUN
     text = (
         f"the {what} moved {_factor(ratio)} against {where} at "
         f"{_when(then.time)} ({old:.4g}{'x' if what == 'speedup' else '/s'})"

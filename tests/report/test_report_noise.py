@@ -246,3 +246,34 @@ def test_a_flip_is_beyond_noise_only_where_the_re_run_intervals_separate(tmp_pat
     shown = CliRunner().invoke(compare, ["--tracking-uri", uri, "--model", B])
     assert shown.exit_code == 0, shown.output
     assert "re-run" in shown.output and "[2.2-2.6]" in shown.output, shown.output
+
+
+def test_the_moves_within_a_run_are_counted_apart():
+    """A first run's second sitting set against its first (no other run measured the
+    engine) is the host drifting during the run: counted apart from moves against other
+    runs, so that 22 such words on a first run do not read as 22 changes since last time."""
+    import pandas as pd
+
+    from mlflow_ngraph.commands.report import moved_note
+    from mlflow_ngraph.measure.history import OTHER_RUN, WITHIN_RUN
+
+    frame = pd.DataFrame(
+        {
+            "model_label": ["m", "m", "m", "m"],
+            "compiler_label": ["a", "b", "c", "d"],
+            "batch_size": [1, 1, 1, 1],
+            "stability": ["", "", "", "UNSTABLE"],
+            "moved": [
+                f"sitting 2: the throughput moved -12.0% against {WITHIN_RUN} at 12:00 (10/s)",
+                f"the throughput moved -30.0% against {OTHER_RUN} at 11:00 (10/s)",
+                f"sitting 1: the speedup moved +9.0% against {OTHER_RUN} at 11:00 (2x); "
+                f"sitting 2: the speedup moved +8.0% against {WITHIN_RUN} at 12:00 (2x)",
+                f"the throughput moved -50.0% against {WITHIN_RUN} at 12:00 (10/s)",
+            ],
+        }
+    )
+    said = moved_note(frame)
+    assert said.startswith("3 figure(s) moved")  # the UNSTABLE one says it in its reason
+    assert said.endswith("1 of them moved only between their own run's sittings (the host "
+                         "drifted during that run; no other run had measured them)")  # fmt: skip
+    assert "moved only between" not in moved_note(frame.iloc[1:3])
