@@ -478,15 +478,13 @@ def nested_components(engines: list[list[tuple]]) -> tuple[float, int, float, in
     that a model's ten engines read 0% between runs in one pair of runs and then moved
     3-5% together in the next (2026-11-27); 29 degrees of freedom had made that 0% the
     family's own spread."""
-    pieces = [
-        (group, (_group_of(engine), group[0][2] if len(group[0]) > 2 else None))
+    pieces = [  # (an occasion's sittings of an engine, its group in that occasion)
+        (group, (key, group[0][2]) if (key := _group_of(engine)) else None)
         for engine in engines
         for group in _occasions(engine)
-        if len(group) >= 2
+        if len(group) >= 2  # an occasion of two sittings has its key (the 3rd field)
     ]
-    within, df_w = variance_components(
-        [g for g, _ in pieces], [k if k[0] is not None else None for _, k in pieces]
-    )
+    within, df_w = variance_components([g for g, _ in pieces], [k for _, k in pieces])
     w = within if df_w else 0.0
     ss = expected = 0.0
     n_df, counted = 0, []
