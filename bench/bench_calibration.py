@@ -23,8 +23,9 @@ UNSTABLE limit (no re-measure). The true speedup is 1: the share of 95% interval
 marked UNSTABLE is the noise floor of the marks on this host; the per-round log ratio's sd
 (and its MAD-based sd: the bulk without the stray rounds) says why. "Beyond noise" is
 counted as the tool calls a lead: on the re-run interval where the home's history gives a
-spread (the earlier repeats, or the home ``--work`` names), else on the sitting's, and
-only where the figure is STABLE.
+spread (the earlier repeats, or the home ``--work`` names), and only where the figure is
+STABLE; a lead the sitting interval alone separates (the home has no spread yet) is what
+the tool calls "beyond this run's noise", counted apart.
 
     python bench/bench_calibration.py repeat --spec default   # --runs 3: re-run coverage
     python bench/bench_calibration.py repeat --spec default --runs 2 --sittings 2
@@ -565,15 +566,18 @@ def aa(args) -> None:
             # "beyond noise" as the tool calls a lead over the baseline (measure/verdict.py):
             # on the re-run interval where the host has a spread, else the sitting's; never
             # where either side is UNSTABLE
+            # where the host has no spread yet the tool says "beyond this run's noise"
+            # (judged on the sitting interval), counted apart from "beyond noise"
             judged = rerun or (low, high)
             beyond = bool(stable) and not judged[0] <= 1.0 <= judged[1]
             rows.append((m["speedup_paired"], low, high, stable, logs.std(ddof=1), mad, rerun,
-                         beyond))  # fmt: skip
+                         beyond and rerun is not None, beyond and rerun is None))  # fmt: skip
             shown = f", re-run [{rerun[0]:.3f}-{rerun[1]:.3f}]" if rerun else ", no re-run interval"
+            called = ", beyond noise" if rerun else ", beyond this run's noise"
             print(f"   {compiler}: {m['speedup_paired']:.3f}x [{low:.3f}-{high:.3f}]{shown} "
                   f"{len(logs)} rounds, sd of the per-round log ratio {logs.std(ddof=1):.3f} "
                   f"(MAD-based {mad:.3f}), {'STABLE' if stable else 'UNSTABLE'}"
-                  f"{', beyond noise' if beyond else ''}  "
+                  f"{called if beyond else ''}  "
                   f"(load {before} -> {load()})", flush=True)  # fmt: skip
         isolation.shutdown()
         if rows:
@@ -584,7 +588,9 @@ def aa(args) -> None:
             rerun_held = sum(1 for lo, hi in reruns if lo <= 1.0 <= hi)
             summary.append(f"{compiler}: 1.0 inside the sitting interval {held}/{len(rows)}, "
                            f"inside the re-run interval {rerun_held}/{len(reruns)}; "
-                           f"beyond noise called {sum(r[7] for r in rows)}/{len(rows)}; "
+                           f"beyond noise called {sum(r[7] for r in rows)}/{len(rows)} "
+                           f"(beyond this run's noise, where the home had no spread yet: "
+                           f"{sum(r[8] for r in rows)}/{len(rows)}); "
                            f"UNSTABLE {marked}/{len(rows)} (and {unpaired} with no paired "
                            f"speedup); median sitting half-width "
                            f"+-{100 * width:.1f}%")  # fmt: skip

@@ -55,9 +55,10 @@ COLUMNS = {
     "lead over": "the next-fastest valid row (eager included)",
     "next": "the next-fastest valid row (eager included)",
     "lead": "the winner's speedup over the next row's, x (same rounds where paired)",
-    "noise": "beyond noise: the two figures' 95% intervals separate (the re-run intervals "
-    "where the host measured its spread); within noise: they overlap; not judged: a side "
-    "is UNSTABLE",
+    "noise": "beyond noise: the two figures' re-run intervals separate (a lead a re-run "
+    "keeps); beyond this run's noise: the host has no spread between sittings yet (mlflow-"
+    "ngraph calibrate measures it) and this run's intervals separate; within noise: they "
+    "overlap; not judged: a side is UNSTABLE",
     "throughput_ratio": "T_c / T_eager, x [95% interval], shown only where it parts from the "
     f"paired speedup beyond both intervals: {PARTED_REASON}",
     "rtr": "RTR: throughput at this batch size over batch 1's, x (how the engine scales)",

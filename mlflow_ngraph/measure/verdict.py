@@ -7,6 +7,10 @@ The rules every output shares live here, so that no two places say different thi
 - a lead (or any order of two figures) is judged "beyond noise" only where both figures
   are STABLE; a figure marked UNSTABLE is noise on this host, and an order built on it is
   "not judged" (:func:`noise_text` names which side);
+- a lead is "beyond noise" when the re-run intervals separate (a re-run is expected to keep
+  it); where the host has no spread between sittings yet, the sitting intervals judge it and
+  the words say so: "beyond this run's noise" (a second process of the same engine can
+  differ by more than one sitting sees);
 - the speedup is one quantity: the paired estimate where the engines were measured in
   rounds with eager (the median of the per-round ratios: each ratio's two windows are
   seconds apart, so the host's drift cancels), else the ratio of the two throughputs; its
@@ -34,12 +38,22 @@ PARTED_REASON = (
 )
 
 
+#: which intervals a lead was judged on: the re-run intervals (where a re-run is expected to
+#: land: the host's spread between sittings measured), or this sitting's alone
+RERUN, SITTING = "re-run", "sitting"
+
+#: a lead the sitting intervals separate where the host has no spread between sittings yet:
+#: beyond the noise this run saw, not yet known to be beyond a re-run's
+BEYOND_RUN = "beyond this run's noise"
+
+
 def winners(rows) -> list[dict[str, Any]]:
     """Per model and batch size, the fastest valid (status OK) row that is not the baseline,
     with its lead over the next-fastest valid row of any compiler (the baseline included):
     ``beyond`` is True when the two 95% intervals separate, False when they overlap and None
     when either was not measured, or when the winner or the next row is UNSTABLE (an order
-    of noise is not judged); ``noise`` says it in words (:func:`noise_text`); ``stable`` is
+    of noise is not judged); ``judged_on`` which intervals said it (:data:`RERUN`,
+    :data:`SITTING`); ``noise`` says it in words (:func:`noise_text`); ``stable`` is
     the winner row's own mark at its batch size (the one the summary shows for that row: a
     paired speedup's mark already holds its baseline's noise); ``unstable`` names which of
     the winner, the next row and the baseline were judged UNSTABLE. Rows carry ``label``.
@@ -79,7 +93,7 @@ def _winner(model: str, b: int, valid: list[Any]) -> dict[str, Any] | None:
     second = rest[0] if rest else None
     baseline = next((r for r in ranked if r.compiler == "identity"), None)
     unstable = _unstable_roles(best, second, baseline)
-    beyond = None if _not_judged(unstable) else _beyond(best, second)
+    beyond, on = (None, None) if _not_judged(unstable) else _beyond(best, second)
     return {
         "model": model,
         "batch_size": b,
@@ -89,7 +103,8 @@ def _winner(model: str, b: int, valid: list[Any]) -> dict[str, Any] | None:
         "next": second.label if second is not None else None,
         "lead": score(best) / score(second) if second is not None and score(second) else None,
         "beyond": beyond,
-        "noise": noise_text(beyond, unstable),
+        "judged_on": on,
+        "noise": noise_text(beyond, unstable, on),
         "stable": getattr(best, "stable", None),
         "unstable": unstable,
     }
@@ -109,25 +124,29 @@ def _paired(row) -> float | None:
     return 1.0 if row.compiler == "identity" else row.speedup
 
 
-def _beyond(best, second) -> bool | None:
-    """Whether ``best`` leads ``second`` beyond noise: judged on the speedups' re-run
-    intervals where the host has measured its spread between sittings (a lead a re-run
-    keeps), else on their 95% intervals of this sitting as shown (:func:`speedup_interval`:
-    paired with identity in the same rounds where they can be), the throughputs' where a
-    speedup has none. ``None`` when neither can say."""
+def _beyond(best, second) -> tuple[bool | None, str | None]:
+    """Whether ``best`` leads ``second`` beyond noise, and which intervals said it
+    (:data:`RERUN` or :data:`SITTING`): judged on the speedups' re-run intervals where the
+    host has measured its spread between sittings (a lead a re-run keeps), else on their 95%
+    intervals of this sitting as shown (:func:`speedup_interval`: paired with identity in
+    the same rounds where they can be), the throughputs' where a speedup has none.
+    ``(None, None)`` when neither can say."""
     if second is None:
-        return None
-    for interval in (_rerun, _shown):
+        return None, None
+    for interval, on in ((_rerun, RERUN), (_shown, SITTING)):
         low, high = interval(best)[0], interval(second)[1]
         if second.compiler == "identity" and low is not None:
-            return low > 1.0
+            return low > 1.0, on
         if low is not None and high is not None:
-            return low > high
-    for low_name, high_name in (("rerun_low", "rerun_high"), ("ci_low", "ci_high")):
+            return low > high, on
+    for low_name, high_name, on in (
+        ("rerun_low", "rerun_high", RERUN),
+        ("ci_low", "ci_high", SITTING),
+    ):
         low, high = getattr(best, low_name, None), getattr(second, high_name, None)
         if low is not None and high is not None:
-            return low > high
-    return None
+            return low > high, on
+    return None, None
 
 
 def _rerun(row) -> tuple[float | None, float | None]:
@@ -146,14 +165,19 @@ def _not_judged(unstable) -> list[str]:
     return [role for role in unstable if role in ("own", "next")]
 
 
-def noise_text(beyond: bool | None, unstable=()) -> str:
-    """The one wording of a lead's verdict: ``beyond noise``, ``within noise``, ``not
-    judged: winner UNSTABLE`` (``next``, ``winner and next``) where either side is noise on
-    this host, ``-`` where no interval says."""
+def noise_text(beyond: bool | None, unstable=(), on: str | None = None) -> str:
+    """The one wording of a lead's verdict: ``beyond noise`` (judged on the re-run
+    intervals: a lead a re-run keeps), ``beyond this run's noise`` where the host has no
+    spread between sittings yet and the sitting intervals said it (:data:`SITTING`: a
+    re-run may not keep it), ``within noise``, ``not judged: winner UNSTABLE`` (``next``,
+    ``winner and next``) where either side is noise on this host, ``-`` where no interval
+    says."""
     sides = _not_judged(unstable)
     if sides:
         names = " and ".join("winner" if s == "own" else "next" for s in sides)
         return f"not judged: {names} UNSTABLE"
+    if beyond and on == SITTING:
+        return BEYOND_RUN
     return {True: "beyond noise", False: "within noise", None: "-"}[beyond]
 
 

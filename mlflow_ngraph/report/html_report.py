@@ -429,9 +429,10 @@ def figures_table(part: list[dict]) -> str:
 
 
 WINNERS_LEGEND = (
-    "lead: over the next-fastest valid row; beyond noise when the two 95% intervals separate "
-    "(the re-run intervals where this host has measured its spread between sittings, else "
-    "this run's); stable: the winner's own mark."
+    "lead: over the next-fastest valid row; beyond noise when the two re-run intervals "
+    "separate (a lead a re-run keeps); beyond this run's noise when this host has no spread "
+    "between sittings yet (mlflow-ngraph calibrate measures it) and this run's 95% intervals "
+    "separate; stable: the winner's own mark."
 )
 
 

@@ -156,7 +156,9 @@ def _summary_legend(rows, paper: bool) -> list[str]:
             lines[i] = line + "; *: the ratio of the throughputs parts from it (see above)"
         if line.startswith("  re-run CI:") and not any(_rerun(r) != "-" for r in rows):
             lines[i] = line + (
-                " (none yet: the same engines need measuring in a second run, or give --rerun-sd)"
+                " (none yet: this host's spread needs measuring: mlflow-ngraph calibrate, a "
+                "second run of the same engines, or --sittings 2; until then a lead is judged "
+                "on this run's intervals)"
             )
     return lines
 

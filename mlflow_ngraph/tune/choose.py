@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from mlflow_ngraph.measure.verdict import noise_text
+from mlflow_ngraph.measure.verdict import RERUN, SITTING, noise_text
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tune.trials import Trial, short_flags
 
@@ -31,6 +31,9 @@ class Verdict:
     surer: bool = False
     #: what the finalists at the winner's batch size were ranked on
     ranked_on: str = "throughput"
+    #: which intervals judged the lead: the re-run intervals (RERUN) or, where the host has
+    #: no spread between sittings yet, the sitting's (SITTING)
+    judged_on: str | None = RERUN
 
     @property
     def unstable(self) -> list[Trial]:
@@ -41,7 +44,7 @@ class Verdict:
     def noise(self) -> str:
         """The lead's verdict in the words every output uses (:func:`noise_text`)."""
         roles = tuple("own" if t is self.winner else "next" for t in self.unstable)
-        return noise_text(self.beyond_noise if self.runner_up else None, roles)
+        return noise_text(self.beyond_noise if self.runner_up else None, roles, self.judged_on)
 
     def lead(self) -> str:
         """The lead in a few words: what the ``ngraph.tune.lead`` tag says."""
@@ -59,7 +62,7 @@ class Verdict:
         if self.unstable:
             return head + f"; its lead over {nxt}, is {self.noise}" + self._unstable_note()
         if self.beyond_noise:
-            return head + f"; its lead over {nxt}, is beyond noise"
+            return head + f"; its lead over {nxt}, is {self.noise}"
         text = (
             head + f"; a tie within noise with {nxt}: their intervals overlap, so either is "
             "as good on this host"
@@ -92,21 +95,21 @@ def _figure(t: Trial) -> str:
     return text
 
 
-def lead_beyond_noise(winner: Trial, other: Trial, higher: bool = True) -> bool:
+def judge_lead(winner: Trial, other: Trial) -> tuple[bool, str | None]:
     """Whether ``winner``'s speedup interval clears ``other``'s (the direction of the
-    objective: for a latency to minimize the winner's speedup is still the higher): their
-    re-run intervals where the host has measured its spread between sittings (a lead a
-    re-run keeps), else this sitting's. Never between figures either of which is UNSTABLE:
-    their intervals do not hold the host's noise."""
+    objective: for a latency to minimize the winner's speedup is still the higher), and on
+    which intervals: their re-run intervals where the host has measured its spread between
+    sittings (a lead a re-run keeps, RERUN), else this sitting's (SITTING). Never between
+    figures either of which is UNSTABLE: their intervals do not hold the host's noise."""
     if winner.stable is False or other.stable is False:
-        return False
+        return False, None
     a, b = winner.rerun_interval, other.rerun_interval
     if a is not None and b is not None:
-        return a[0] > b[1]
+        return a[0] > b[1], RERUN
     a, b = winner.interval, other.interval
     if a is None or b is None:
-        return False
-    return a[0] > b[1]
+        return False, None
+    return a[0] > b[1], SITTING
 
 
 def verdict(finals: Sequence[Trial], value, higher: bool, paired: bool = False) -> Verdict | None:
@@ -133,7 +136,7 @@ def verdict(finals: Sequence[Trial], value, higher: bool, paired: bool = False) 
         ranked_on = "paired speedups"
     winner = same_b[0]
     runner_up = same_b[1] if len(same_b) > 1 else None
-    beyond = runner_up is not None and lead_beyond_noise(winner, runner_up)
+    beyond, on = judge_lead(winner, runner_up) if runner_up is not None else (False, None)
     surer = False
     stable = winner.stable is not False and (runner_up is None or runner_up.stable is not False)
     if (
@@ -147,7 +150,7 @@ def verdict(finals: Sequence[Trial], value, higher: bool, paired: bool = False) 
         # a tie: the figure a deployment can count on is the interval's low end
         if runner_up.interval[0] > winner.interval[0]:
             winner, runner_up, surer = runner_up, winner, True
-    return Verdict(winner, runner_up, beyond and stable, surer, ranked_on)
+    return Verdict(winner, runner_up, beyond and stable, surer, ranked_on, on)
 
 
 def closest_miss(trials: Sequence[Trial], constraints) -> str:

@@ -100,7 +100,7 @@ def test_winner_lead_beyond_or_within_noise_and_its_stability():
     ort.stable = True
     out, line = _winner_line([base, ov, ort])
     assert "openvino" in line and "onnxruntime" in line and "1.20x" in line
-    assert "beyond noise" in line and "UNSTABLE" not in _not_legend(out)
+    assert "beyond this run's noise" in line and "UNSTABLE" not in _not_legend(out)
     ort.ci_high = 295.0  # the intervals overlap: the order is within noise
     _, line = _winner_line([base, ov, ort])
     assert "within noise" in line
@@ -124,7 +124,7 @@ def test_winner_lead_beyond_or_within_noise_and_its_stability():
     ort.speedup, ort.speedup_ci_low, ort.speedup_ci_high = 1.1, 1.05, 1.12
     # separate, though the throughput intervals overlap
     _, line = _winner_line([base, ov, ort])
-    assert "beyond noise" in line
+    assert "beyond this run's noise" in line
 
 
 def test_the_winner_and_its_lead_come_from_the_paired_speedups_not_the_throughputs():
@@ -139,7 +139,7 @@ def test_the_winner_and_its_lead_come_from_the_paired_speedups_not_the_throughpu
     ]  # fmt: skip
     _, line = _winner_line(rows)
     assert line.split()[:7] == ["m", "4", "onnxruntime", "30.9", "1.79x", "openvino", "1.20x"]
-    assert "beyond noise" in line
+    assert "beyond this run's noise" in line
     rows[2].speedup = None  # one row unpaired: all are ranked on their throughputs
     _, line = _winner_line(rows)
     assert line.split()[2] == "openvino" and line.split()[6] == "1.00x"

@@ -14,6 +14,7 @@ from report_data import Cell, log_benchmark, new_store, one, records_of
 
 from mlflow_ngraph.commands.report import compare
 from mlflow_ngraph.measure.legend import meaning
+from mlflow_ngraph.measure.verdict import BEYOND_RUN, RERUN, SITTING, winners
 from mlflow_ngraph.report.summary import SUMMARY_HEADERS, WINNER_HEADERS, format_summary
 from mlflow_ngraph.tracking import ui
 from mlflow_ngraph.tracking.sink import Row
@@ -26,20 +27,24 @@ SPEC = SimpleNamespace(
 )
 
 
-def _rows() -> list[Row]:
+def _rows(rerun: bool = True) -> list[Row]:
     """Two batch sizes of one model: at bs1 every figure STABLE and the winner's lead
-    beyond noise; at bs8 the next row UNSTABLE (its intervals would separate too)."""
+    beyond noise; at bs8 the next row UNSTABLE (its intervals would separate too). With
+    ``rerun``, the speedups' re-run intervals (the host's spread measured) separate too."""
     rows = []
+    ov_rerun, ort_rerun = ((2.7, 3.3), (1.8, 2.2)) if rerun else ((None, None), (None, None))
     for b, next_stable in ((1, True), (8, False)):
         rows += [
             Row("m", "identity", b, "OK", throughput=100.0, ci_low=98.0, ci_high=102.0,
                 stable=True),
             Row("m", "openvino", b, "OK", throughput=300.0, ci_low=295.0, ci_high=305.0,
                 speedup=3.0, speedup_ci_low=2.9, speedup_ci_high=3.1, speedup_ratio=3.0,
-                paired=True, stable=True),
+                paired=True, stable=True, speedup_rerun_low=ov_rerun[0],
+                speedup_rerun_high=ov_rerun[1]),
             Row("m", "onnxruntime", b, "OK", throughput=200.0, ci_low=195.0, ci_high=205.0,
                 speedup=2.0, speedup_ci_low=1.9, speedup_ci_high=2.1, speedup_ratio=2.0,
-                paired=True, stable=next_stable),
+                paired=True, stable=next_stable, speedup_rerun_low=ort_rerun[0],
+                speedup_rerun_high=ort_rerun[1]),
         ]  # fmt: skip
     return rows
 
@@ -61,6 +66,34 @@ def test_beyond_noise_only_between_two_stable_figures_and_stability_per_batch_si
     for line in out.splitlines():  # no verdict of a lead beside an UNSTABLE mark
         if not line.startswith("  "):  # the legend's lines say what each word means
             assert not ("beyond noise" in line and "UNSTABLE" in line), line
+
+
+def _winners(rows: list[Row]) -> list[dict]:
+    for r in rows:
+        r.label = r.compiler
+    return winners(rows)
+
+
+def test_a_lead_only_this_runs_intervals_judged_says_so():
+    """Where the host has no spread between sittings yet (no re-run intervals), the sitting
+    intervals judge the lead and the words say it: beyond this run's noise, not beyond a
+    re-run's. Where re-run intervals exist they judge it, even against separate sitting
+    intervals."""
+    bs1 = [w for w in _winners(_rows(rerun=False)) if w["batch_size"] == 1][0]
+    assert (bs1["noise"], bs1["judged_on"], bs1["beyond"]) == (BEYOND_RUN, SITTING, True)
+    out = format_summary(_rows(rerun=False), SPEC)
+    (line,) = _table_lines(out.split("fastest valid compiler per model and batch size:")[1])[:1]
+    assert "beyond this run's noise" in line
+    assert "beyond this run's noise: the host has no spread" in out  # the legend says what
+    (won,) = [w for w in _winners(_rows()) if w["batch_size"] == 1]
+    assert (won["noise"], won["judged_on"]) == ("beyond noise", RERUN)
+    # the re-run intervals overlap while the sitting intervals separate: within noise
+    rows = _rows()
+    for r in rows:
+        if r.compiler == "onnxruntime":
+            r.speedup_rerun_high = 2.8
+    (won,) = [w for w in _winners(rows) if w["batch_size"] == 1]
+    assert (won["noise"], won["judged_on"], won["beyond"]) == ("within noise", RERUN, False)
 
 
 def _shown_headers(table: str) -> list[str]:

@@ -42,7 +42,8 @@ def test_a_lead_beyond_both_intervals_is_called_and_an_overlap_is_a_tie():
     b = trial(2, 1.5, 1.45, 1.55, throughput=150)
     result = verdict([a, b], by_throughput, higher=True)
     assert result.winner is a and result.runner_up is b and result.beyond_noise
-    assert "beyond noise" in result.sentence()
+    # no re-run intervals (the host has no spread yet): this run's intervals said it
+    assert "is beyond this run's noise" in result.sentence()
     c = trial(3, 1.95, 1.85, 2.05, throughput=195)
     tie = verdict([a, c], by_throughput, higher=True)
     assert tie.winner is a and not tie.beyond_noise
@@ -54,10 +55,16 @@ def test_a_lead_is_judged_on_the_re_run_intervals_where_the_host_has_them():
     no lead beyond noise is claimed."""
     a = trial(1, 2.0, 1.95, 2.05, throughput=200)
     b = trial(2, 1.85, 1.8, 1.9, throughput=185)
-    assert verdict([a, b], by_throughput, higher=True).beyond_noise
+    sitting = verdict([a, b], by_throughput, higher=True)
+    assert sitting.beyond_noise and sitting.lead() == "beyond this run's noise"
     a.metrics.update({S.M_SPEEDUP_RERUN_LOW: 1.8, S.M_SPEEDUP_RERUN_HIGH: 2.2})
     b.metrics.update({S.M_SPEEDUP_RERUN_LOW: 1.65, S.M_SPEEDUP_RERUN_HIGH: 2.05})
-    assert not verdict([a, b], by_throughput, higher=True).beyond_noise
+    rerun = verdict([a, b], by_throughput, higher=True)
+    assert not rerun.beyond_noise and rerun.lead() == "tie within noise"
+    b.metrics.update({S.M_SPEEDUP_RERUN_LOW: 1.6, S.M_SPEEDUP_RERUN_HIGH: 1.75})
+    rerun = verdict([a, b], by_throughput, higher=True)  # a lead a re-run keeps
+    assert rerun.beyond_noise and rerun.lead() == "beyond noise"
+    assert "is beyond noise" in rerun.sentence()
 
 
 def test_the_batch_size_is_chosen_on_throughput_and_its_winner_on_the_paired_speedups():
@@ -285,4 +292,4 @@ def test_a_lead_over_or_of_an_unstable_figure_is_not_judged():
     result = verdict([a, b], by_throughput, higher=True)
     assert result.noise == "not judged: winner UNSTABLE"
     a.stable = True
-    assert verdict([a, b], by_throughput, higher=True).noise == "beyond noise"
+    assert verdict([a, b], by_throughput, higher=True).noise == "beyond this run's noise"
