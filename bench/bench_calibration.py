@@ -34,6 +34,7 @@ the tool calls "beyond this run's noise", counted apart.
     python bench/bench_calibration.py paper --before f3ab2ff
     python bench/bench_calibration.py aa --model mha_block:width=256,depth=3 --repeats 5
     python bench/bench_calibration.py study --work /tmp/calibration-XXXX
+    python bench/bench_calibration.py coverage --work /tmp/calibration-XXXX --sittings 1 --runs 2
 
 ``study`` reads the windows a ``repeat`` logged (``MLFLOW_NGRAPH_WINDOWS_LOG``, one file per
 run in the folder ``repeat`` prints) and sets each way of making an interval from one run's
@@ -253,11 +254,19 @@ def coverage(runs: list[dict]) -> None:
             ("the next run's figure inside (a prediction)", list(zip(runs, runs[1:]))),
         ):
             held = total = 0
+            stable_held = stable_total = marked = 0
             for interval, other in pairs:
                 h, n = _held(interval, other, figure)
                 held, total = held + h, total + n
+                h, n, m = _held(interval, other, figure, apart=True)
+                stable_held, stable_total, marked = stable_held + h, stable_total + n, marked + m
             share = f"{held} of {total} ({100 * held / max(total, 1):.1f}%)"
             print(f"re-run coverage of the {figure}s: {way}: {share if total else 'none yet'}")
+            if total:  # the same, apart: STABLE in both runs; and a miss the tool marked
+                print(f"   of those STABLE in both runs: {stable_held} of {stable_total} "
+                      f"({100 * stable_held / max(stable_total, 1):.1f}%); held or marked "
+                      f"UNSTABLE in either run: {stable_held + marked} of {total} "
+                      f"({100 * (stable_held + marked) / total:.1f}%)")  # fmt: skip
     unmarked, said = [], []
     for i, a in enumerate(runs):
         for b in runs[i + 1 :]:
@@ -276,19 +285,24 @@ def coverage(runs: list[dict]) -> None:
           f"{len(unmarked)} {unmarked[:5]}")  # fmt: skip
 
 
-def _held(interval: dict, other: dict, figure: str) -> tuple[int, int]:
+def _held(interval: dict, other: dict, figure: str, apart: bool = False) -> tuple[int, ...]:
     """(held, compared): how many of ``other``'s figures lie inside ``interval``'s re-run
-    intervals, of those both runs have (identity's speedup left out)."""
+    intervals, of those both runs have (identity's speedup left out). With ``apart``:
+    (held, compared, marked) over the figures STABLE in both runs, and how many figures
+    either run marked UNSTABLE (each a figure the tool said was noise)."""
     low, high = f"{figure}_rerun_low", f"{figure}_rerun_high"
-    held = total = 0
+    held = total = marked = 0
     for k, r in interval.items():
         if r.get(low) is None or k not in other or other[k].get(figure) is None:
             continue
         if figure == "speedup" and k[1] == "identity":
             continue
+        if apart and "UNSTABLE" in (r.get("stability"), other[k].get("stability")):
+            marked += 1
+            continue
         total += 1
         held += r[low] <= other[k][figure] <= r[high]
-    return held, total
+    return (held, total, marked) if apart else (held, total)
 
 
 def screen_bias(uri: str, experiment: str) -> None:
@@ -712,7 +726,10 @@ def study(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["repeat", "hog", "walltime", "paper", "windows", "aa", "study"])
+    p.add_argument(
+        "what",
+        choices=["repeat", "coverage", "hog", "walltime", "paper", "windows", "aa", "study"],
+    )
     p.add_argument(
         "--work", help="study: the folder a repeat printed (its windows logs); repeat: runs "
         "into that folder's store and home (warm engine caches, its history); aa: the home "
@@ -751,6 +768,10 @@ def main() -> None:
         study(args)
     elif args.what == "repeat":
         repeat(args)
+    elif args.what == "coverage":  # again, from the runs a repeat left in --work
+        uri = f"sqlite:///{Path(args.work) / 'mlflow.db'}"
+        label = f"calibration-s{args.sittings}" if args.sittings else "calibration"
+        coverage([records(uri, f"{label}-{i}") for i in range(1, args.runs + 1)])
     elif args.what == "hog":
         hog(args)
     elif args.what == "walltime":
