@@ -15,7 +15,7 @@ from mlflow_ngraph.errors import NgraphError
 from mlflow_ngraph.gate import record, rounds
 from mlflow_ngraph.gate.rounds import CHALLENGER, CHAMPION
 from mlflow_ngraph.gate.sides import Context, resolve
-from mlflow_ngraph.gate.verdict import EXIT_STATUS, TOLERANCE, UNSURE
+from mlflow_ngraph.gate.verdict import EXIT_STATUS, TOLERANCE, UNSURE, on_a_busy_host
 from mlflow_ngraph.variables import ENV_GATE_PLANTED_DELAY
 
 #: the default seconds of rounds before an unsure gate stops measuring
@@ -66,18 +66,21 @@ class HostBusy(NgraphError):
     exit_code = EXIT_STATUS[UNSURE]
 
 
-def look_at_host(check) -> None:
+def look_at_host(check) -> str | None:
     """The benchmark's look at the host before the gate builds or measures anything: other
     processes over ``--max-other-cpu`` make a gate read ``unsure`` after its whole budget.
+    Returns the host's load in words where it was busy and the gate measures anyway
+    (``--busy-ok``), else None.
 
     Raises:
         HostBusy: the host stayed busy for ``--wait-quiet`` seconds."""
     if check is None:
-        return
+        return None
     try:
-        check.run()
+        load = check.run()
     except NgraphError as exc:
         raise HostBusy(f"no verdict: {exc}") from None
+    return load.said() if check.busy(load) else None
 
 
 def planted_delay() -> float:
@@ -198,9 +201,13 @@ def run_gate(settings: GateSettings, say: Callable[[str], None]) -> dict[str, An
         }
         if settings.promote:
             record.check_promotable(sides[CHAMPION], sides[CHALLENGER])
-        look_at_host(settings.host_check)
+        busy = look_at_host(settings.host_check)
         sides[CHALLENGER].task["delay"] = delay
         result = _measured(settings, sides, work, delay, say)
+    if busy:
+        result["verdict"], note = on_a_busy_host(result["verdict"], result["high"], busy)
+        if note:
+            result["notes"].append(note)
     run_id = record.log_gate(
         client, settings.experiment, sides, result["infos"], result, settings.home
     )

@@ -33,6 +33,28 @@ VERDICT_VALUE = {FASTER: 1.0, SAME: 0.0, SLOWER: -1.0, UNSURE: math.nan}
 TOLERANCE = 0.03
 
 
+#: on a host that was busy when the gate measured (``--busy-ok``), how far below 1 the whole
+#: interval must lie for ``slower``: two processes of one engine part by up to about this
+#: much there for the few seconds a gate measures (an A/A gate beside the test suite read
+#: 0.789 [0.707, 0.899], load 5.2), which no round-to-round interval sees; the guard's
+#: gross move (measure/history.py)
+BUSY_MARGIN = 0.25
+
+
+def on_a_busy_host(verdict: str, high: float | None, said: str) -> tuple[str, str | None]:
+    """The verdict of a gate that measured on a busy host (``said``: the host's load as the
+    look said it), and the note that says why it changed (None: it did not). ``slower``
+    stands only where the whole interval lies below ``1 - BUSY_MARGIN``; otherwise
+    ``unsure``: a busy runner costs a verdict, not a false alarm."""
+    if verdict != SLOWER or (high is not None and high < 1 - BUSY_MARGIN):
+        return verdict, None
+    return UNSURE, (
+        f"unsure, not slower: the host was busy when the gate measured ({said}), and there "
+        f"two processes of one engine can part by up to {100 * BUSY_MARGIN:.0f}%, which its "
+        "rounds cannot see; run it again on a quieter runner"
+    )
+
+
 def decide(low: float | None, high: float | None, tolerance: float = TOLERANCE) -> str:
     """The verdict of an interval [``low``, ``high``] of the ratio (``None``: no interval,
     ``unsure``)."""

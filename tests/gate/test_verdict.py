@@ -171,7 +171,29 @@ def test_a_busy_host_is_no_verdict_unless_busy_ok():
         quiet_log.removeHandler(handler)
     assert len(said) == 1 and "--busy-ok" in said[0] and "unsure" in said[0]
     assert "UNSTABLE" not in said[0]
-    look_at_host(None)
+    assert look_at_host(None) is None
+    # busy, measured anyway: the look's words come back, for the verdict to weigh
+    check.sampler = busy
+    assert "other processes 90% of the CPU" in look_at_host(check)
+    check.sampler = lambda seconds: HostLoad(5.0, 2, 0.3, ())
+    assert look_at_host(check) is None  # quiet
+
+
+def test_a_busy_host_costs_a_verdict_not_a_false_alarm():
+    """Measured on a busy host, an A/A gate once read 0.789 [0.707, 0.899]: slower beyond
+    any tolerance, from two processes of one engine. There a slower verdict stands only
+    where the whole interval lies below 1 - BUSY_MARGIN; the note says why it did not."""
+    from mlflow_ngraph.gate.verdict import BUSY_MARGIN, on_a_busy_host
+
+    said = "load 5.2, other processes 54% of the CPU"
+    verdict, note = on_a_busy_host("slower", 0.899, said)
+    assert verdict == "unsure" and said in note and "quieter runner" in note
+    assert "\n" not in note
+    # twice as slow by construction (the planted delay): still slower
+    assert on_a_busy_host("slower", 0.55, said) == ("slower", None)
+    assert on_a_busy_host("slower", 1 - BUSY_MARGIN, said)[0] == "unsure"
+    for other in ("same", "faster", "unsure", "invalid"):  # nothing to retract
+        assert on_a_busy_host(other, 0.9, said) == (other, None)
 
 
 def test_promote_moves_the_alias_on_faster_or_same_only():
