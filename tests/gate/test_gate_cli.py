@@ -115,3 +115,28 @@ def test_bad_input_is_one_line_and_status_3(tmp_path, args, words):
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and words in lines[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+
+
+def test_a_gate_on_a_host_the_look_found_busy_reads_unsure_not_a_small_slowdown(
+    tmp_path, monkeypatch
+):
+    """The look said busy and the gate measured anyway (--busy-ok): a planted 1.2x slowdown
+    (ratio ~0.83, slower on a quiet host) reads unsure, with the host's load in its notes.
+    The host's load is the one fake here: a busy host cannot be had on demand."""
+    pytest.importorskip("onnxruntime")
+    from mlflow_ngraph.gate.gate import GateSettings, run_gate
+    from mlflow_ngraph.measure.quiet import HostCheck, HostLoad
+    from mlflow_ngraph.variables import ENV_GATE_PLANTED_DELAY
+
+    busy = HostLoad(other_percent=90.0, cores=2, load_avg=5.2, top=(("hog", 4242, 90.0),))
+    check = HostCheck(25.0, busy_ok=True, sampler=lambda seconds: busy)
+    monkeypatch.setenv(ENV_GATE_PLANTED_DELAY, "0.2")
+    settings = GateSettings(
+        SPEC, SPEC, f"sqlite:///{tmp_path}/m.db", tmp_path / "home", budget_s=4.0,
+        host_check=check,
+    )  # fmt: skip
+    result = run_gate(settings, lambda line: None)
+    assert result["high"] is not None and 1 - 0.25 <= result["high"] < 1 - 0.03, result
+    assert result["verdict"] == "unsure", result
+    (note,) = [n for n in result["notes"] if n.startswith("unsure, not slower")]
+    assert "load 5.2, other processes 90% of the CPU: hog (pid 4242) 90%" in note
