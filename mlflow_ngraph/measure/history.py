@@ -436,6 +436,26 @@ def variance_components(
     once, with its most sittings less one: engines that share their sittings' offsets (a
     group's speedups divide by one baseline) do not tell them apart. NaN variance without
     any."""
+    part = _within(engines, clusters)
+    return part.var, part.df
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One variance component as its estimate came about: ``var`` (clamped at zero, NaN
+    without degrees of freedom) and ``df``; ``ms``, the raw mean square of its squares,
+    and ``noise``, what the parts beneath it account for of that mean square (the
+    sittings' own intervals; between runs, the sittings' offsets too), so that
+    ``var = max(ms - noise, 0)``."""
+
+    var: float
+    df: int
+    ms: float = math.nan
+    noise: float = math.nan
+
+
+def _within(engines: list[list[tuple]], clusters: list | None = None) -> _Part:
+    """:func:`variance_components` with the mean squares it came from."""
     ss = own = 0.0
     n_df = 0
     for sittings in engines:
@@ -446,7 +466,9 @@ def variance_components(
         n_df += n - 1
     keys = clusters or [None] * len(engines)
     df = _cluster_df([(k, len(e) - 1) for k, e in zip(keys, engines)])
-    return (max(ss - own, 0.0) / n_df if n_df else math.nan), df
+    if not n_df:
+        return _Part(math.nan, df)
+    return _Part(max(ss - own, 0.0) / n_df, df, ss / n_df, own / n_df)
 
 
 def _cluster_df(items: list[tuple[object, int]]) -> int:
@@ -497,14 +519,20 @@ def nested_components(engines: list[list[tuple]]) -> tuple[float, int, float, in
     that a model's ten engines read 0% between runs in one pair of runs and then moved
     3-5% together in the next (2026-11-27); 29 degrees of freedom had made that 0% the
     family's own spread."""
+    within, between = _nested(engines)
+    return within.var, within.df, between.var, between.df
+
+
+def _nested(engines: list[list[tuple]]) -> tuple[_Part, _Part]:
+    """:func:`nested_components` with the mean squares each part came from."""
     pieces = [  # (an occasion's sittings of an engine, its group in that occasion)
         (group, (key, group[0][2]) if (key := _group_of(engine)) else None)
         for engine in engines
         for group in _occasions(engine)
         if len(group) >= 2  # an occasion of two sittings has its key (the 3rd field)
     ]
-    within, df_w = variance_components([g for g, _ in pieces], [k for _, k in pieces])
-    w = within if df_w else 0.0
+    within = _within([g for g, _ in pieces], [k for _, k in pieces])
+    w = within.var if within.df else 0.0
     ss = expected = 0.0
     n_df, counted = 0, []
     for engine in engines:
@@ -521,26 +549,52 @@ def nested_components(engines: list[list[tuple]]) -> tuple[float, int, float, in
         expected += (1 - 1 / r) * sum(w / n + own for _, own, n in means)
         n_df += r - 1
         counted.append((_group_of(engine), r - 1))
-    between = max(ss - expected, 0.0) / n_df if n_df else math.nan
-    return within, df_w, between, _cluster_df(counted)
+    df_b = _cluster_df(counted)
+    if not n_df:
+        return within, _Part(math.nan, df_b)
+    return within, _Part(max(ss - expected, 0.0) / n_df, df_b, ss / n_df, expected / n_df)
+
+
+def differs(own: _Part, rest: _Part, alpha: float = 0.05) -> bool:
+    """Whether a family's part (``own``) differs from the other families' (``rest``):
+    under the hypothesis that the family's component is the rest's, its raw mean square
+    has the expectation ``rest.var + own.noise`` (its own sittings' noise beneath it), and
+    the ratio of the two is F-distributed with (``own.df``, ``rest.df``) degrees of
+    freedom; it differs where the ratio lies outside the central ``1 - alpha`` of that
+    law. The mean squares, not the clamped estimates, are compared: a family whose squares
+    its own noise explains reads 0% and says no more than that it is small."""
+    from scipy import stats
+
+    if not (own.df and rest.df) or math.isnan(own.ms) or math.isnan(rest.var):
+        return own.df > 0 and not rest.df  # nothing to compare with: the family's own
+    expected = rest.var + own.noise
+    if expected <= 0:
+        return own.ms > 0
+    ratio = own.ms / expected
+    low, high = stats.f.ppf([alpha / 2, 1 - alpha / 2], own.df, rest.df)
+    return not low <= ratio <= high
 
 
 def pooled_spread(by_family: dict[str, list[list[tuple]]], family: str | None, source: str):
     """The spread between sittings of the engines ``by_family`` (each engine: its sittings'
     log figures, own sds and occasions, :func:`nested_components`), each component from
-    the engines of ``family`` where they give it :data:`FAMILY_MIN_DF` degrees of freedom,
-    else from every engine pooled; ``None`` where neither component has :data:`MIN_DF`."""
+    the engines of ``family`` where they give it :data:`FAMILY_MIN_DF` degrees of freedom
+    and the data says it differs from the other families' (:func:`differs`), else from
+    every engine pooled; ``None`` where neither component has :data:`MIN_DF`. (Before the
+    test, a family with 10 degrees of freedom always had its own: two families read 0.00%
+    between runs beside 0.37% pooled, each clamped at zero, and their re-run intervals
+    left the spread between runs out.)"""
     everyone = [e for group in by_family.values() for e in group]
     own = by_family.get(family, []) if family else []
-    mine, pooled = nested_components(own), nested_components(everyone)
+    others = [e for name, group in by_family.items() if name != family for e in group]
+    mine, pooled, rest = _nested(own), _nested(everyone), _nested(others)
     parts, labels = [], []
-    for i, what in ((0, "sittings"), (2, "runs")):
-        use, label = (
-            (mine, f"the {family} engines")
-            if mine[i + 1] >= FAMILY_MIN_DF
-            else (pooled, "every engine")
-        )
-        var, df = (use[i], use[i + 1]) if use[i + 1] >= MIN_DF else (0.0, 0)
+    for i, what in ((0, "sittings"), (1, "runs")):
+        if mine[i].df >= FAMILY_MIN_DF and differs(mine[i], rest[i]):
+            use, label = mine[i], f"the {family} engines, which differ from the rest"
+        else:
+            use, label = pooled[i], "every engine"
+        var, df = (use.var, use.df) if use.df >= MIN_DF else (0.0, 0)
         parts.append((var, df))
         if df:
             labels.append(label if what == "sittings" else f"{label}, between runs")

@@ -122,9 +122,11 @@ class CellWork:
             elif kind == "record":
                 b, record = payload
                 outcome.seen.add(b)
+                family = (outcome.info or {}).get("family") or "-"
                 if earlier is not None:
-                    family = (outcome.info or {}).get("family") or "-"
                     record = self.combiner.combine(cell, b, [*earlier.get(b, []), record], family)
+                else:
+                    self.combiner.keep(cell, b, family)
                 self.sink.measured(cell, b, record)
             elif kind == "failed" and not last:
                 log.log(DETAIL, "%s bs%d: failed in a sitting: %s", cell.title, *payload)

@@ -1,10 +1,17 @@
 """The combining of a group's sittings (``--sittings N``): each result from the records of
 its sittings (:func:`mlflow_ngraph.measure.sittings.combine`), with the spread between
 sittings this run measured so far; at the run's end every combined result is settled again
-on the whole run's spread."""
+on the whole run's spread.
+
+A run of one sitting is settled too: each result's re-run interval was built, as it was
+measured, on the spread the host's history held before this run; at the run's end the
+history holds this run as well, the latest evidence of how far a run moves from the ones
+before it. A quiet hour's spread (0.37% between runs) had given a noisier hour's run
+intervals that held only 87.5% of the previous run's speedups (docs/measurement.md)."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from mlflow_ngraph.plan.cells import Cell
@@ -26,6 +33,17 @@ class SittingsCombiner:
         self._sat: dict[str, dict[str, list]] = {"throughput": {}, "speedup": {}}
         #: (cell, batch size, its sittings' records, model family) of every combined result
         self.results: list[tuple[Cell, int, list[dict], str]] = []
+        #: (cell, batch size, model family) of every result a single sitting measured
+        self.single: list[tuple[Cell, int, str]] = []
+
+    def keep(self, cell: Cell, b: int, family: str) -> None:
+        """A result of one sitting, settled at the run's end (:meth:`settle`)."""
+        self.single.append((cell, b, family))
+
+    @property
+    def pending(self) -> bool:
+        """Whether any result waits to be settled."""
+        return bool(self.results or self.single)
 
     def combine(self, cell: Cell, b: int, records: list[dict], family: str) -> dict:
         """The record of ``cell`` at batch size ``b`` from its sittings' ``records`` (in
@@ -58,11 +76,20 @@ class SittingsCombiner:
         return sit.combine(records, spreads, self.policy.max_interval)
 
     def settle(self, journal: Journal, sink: ResultSink) -> None:
-        """Every combined result's re-run interval again, from the spread between sittings
-        of the whole run (a group measured early had only the engines before it): where it
-        changed, journaled and sent to the cell's run, and its row shows it."""
-        for cell, b, records, family in self.results:
-            record = self.combined(records, family, _group(cell, b), settled=True)
+        """Every result's re-run interval again: a combined one's from the spread between
+        sittings of the whole run (a group measured early had only the engines before it),
+        a single sitting's from the host's history with this run in it
+        (:meth:`single_settled`): where it changed, journaled and sent to the cell's run,
+        and its row shows it."""
+        settled = [
+            (cell, b, self.combined(records, family, _group(cell, b), settled=True))
+            for cell, b, records, family in self.results
+        ]
+        for cell, b, family in self.single:
+            before = journal.cell(cell.key).measured.get(b)
+            if before is not None:
+                settled.append((cell, b, self.single_settled(before, family)))
+        for cell, b, record in settled:
             before = journal.cell(cell.key).measured.get(b)
             if before is None or before.get("status") != record["status"]:
                 continue
@@ -74,6 +101,32 @@ class SittingsCombiner:
                 k: record["metrics"][k] for k in S.RERUN_METRICS if k in record["metrics"]
             }}, "rerun": record.get("rerun")}  # fmt: skip
             sink.rerun(cell, b, record)
+
+    def single_settled(self, record: dict, family: str) -> dict:
+        """A single sitting's ``record`` with its re-run intervals from the host's spread
+        as its history holds it now (this run's figures in it); the record as it was where
+        ``--rerun-sd`` fixed the spread or the host has none."""
+        from mlflow_ngraph.measure import history
+        from mlflow_ngraph.measure import sittings as sit
+
+        if self.policy.rerun_sd is not None:
+            return record
+        spreads = {what: history.spread(self.home, what, family) for what in sit.FIELDS}
+        got = {what: sit.figure(record, what) for what in sit.FIELDS}
+        chosen = spreads["speedup" if got["speedup"] else "throughput"]
+        if chosen is None:
+            return record
+        out = copy.deepcopy(record)
+        metrics = out["metrics"]
+        for what, (_, _, _, names) in sit.FIELDS.items():
+            value, h = got[what] or (None, None)
+            interval = history.rerun_interval(value, h, spreads[what]) if value else None
+            if interval is not None:
+                metrics[names[0]], metrics[names[1]] = interval[:2]
+        one = chosen.of_mean(1)
+        metrics["rerun_sd"], metrics["rerun_df"] = one.sd, float(min(one.df, 10**6))
+        out["rerun"] = chosen.words()
+        return out
 
 
 def _group(cell: Cell, b: int) -> str:

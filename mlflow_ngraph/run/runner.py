@@ -293,7 +293,7 @@ class Runner:
             return self.rows
         self._start(self.resume.todo())
         self._measure()
-        if self.combiner.results:
+        if self.combiner.pending:
             self.combiner.settle(self.journal, self.sink)
         self.store.finish(self.sink.host_failures, self.rows)
         self._order_rows()

@@ -3,6 +3,8 @@ intervals a later benchmark on this host then carries."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -76,3 +78,12 @@ def test_calibrate_measures_the_spread_and_a_later_benchmark_carries_re_run_inte
         tags[f"{S.T_RERUN}.bs1"].startswith("sd ")
         and "this host's history" in tags[f"{S.T_RERUN}.bs1"]
     )
+    # settled at the run's end on the history with this run in it: every batch size's
+    # interval on the same spread, with this run's degrees of freedom between runs (bs1,
+    # measured first, was built on calibrate's alone)
+    said = {tags[f"{S.T_RERUN}.bs{b}"] for b in (1, 2, 4, 8)}
+    (text,) = said
+    between = re.search(r"\((\d+) df\) between runs", text)
+    assert between and int(between.group(1)) > df, text
+    history_of_low = client.get_metric_history(runs[0].info.run_id, "throughput_rerun_low.bs1")
+    assert len(history_of_low) == 2 and history_of_low[-1].value == low  # logged, settled

@@ -404,6 +404,29 @@ def test_a_groups_engines_count_once_in_the_degrees_of_freedom():
     assert deit.between_df == 11 and "every engine" in deit.source  # pooled, not its own 3
 
 
+def test_a_family_gets_its_own_spread_only_where_the_data_says_it_differs():
+    """A family with 12 groups gets its own spread between runs only where its squares
+    differ from the other families' (an F test on the mean squares): one that reads 0.00%
+    clamped, beside a pooled 0.4%, is pooled (on 2026-11-27 two families read 0.00%
+    between runs beside 0.37% pooled, and their intervals left that spread out)."""
+    rng = np.random.default_rng(5)
+    same = wide = 0
+    for _ in range(40):
+        data = _grouped(rng, 12, 3, 3, 0.004, 0.001, 0.002, "conv")
+        data |= _grouped(rng, 12, 3, 3, 0.004, 0.001, 0.002, "mha")
+        same += "mha engines" in history.pooled_spread(data, "mha", "test").source
+        data |= _grouped(rng, 12, 3, 3, 0.03, 0.001, 0.002, "deit")
+        deit = history.pooled_spread(data, "deit", "test")
+        wide += "the deit engines, which differ from the rest, between runs" in deit.source
+    assert same <= 4 and wide == 40  # ~5% of the alike ones told apart by chance
+    # a family whose squares its own noise explains (sittings +-2%: clamped at 0.00%)
+    # beside a rest at 0.37% is pooled: its squares are what 0.37% and its noise give
+    rest = history._Part(0.0037**2, 48, 0.0037**2 + 0.0001, 0.0001)
+    assert not history.differs(history._Part(0.0, 12, 0.9e-4, 1e-4), rest)
+    assert history.differs(history._Part(0.03**2, 12, 0.03**2 + 1e-4, 1e-4), rest)
+    assert history.differs(history._Part(0.0, 12, 0.2e-4, 1e-4), rest)  # far below, too
+
+
 def test_a_rerun_interval_on_a_few_groups_holds_95_percent_of_re_runs():
     """Built on 4 groups' engines measured in two runs, the re-run interval of one run's
     figure holds the next run's about 95% of the time; with every engine counted as its
