@@ -104,8 +104,9 @@ class SittingsCombiner:
 
     def single_settled(self, record: dict, family: str) -> dict:
         """A single sitting's ``record`` with its re-run intervals from the host's spread
-        as its history holds it now (this run's figures in it); the record as it was where
-        ``--rerun-sd`` fixed the spread or the host has none."""
+        as its history holds it now (this run's figures in it), each figure's where its
+        kind has a spread (a paired row's throughput can have one while its speedup has
+        none yet); the record as it was where ``--rerun-sd`` fixed the spread."""
         from mlflow_ngraph.measure import history
         from mlflow_ngraph.measure import sittings as sit
 
@@ -113,19 +114,18 @@ class SittingsCombiner:
             return record
         spreads = {what: history.spread(self.home, what, family) for what in sit.FIELDS}
         got = {what: sit.figure(record, what) for what in sit.FIELDS}
-        chosen = spreads["speedup" if got["speedup"] else "throughput"]
-        if chosen is None:
-            return record
         out = copy.deepcopy(record)
         metrics = out["metrics"]
         for what, (_, _, _, names) in sit.FIELDS.items():
             value, h = got[what] or (None, None)
             interval = history.rerun_interval(value, h, spreads[what]) if value else None
-            if interval is not None:
+            if interval is not None:  # each figure on its own spread, where it has one
                 metrics[names[0]], metrics[names[1]] = interval[:2]
-        one = chosen.of_mean(1)
-        metrics["rerun_sd"], metrics["rerun_df"] = one.sd, float(min(one.df, 10**6))
-        out["rerun"] = chosen.words()
+        chosen = spreads["speedup" if got["speedup"] else "throughput"]
+        if chosen is not None:
+            one = chosen.of_mean(1)
+            metrics["rerun_sd"], metrics["rerun_df"] = one.sd, float(min(one.df, 10**6))
+            out["rerun"] = chosen.words()
         return out
 
 
