@@ -85,10 +85,11 @@ class SittingsCombiner:
             (cell, b, self.combined(records, family, _group(cell, b), settled=True))
             for cell, b, records, family in self.results
         ]
+        spreads: dict[str, dict] = {}  # each family's spreads read once, not per result
         for cell, b, family in self.single:
             before = journal.cell(cell.key).measured.get(b)
             if before is not None:
-                settled.append((cell, b, self.single_settled(before, family)))
+                settled.append((cell, b, self.single_settled(before, family, spreads)))
         for cell, b, record in settled:
             before = journal.cell(cell.key).measured.get(b)
             if before is None or before.get("status") != record["status"]:
@@ -102,17 +103,21 @@ class SittingsCombiner:
             }}, "rerun": record.get("rerun")}  # fmt: skip
             sink.rerun(cell, b, record)
 
-    def single_settled(self, record: dict, family: str) -> dict:
+    def single_settled(self, record: dict, family: str, known: dict | None = None) -> dict:
         """A single sitting's ``record`` with its re-run intervals from the host's spread
         as its history holds it now (this run's figures in it), each figure's where its
         kind has a spread (a paired row's throughput can have one while its speedup has
-        none yet); the record as it was where ``--rerun-sd`` fixed the spread."""
+        none yet); the record as it was where ``--rerun-sd`` fixed the spread. ``known``:
+        the spreads already read, by family (filled here)."""
         from mlflow_ngraph.measure import history
         from mlflow_ngraph.measure import sittings as sit
 
         if self.policy.rerun_sd is not None:
             return record
-        spreads = {what: history.spread(self.home, what, family) for what in sit.FIELDS}
+        known = {} if known is None else known
+        if family not in known:  # each read scans the whole history
+            known[family] = {what: history.spread(self.home, what, family) for what in sit.FIELDS}
+        spreads = known[family]
         got = {what: sit.figure(record, what) for what in sit.FIELDS}
         out = copy.deepcopy(record)
         metrics = out["metrics"]
