@@ -205,6 +205,29 @@ def test_a_deploy_store_error_names_the_store_the_command_resolved(monkeypatch, 
     assert SECRET not in message
 
 
+def test_a_digest_holding_403_or_401_is_not_read_as_a_refused_permission_or_login():
+    """Seen in CI: pull's own refusal of a planted engine named two sha256 digests; one held
+    '403', and the deploy command said the user lacked the READ permission instead."""
+    from mlflow.exceptions import MlflowException
+
+    from mlflow_ngraph.commands.deploy import store_errors
+    from mlflow_ngraph.errors import NgraphError
+    from mlflow_ngraph.tracking.mlflow_log import permission_missing
+
+    own = "engine manifest sha256 9f403a1c... is not the one its run recorded (401bd7e2...)"
+    with pytest.raises(NgraphError, match="the one its run recorded"):
+        with store_errors(URI, "deploy", "READ"):
+            raise NgraphError(own)
+    store = "API request to http://h/api/2.0/mlflow/runs/get?run_id=ab403cd failed: 500"
+    assert not permission_missing(store)
+    # the server's refusals still read as such
+    assert permission_missing("API request to x failed with error code 403 != 200. Response")
+    assert permission_missing("RESOURCE PERMISSION_DENIED")
+    with pytest.raises(NgraphError, match="lacks the READ permission"):
+        with store_errors(URI, "deploy", "READ"):
+            raise MlflowException("failed with error code 403 != 200. Response body: 'denied'")
+
+
 def test_the_runner_and_the_session_say_a_store_error_redacted(answering):
     from mlflow_ngraph.run.worker import one_line
     from mlflow_ngraph.tracking.session import closing_failed

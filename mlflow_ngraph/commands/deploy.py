@@ -127,12 +127,14 @@ def store_errors(uri: str | None, experiment: str, permission: str):
     one redacted line: a refused login or a missing permission names the experiment and the
     permission the command needs, anything else the store and its answer; never MLflow's
     traceback."""
-    from mlflow_ngraph.tracking.mlflow_log import is_store_error
+    from mlflow_ngraph.tracking.mlflow_log import REFUSED_STATUS, is_store_error
 
     try:
         yield
+    except NgraphError:  # already the command's own line (its digests may hold "403")
+        raise
     except Exception as exc:  # MLflow's, requests' and MLflow's REST errors of other types
-        if not is_store_error(exc) and "401" not in str(exc) and "403" not in str(exc):
+        if not is_store_error(exc) and not REFUSED_STATUS.search(str(exc)):
             raise
         raise _auth_error(exc, uri, experiment, permission) from None
 

@@ -134,9 +134,15 @@ def login_refused(text: str, shown: str) -> NgraphError | None:
     return None
 
 
+#: HTTP 403 as a status, not three digits inside a run id, a digest or a port
+_FORBIDDEN = re.compile(r"(?<![\w.:/-])403(?![\w-]|\.\d)|\bPERMISSION_DENIED\b|\bpermission", re.I)
+#: either refusal's status as a word, for a quick test of an error of another type
+REFUSED_STATUS = re.compile(r"(?<![\w.:/-])40[13](?![\w-]|\.\d)")
+
+
 def permission_missing(text: str) -> bool:
     """Whether a store error's ``text`` is a refused permission (HTTP 403)."""
-    return "403" in text or "PERMISSION_DENIED" in text or "permission" in text.lower()
+    return bool(_FORBIDDEN.search(text))
 
 
 def store_error(exc: BaseException, tracking_uri: str) -> NgraphError:
