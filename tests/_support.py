@@ -258,3 +258,24 @@ def last_log(home: Path) -> str:
     logs = [p for p in (Path(home) / "logs").glob("*.log") if p.is_file()]
     assert logs, f"no log file in {home}/logs"
     return max(logs, key=lambda p: (p.stat().st_mtime_ns, p.name)).read_text()
+
+
+def history_of_runs(home, rng, spreads, groups=12, engines=3, noise=0.003) -> None:
+    """A host's history of ``len(spreads)`` runs of one sitting (occasions run0, run1, ...)
+    of ``groups`` x ``engines`` conv-block engines (keys g<g>e<e>): in run r each group moves
+    by its own offset (sd ``spreads[r]``: the host's state then), each engine by its
+    sitting's noise (sd ``noise``, its interval the 95% one of that)."""
+    import math
+    import time
+
+    from mlflow_ngraph.measure import history
+
+    levels = rng.uniform(5, 9, size=(groups, engines))
+    for r, sd in enumerate(spreads):
+        for g in range(groups):
+            offset = rng.normal(0, sd)
+            for e in range(engines):
+                x = levels[g, e] + offset + rng.normal(0, noise)
+                kept = history.Entry(time.time(), "conv_block", math.exp(x), history.Z95 * noise,
+                                     occasion=f"run{r}", group=f"conv_block/g{g}")  # fmt: skip
+                history.append(home, f"g{g}e{e}", kept)

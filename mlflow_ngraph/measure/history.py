@@ -386,6 +386,21 @@ def _text(what: str, ratio: float, then: Entry, now: Entry, max_other_cpu: float
     return text
 
 
+def _trusted(path: Path, what: str) -> list[Entry]:
+    """An engine's uncontended, STABLE sittings with a figure of ``what``, oldest first."""
+    return [
+        e
+        for e in _read(path)
+        if e.stable and not e.contended and getattr(e, what) and getattr(e, what) > 0
+    ]
+
+
+def _sitting(e: Entry, what: str) -> tuple:
+    """A sitting as the variance components read it: (log figure, its own sd of the log,
+    occasion, group)."""
+    return (math.log(getattr(e, what)), _log_sd(getattr(e, f"{what}_h")), e.occasion, e.group)
+
+
 def spread(home, what: str, family: str | None = None) -> Spread | None:
     """The host's spread between sittings of ``what`` (``throughput`` or ``speedup``) from
     its history: every engine measured in two or more uncontended, STABLE sittings (its
@@ -396,26 +411,129 @@ def spread(home, what: str, family: str | None = None) -> Spread | None:
     base = folder(home)
     if not base.is_dir():
         return None
-    by_family: dict[str, list[list[tuple[float, float]]]] = {}
+    by_family: dict[str, list[list[tuple]]] = {}
     for path in sorted(base.glob("*.jsonl")):
-        kept = [
-            e
-            for e in _read(path)
-            if e.stable and not e.contended and getattr(e, what) and getattr(e, what) > 0
-        ][-SPREAD_LATEST:]
+        kept = _trusted(path, what)[-SPREAD_LATEST:]
         if len(kept) >= 2:
             by_family.setdefault(kept[-1].family or "-", []).append(
-                [
-                    (
-                        math.log(getattr(e, what)),
-                        _log_sd(getattr(e, f"{what}_h")),
-                        e.occasion,
-                        e.group,
-                    )
-                    for e in kept
-                ]
+                [_sitting(e, what) for e in kept]
             )
     return pooled_spread(by_family, family, "this host's history")
+
+
+#: a run's moves against its history are wider than the history's spread allows where
+#: their F ratio lies above this quantile
+STATE_ALPHA = 0.01
+
+
+@dataclass(frozen=True)
+class StateShift:
+    """How far one run's figures of ``what`` moved from this host's history (the same
+    engines' earlier runs), against what the history's spread allows them: where they
+    moved more (an F test at :data:`STATE_ALPHA`), the host was in a state its history had
+    not measured, and a re-run is judged on ``between``, the spread between runs this
+    run's own moves give."""
+
+    what: str
+    engines: int
+    df: int  # this run's groups: engines measured together share the host's state
+    rms: float  # root mean square of the moves (log)
+    allowed: float  # what the history's spread gave them (log, root mean square)
+    median: float  # the median move (log): the host's speed as a whole
+    between: float  # the spread between runs these moves give (sd of the log)
+    history: Spread
+
+    def words(self) -> str:
+        """One line: the moves against the history, and what the run is judged on."""
+        return (
+            f"this run's {self.what}s moved {100 * self.rms:.1f}% (root mean square; median "
+            f"{100 * math.expm1(self.median):+.1f}%) from this host's earlier runs of the "
+            f"same {self.engines} engines, where their spread allows {100 * self.allowed:.1f}%"
+            f": the host is in a state its history has not measured (its load, another "
+            f"process, its clock); each re-run interval of this run rests on these moves, "
+            f"{100 * self.between:.2f}% between runs ({self.df} df)"
+        )
+
+
+def run_against_history(home, what: str, occasion: str) -> StateShift | None:
+    """Whether the run ``occasion`` moved its figures of ``what`` further from the same
+    engines' earlier runs on this host than the history's spread (without this run)
+    allows: a :class:`StateShift` where it did, else ``None`` (also without a history to
+    judge it by).
+
+    Each engine measured in this run and in an earlier one moves by ``d``, this run's mean
+    log figure less the mean of its earlier runs' (their latest :data:`SPREAD_LATEST`
+    sittings); the history's spread (``between``, ``within``, each sitting's own noise)
+    gives ``E[d^2] = between (1 + 1/R) + within / n + own + ...``. The ratio of the mean
+    ``d^2`` to its mean expectation is taken as F on (this run's groups, the spread's
+    degrees of freedom): a group's engines share the host's state and move together, so
+    they count once. Seen 2026-11-27: a spread measured in a quiet hour (0.37% between
+    runs) judged a noisier hour's run, whose figures moved 3-5%, and its intervals held
+    the next run's speedups 87.5% of the time."""
+    from scipy import stats
+
+    base = folder(home)
+    if not occasion or not base.is_dir():
+        return None
+    by_family: dict[str, list[list[tuple]]] = {}
+    moved: list[tuple[list[Entry], list[Entry]]] = []
+    for path in sorted(base.glob("*.jsonl")):
+        kept = _trusted(path, what)
+        now = [e for e in kept if e.occasion == occasion]
+        before = [e for e in kept if e.occasion != occasion][-SPREAD_LATEST:]
+        if len(before) >= 2:
+            family = before[-1].family or "-"
+            by_family.setdefault(family, []).append([_sitting(e, what) for e in before])
+        if now and before:
+            moved.append((now, before))
+    known = pooled_spread(by_family, None, "this host's history")
+    if known is None or not moved:
+        return None
+    w, b = known.sd**2, known.between**2
+    squares, expected, other, weight, logs, groups = [], [], [], [], [], set()
+    for now, before in moved:
+        sittings = [_sitting(e, what) for e in before]
+        occasions = _occasions(sittings)
+        r = len(occasions)
+        means = [sum(x[0] for x in g) / len(g) for g in occasions]
+        d = sum(math.log(getattr(e, what)) for e in now) / len(now) - sum(means) / r
+        noise = sum(_log_sd(getattr(e, f"{what}_h")) ** 2 for e in now) / len(now) ** 2
+        noise += w / len(now) + sum(
+            w / len(g) + sum(x[1] ** 2 for x in g) / len(g) ** 2 for g in occasions
+        ) / (r * r)
+        squares.append(d * d)
+        expected.append(b * (1 + 1 / r) + noise)
+        other.append(noise)
+        weight.append(1 + 1 / r)
+        logs.append(d)
+        groups.add(now[-1].group or id(now[-1]))
+    k = len(groups)
+    ms, allowed = sum(squares) / len(squares), sum(expected) / len(expected)
+    denominator_df = known.of_mean(1).df
+    if allowed <= 0 or ms / allowed <= stats.f.ppf(1 - STATE_ALPHA, k, denominator_df):
+        return None
+    between = max((sum(squares) - sum(other)) / sum(weight), b)
+    logs.sort()
+    half = len(logs) // 2
+    median = logs[half] if len(logs) % 2 else (logs[half - 1] + logs[half]) / 2
+    return StateShift(
+        what, len(moved), k, math.sqrt(ms), math.sqrt(allowed), median, math.sqrt(between), known
+    )
+
+
+def with_shift(known: Spread | None, shift: StateShift | None) -> Spread | None:
+    """``known`` (a spread from the history) with the spread between runs that ``shift``
+    (this run's moves against the history) gives, where that is wider."""
+    if shift is None or known is None or shift.between <= known.between:
+        return known
+    return Spread(
+        known.sd,
+        known.df,
+        f"{known.source}; between runs from this run's moves against it: {shift.engines} "
+        f"engines, the host in another state",
+        shift.between,
+        shift.df,
+    )
 
 
 def given_or_measured(home, what: str, family: str | None, rerun_sd: float | None):

@@ -7,11 +7,17 @@ A run of one sitting is settled too: each result's re-run interval was built, as
 measured, on the spread the host's history held before this run; at the run's end the
 history holds this run as well, the latest evidence of how far a run moves from the ones
 before it. A quiet hour's spread (0.37% between runs) had given a noisier hour's run
-intervals that held only 87.5% of the previous run's speedups (docs/measurement.md)."""
+intervals that held only 87.5% of the previous run's speedups (docs/measurement.md).
+
+Where a run's figures moved from the same engines' earlier runs more than the history's
+spread allows (:func:`mlflow_ngraph.measure.history.run_against_history`), the host is in a
+state its history has not measured: the settle says so in one line and judges the run's
+re-run intervals on the spread between runs its own moves give."""
 
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 
 from mlflow_ngraph.plan.cells import Cell
@@ -20,14 +26,21 @@ from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tracking.journal import Journal
 from mlflow_ngraph.tracking.sink import ResultSink
 
+log = logging.getLogger("mlflow_ngraph.run.runner")  # the runner's lines
+
 
 class SittingsCombiner:
     """A run's results combined from their sittings, and the spread between sittings the
     run itself measured (per kind of figure and model family)."""
 
-    def __init__(self, home: Path, policy: RunPolicy) -> None:
+    def __init__(self, home: Path, policy: RunPolicy, occasion: str = "") -> None:
         self.home = Path(home)
         self.policy = policy
+        #: this invocation's occasion in the host's history (its sittings carry it)
+        self.occasion = occasion
+        #: per kind of figure, this run's moves against the history where they were wider
+        #: than its spread allows (read once, at the settle)
+        self.shifts: dict[str, object] = {}
         #: per kind of figure and model family, this run's engines measured in every
         #: sitting (the spread between sittings the run itself measured)
         self._sat: dict[str, dict[str, list]] = {"throughput": {}, "speedup": {}}
@@ -70,6 +83,8 @@ class SittingsCombiner:
             if own is not None and not settled:
                 by_family.setdefault(family, []).append(own)
             known = history.given_or_measured(self.home, what, family, self.policy.rerun_sd)
+            if settled and self.policy.rerun_sd is None:
+                known = history.with_shift(known, self.shifts.get(what))
             spreads[what] = sit.with_runs(
                 sit.run_spread(by_family, family, self.policy.sittings), known
             )
@@ -81,6 +96,7 @@ class SittingsCombiner:
         a single sitting's from the host's history with this run in it
         (:meth:`single_settled`): where it changed, journaled and sent to the cell's run,
         and its row shows it."""
+        self.look_at_state()
         settled = [
             (cell, b, self.combined(records, family, _group(cell, b), settled=True))
             for cell, b, records, family in self.results
@@ -116,7 +132,12 @@ class SittingsCombiner:
             return record
         known = {} if known is None else known
         if family not in known:  # each read scans the whole history
-            known[family] = {what: history.spread(self.home, what, family) for what in sit.FIELDS}
+            known[family] = {
+                what: history.with_shift(
+                    history.spread(self.home, what, family), self.shifts.get(what)
+                )
+                for what in sit.FIELDS
+            }
         spreads = known[family]
         got = {what: sit.figure(record, what) for what in sit.FIELDS}
         out = copy.deepcopy(record)
@@ -132,6 +153,19 @@ class SittingsCombiner:
             metrics["rerun_sd"], metrics["rerun_df"] = one.sd, float(min(one.df, 10**6))
             out["rerun"] = chosen.words()
         return out
+
+    def look_at_state(self) -> None:
+        """This run's figures against the host's history (:attr:`shifts`), each kind where
+        they moved more than its spread allows said in one line."""
+        from mlflow_ngraph.measure import history
+
+        if self.policy.rerun_sd is not None or not self.occasion:
+            return
+        for what in ("speedup", "throughput"):
+            shift = history.run_against_history(self.home, what, self.occasion)
+            self.shifts[what] = shift
+            if shift is not None:
+                log.warning("%s", shift.words())
 
 
 def _group(cell: Cell, b: int) -> str:

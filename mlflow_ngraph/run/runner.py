@@ -323,6 +323,7 @@ class Runner:
             self.spec, self.profile, self.home, self.policy, self.store, self.sink,
             self.combiner, self.view,
         )  # fmt: skip
+        self.combiner.occasion = self.work.occasion
         self.groups = GroupDispatch(
             self.spec, self.policy, self.home, self.resume, self.work, self.sink,
             self.reference, self.cell_timeout_s,

@@ -16,6 +16,7 @@ from mlflow_ngraph.measure.history import Entry
 from mlflow_ngraph.measure.settings import MeasureSettings
 from mlflow_ngraph.plan.config import RunPolicy
 from mlflow_ngraph.run.worker import CellTask, _remember, judge
+from tests._support import history_of_runs
 
 
 def entry(throughput, h=0.02, speedup=None, sh=None, **kw) -> Entry:
@@ -467,3 +468,36 @@ def test_the_worker_keeps_each_measurements_group(tmp_path):
     files = sorted(history.folder(tmp_path).glob("*.jsonl"))
     groups = [history._read(f)[0].group for f in files]
     assert len(files) == 2 and groups[0] and groups[0] == groups[1]
+
+
+def test_a_run_in_a_state_its_history_has_not_measured_is_said_and_judged_on_its_moves(
+    tmp_path,
+):
+    """Three runs in a quiet hour (0.4% between runs), then one whose groups moved 4%
+    (2026-11-27: a spread of 0.37% judged a noisier hour's run, whose intervals then held
+    87.5% of the next run's speedups): the run's moves are told apart from the history's
+    spread, said in a line, and its re-run intervals rest on the spread they give; a fourth
+    run as quiet as the rest is told apart about as often as the test's 1% allows."""
+    rng = np.random.default_rng(3)
+    told = 0
+    for trial in range(12):
+        home = tmp_path / f"quiet{trial}"
+        history_of_runs(home, rng, [0.004, 0.004, 0.004, 0.004])
+        told += history.run_against_history(home, "throughput", "run3") is not None
+    assert told <= 1
+    home = tmp_path / "noisy"
+    history_of_runs(home, rng, [0.004, 0.004, 0.004, 0.04])
+    shift = history.run_against_history(home, "throughput", "run3")
+    assert shift is not None and shift.engines == 36 and shift.df == 12
+    assert 0.02 < shift.between < 0.07 and shift.between > 3 * shift.history.between
+    assert "the host is in a state its history has not measured" in shift.words()
+    known = history.spread(home, "throughput")  # the history with this run in it
+    judged = history.with_shift(known, shift)
+    assert judged.between == shift.between > known.between and judged.between_df == 12
+    assert "this run's moves against it" in judged.words()
+    assert history.with_shift(known, None) is known
+    # no earlier run to judge by, or another run's occasion: nothing said
+    assert history.run_against_history(tmp_path / "quiet0", "throughput", "run9") is None
+    first = tmp_path / "first"
+    history_of_runs(first, rng, [0.04])
+    assert history.run_against_history(first, "throughput", "run0") is None

@@ -47,3 +47,45 @@ def settled_h(record) -> float:
     from mlflow_ngraph.measure.sittings import figure
 
     return figure(record, "throughput")[1]
+
+
+def test_a_run_in_another_state_of_the_host_is_said_and_settled_on_its_own_moves(tmp_path, caplog):
+    """Three quiet runs (0.4% between runs), then this one, whose groups moved 4%: the
+    settle says in one line that the host is in a state its history has not measured, and
+    a figure's re-run interval rests on the spread between runs this run's moves give,
+    wider than the history's with this run in it."""
+    import numpy as np
+
+    from tests._support import history_of_runs
+
+    history_of_runs(tmp_path, np.random.default_rng(3), [0.004, 0.004, 0.004, 0.04])
+    record = {
+        "status": "ok",
+        "metrics": {"throughput": 900.0, "throughput_ci_low": 897.0, "throughput_ci_high": 903.0},
+        "rerun": "sd 0.40% (6 df) between runs from this host's history",
+    }
+    plain = SittingsCombiner(tmp_path, RunPolicy()).single_settled(record, "conv_block")
+    combiner = SittingsCombiner(tmp_path, RunPolicy(), occasion="run3")
+    with caplog.at_level("WARNING", logger="mlflow_ngraph.run.runner"):
+        combiner.look_at_state()
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "throughputs moved" in said and "a state its history has not measured" in said
+    settled = combiner.single_settled(record, "conv_block")
+    shift = combiner.shifts["throughput"]
+    assert combiner.shifts["speedup"] is None  # none measured
+    spread = history.with_shift(history.spread(tmp_path, "throughput", "conv_block"), shift)
+    low, high, _ = history.rerun_interval(900.0, settled_h(record), spread)
+    assert settled["metrics"]["throughput_rerun_low"] == low
+    assert settled["metrics"]["throughput_rerun_high"] == high
+    assert high - low > 1.5 * (
+        plain["metrics"]["throughput_rerun_high"] - plain["metrics"]["throughput_rerun_low"]
+    )
+    assert "this run's moves against it" in settled["rerun"]
+    # a run measured alike: nothing said, the history's spread
+    quiet = tmp_path / "quiet"
+    history_of_runs(quiet, np.random.default_rng(4), [0.004] * 4)
+    caplog.clear()
+    calm = SittingsCombiner(quiet, RunPolicy(), occasion="run3")
+    with caplog.at_level("WARNING", logger="mlflow_ngraph.run.runner"):
+        calm.look_at_state()
+    assert not caplog.records and calm.shifts == {"speedup": None, "throughput": None}
