@@ -84,6 +84,9 @@ def benchmark(
     seconds = time.perf_counter() - t0
     if done.returncode != 0:
         sys.exit(f"benchmark failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    for line in done.stderr.splitlines():  # the settle's word on the host's state
+        if "a state its history has not measured" in line:
+            print(f"  said: {line.strip()}", flush=True)
     return seconds
 
 
