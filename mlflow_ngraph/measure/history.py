@@ -31,6 +31,7 @@ import hashlib
 import json
 import math
 import os
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -489,6 +490,23 @@ def run_against_history(home, what: str, occasion: str) -> StateShift | None:
     known = pooled_spread(by_family, None, "this host's history")
     if known is None or not moved:
         return None
+    squares, expected, other, weight, logs, groups = _moves(moved, known, what)
+    k = len(groups)
+    ms, allowed = sum(squares) / len(squares), sum(expected) / len(expected)
+    denominator_df = known.of_mean(1).df
+    if allowed <= 0 or ms / allowed <= stats.f.ppf(1 - STATE_ALPHA, k, denominator_df):
+        return None
+    between = max((sum(squares) - sum(other)) / sum(weight), known.between**2)
+    return StateShift(
+        what, len(moved), k, math.sqrt(ms), math.sqrt(allowed), statistics.median(logs),
+        math.sqrt(between), known,
+    )  # fmt: skip
+
+
+def _moves(moved: list[tuple[list[Entry], list[Entry]]], known: Spread, what: str):
+    """For each engine's (this run's sittings, its earlier ones) of :func:`run_against_history`:
+    the squared move, its expectation under ``known``, the part of that the sittings' noise
+    gives, the weight of the spread between runs in it, the move itself; and the groups."""
     w, b = known.sd**2, known.between**2
     squares, expected, other, weight, logs, groups = [], [], [], [], [], set()
     for now, before in moved:
@@ -507,18 +525,7 @@ def run_against_history(home, what: str, occasion: str) -> StateShift | None:
         weight.append(1 + 1 / r)
         logs.append(d)
         groups.add(now[-1].group or id(now[-1]))
-    k = len(groups)
-    ms, allowed = sum(squares) / len(squares), sum(expected) / len(expected)
-    denominator_df = known.of_mean(1).df
-    if allowed <= 0 or ms / allowed <= stats.f.ppf(1 - STATE_ALPHA, k, denominator_df):
-        return None
-    between = max((sum(squares) - sum(other)) / sum(weight), b)
-    logs.sort()
-    half = len(logs) // 2
-    median = logs[half] if len(logs) % 2 else (logs[half - 1] + logs[half]) / 2
-    return StateShift(
-        what, len(moved), k, math.sqrt(ms), math.sqrt(allowed), median, math.sqrt(between), known
-    )
+    return squares, expected, other, weight, logs, groups
 
 
 def with_shift(known: Spread | None, shift: StateShift | None) -> Spread | None:
