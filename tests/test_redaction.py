@@ -214,7 +214,7 @@ def test_a_digest_holding_403_or_401_is_not_read_as_a_refused_permission_or_logi
     from mlflow_ngraph.errors import NgraphError
     from mlflow_ngraph.tracking.mlflow_log import permission_missing
 
-    own = "engine manifest sha256 9f403a1c... is not the one its run recorded (401bd7e2...)"
+    own = "engine manifest sha256 9f403a1c (403 bytes) is not the one its run recorded (401)"
     with pytest.raises(NgraphError, match="the one its run recorded"):
         with store_errors(URI, "deploy", "READ"):
             raise NgraphError(own)
@@ -226,6 +226,16 @@ def test_a_digest_holding_403_or_401_is_not_read_as_a_refused_permission_or_logi
     with pytest.raises(NgraphError, match="lacks the READ permission"):
         with store_errors(URI, "deploy", "READ"):
             raise MlflowException("failed with error code 403 != 200. Response body: 'denied'")
+    # serve's lookup of a registered version: a refusal is named as one, not "not registered"
+    from mlflow_ngraph.deploy.registered import resolve_version
+
+    class Refusing:
+        def get_model_version(self, name, version):
+            raise MlflowException("failed with error code 403 != 200. Response body: 'denied'")
+
+    with pytest.raises(NgraphError, match="lacks the READ permission on experiment 'models:/m/1'"):
+        with store_errors(URI, "models:/m/1", "READ"):
+            resolve_version(Refusing(), "models:/m/1")
 
 
 def test_the_runner_and_the_session_say_a_store_error_redacted(answering):

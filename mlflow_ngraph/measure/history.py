@@ -432,8 +432,8 @@ class StateShift:
     """How far one run's figures of ``what`` moved from this host's history (the same
     engines' earlier runs), against what the history's spread allows them: where they
     moved more (an F test at :data:`STATE_ALPHA`), the host was in a state its history had
-    not measured, and a re-run is judged on ``between``, the spread between runs this
-    run's own moves give."""
+    not measured, and a re-run is judged on the spread between runs this run's own moves
+    give (``between``; per model family ``by_family``: (sd of the log, df))."""
 
     what: str
     engines: int
@@ -441,8 +441,8 @@ class StateShift:
     rms: float  # root mean square of the moves (log)
     allowed: float  # what the history's spread gave them (log, root mean square)
     median: float  # the median move (log): the host's speed as a whole
-    between: float  # the spread between runs these moves give (sd of the log)
-    history: Spread
+    between: float  # the spread between runs these moves give, every engine (sd of the log)
+    by_family: dict[str, tuple[float, int]]
 
     def words(self) -> str:
         """One line: the moves against the history, and what the run is judged on."""
@@ -451,9 +451,23 @@ class StateShift:
             f"{100 * math.expm1(self.median):+.1f}%) from this host's earlier runs of the "
             f"same {self.engines} engines, where their spread allows {100 * self.allowed:.1f}%"
             f": the host is in a state its history has not measured (its load, another "
-            f"process, its clock); each re-run interval of this run rests on these moves, "
+            f"process, its clock); the re-run intervals of this run rest on these moves, "
             f"{100 * self.between:.2f}% between runs ({self.df} df)"
         )
+
+
+@dataclass(frozen=True)
+class _Moved:
+    """One engine's move in :func:`run_against_history`: ``d`` (log), its expectation
+    under its family's spread, the part of that its sittings' noise gives, the history's
+    spread between runs in it (``b / r``: the mean of ``r`` earlier runs), its group."""
+
+    family: str
+    d: float
+    expected: float
+    noise: float
+    earlier: float
+    group: object
 
 
 def run_against_history(home, what: str, occasion: str) -> StateShift | None:
@@ -463,83 +477,106 @@ def run_against_history(home, what: str, occasion: str) -> StateShift | None:
     judge it by).
 
     Each engine measured in this run and in an earlier one moves by ``d``, this run's mean
-    log figure less the mean of its earlier runs' (their latest :data:`SPREAD_LATEST`
-    sittings); the history's spread (``between``, ``within``, each sitting's own noise)
-    gives ``E[d^2] = between (1 + 1/R) + within / n + own + ...``. The ratio of the mean
-    ``d^2`` to its mean expectation is taken as F on (this run's groups, the spread's
-    degrees of freedom): a group's engines share the host's state and move together, so
-    they count once. Seen 2026-11-27: a spread measured in a quiet hour (0.37% between
-    runs) judged a noisier hour's run, whose figures moved 3-5%, and its intervals held
-    the next run's speedups 87.5% of the time."""
+    log figure less the mean of its ``R`` earlier runs' (their latest
+    :data:`SPREAD_LATEST` sittings); its family's spread in the history
+    (:func:`pooled_spread`: ``between``, ``within``, and each sitting's own noise) gives
+    ``E[d^2] = between (1 + 1/R) + within / n + own + ...``. The ratio of the mean ``d^2``
+    to its mean expectation is taken as F on (this run's groups, the spread's degrees of
+    freedom): a group's engines share the host's state and move together, so they count
+    once. Where it lies past the ``1 - STATE_ALPHA`` quantile, each family's spread
+    between runs in this state is the mean of ``d^2 - noise - between / R`` over its
+    engines (method of moments), with its groups' degrees of freedom. Seen 2026-11-27: a
+    spread measured in a quiet hour (0.37% between runs) judged a noisier hour's run,
+    whose figures moved 3-5%, and its intervals held the next run's speedups 87.5% of the
+    time."""
     from scipy import stats
 
-    base = folder(home)
-    if not occasion or not base.is_dir():
+    if not occasion or not folder(home).is_dir():
         return None
-    by_family: dict[str, list[list[tuple]]] = {}
-    moved: list[tuple[list[Entry], list[Entry]]] = []
-    for path in sorted(base.glob("*.jsonl")):
-        kept = _trusted(path, what)
-        now = [e for e in kept if e.occasion == occasion]
-        before = [e for e in kept if e.occasion != occasion][-SPREAD_LATEST:]
-        if len(before) >= 2:
-            family = before[-1].family or "-"
-            by_family.setdefault(family, []).append([_sitting(e, what) for e in before])
-        if now and before:
-            moved.append((now, before))
+    by_family, pairs = _split(home, what, occasion)
     known = pooled_spread(by_family, None, "this host's history")
-    if known is None or not moved:
+    if known is None or not pairs:
         return None
-    squares, expected, other, weight, logs, groups = _moves(moved, known, what)
-    k = len(groups)
-    ms, allowed = sum(squares) / len(squares), sum(expected) / len(expected)
-    denominator_df = known.of_mean(1).df
-    if allowed <= 0 or ms / allowed <= stats.f.ppf(1 - STATE_ALPHA, k, denominator_df):
+    spreads = {f: pooled_spread(by_family, f, "") for f, _, _ in pairs}
+    moves = [_move(f, now, before, spreads[f], what) for f, now, before in pairs]
+    k = len({m.group for m in moves})
+    ms = sum(m.d * m.d for m in moves) / len(moves)
+    allowed = sum(m.expected for m in moves) / len(moves)
+    if allowed > 0 and ms / allowed <= stats.f.ppf(1 - STATE_ALPHA, k, known.of_mean(1).df):
         return None
-    between = max((sum(squares) - sum(other)) / sum(weight), known.between**2)
+    if allowed <= 0 and ms <= 0:
+        return None
+    per_family = {
+        f: _between([m for m in moves if m.family == f], spreads[f]) for f in spreads
+    }  # fmt: skip
+    between, _ = _between(moves, known)
     return StateShift(
-        what, len(moved), k, math.sqrt(ms), math.sqrt(allowed), statistics.median(logs),
-        math.sqrt(between), known,
+        what, len(moves), k, math.sqrt(ms), math.sqrt(allowed),
+        statistics.median(m.d for m in moves), between, per_family,
     )  # fmt: skip
 
 
-def _moves(moved: list[tuple[list[Entry], list[Entry]]], known: Spread, what: str):
-    """For each engine's (this run's sittings, its earlier ones) of :func:`run_against_history`:
-    the squared move, its expectation under ``known``, the part of that the sittings' noise
-    gives, the weight of the spread between runs in it, the move itself; and the groups."""
-    w, b = known.sd**2, known.between**2
-    squares, expected, other, weight, logs, groups = [], [], [], [], [], set()
-    for now, before in moved:
-        sittings = [_sitting(e, what) for e in before]
-        occasions = _occasions(sittings)
-        r = len(occasions)
-        means = [sum(x[0] for x in g) / len(g) for g in occasions]
-        d = sum(math.log(getattr(e, what)) for e in now) / len(now) - sum(means) / r
-        noise = sum(_log_sd(getattr(e, f"{what}_h")) ** 2 for e in now) / len(now) ** 2
-        noise += w / len(now) + sum(
-            w / len(g) + sum(x[1] ** 2 for x in g) / len(g) ** 2 for g in occasions
-        ) / (r * r)
-        squares.append(d * d)
-        expected.append(b * (1 + 1 / r) + noise)
-        other.append(noise)
-        weight.append(1 + 1 / r)
-        logs.append(d)
-        groups.add(now[-1].group or id(now[-1]))
-    return squares, expected, other, weight, logs, groups
+def _split(home, what: str, occasion: str):
+    """The history without the run ``occasion`` (each engine's sittings as
+    :func:`pooled_spread` reads them, by family), and each engine it measured that earlier
+    runs measured too: (family, its sittings in this run, its latest earlier ones)."""
+    by_family: dict[str, list[list[tuple]]] = {}
+    pairs: list[tuple[str, list[Entry], list[Entry]]] = []
+    for path in sorted(folder(home).glob("*.jsonl")):
+        kept = _trusted(path, what)
+        if not kept:
+            continue
+        now = [e for e in kept if e.occasion == occasion]
+        before = [e for e in kept if e.occasion != occasion][-SPREAD_LATEST:]
+        family = kept[-1].family or "-"
+        if len(before) >= 2:
+            by_family.setdefault(family, []).append([_sitting(e, what) for e in before])
+        if now and before:
+            pairs.append((family, now, before))
+    return by_family, pairs
 
 
-def with_shift(known: Spread | None, shift: StateShift | None) -> Spread | None:
-    """``known`` (a spread from the history) with the spread between runs that ``shift``
-    (this run's moves against the history) gives, where that is wider."""
-    if shift is None or known is None or shift.between <= known.between:
+def _move(family: str, now: list[Entry], before: list[Entry], spread: Spread, what: str):
+    """:class:`_Moved` of an engine's sittings in this run (``now``) and earlier ones."""
+    w, b = spread.sd**2, spread.between**2
+    occasions = _occasions([_sitting(e, what) for e in before])
+    r = len(occasions)
+    means = [sum(x[0] for x in g) / len(g) for g in occasions]
+    d = sum(math.log(getattr(e, what)) for e in now) / len(now) - sum(means) / r
+    noise = sum(_log_sd(getattr(e, f"{what}_h")) ** 2 for e in now) / len(now) ** 2
+    noise += w / len(now) + sum(
+        w / len(g) + sum(x[1] ** 2 for x in g) / len(g) ** 2 for g in occasions
+    ) / (r * r)
+    return _Moved(family, d, b * (1 + 1 / r) + noise, noise, b / r, now[-1].group or id(now))
+
+
+def _between(moves: list[_Moved], spread: Spread) -> tuple[float, int]:
+    """(sd of the log, df): the spread between runs that ``moves`` give this run's state,
+    no narrower than ``spread``'s."""
+    if not moves:
+        return spread.between, spread.between_df
+    var = sum(m.d * m.d - m.noise - m.earlier for m in moves) / len(moves)
+    return math.sqrt(max(var, spread.between**2)), len({m.group for m in moves})
+
+
+def with_shift(
+    known: Spread | None, shift: StateShift | None, family: str | None = None
+) -> Spread | None:
+    """``known`` (a spread from the history, of ``family``'s engines) with the spread
+    between runs that ``shift`` (this run's moves against the history) gives that family
+    (every engine's where it has none), where that is wider."""
+    if shift is None or known is None:
+        return known
+    between, df = shift.by_family.get(family or "-", (shift.between, shift.df))
+    if between <= known.between:
         return known
     return Spread(
         known.sd,
         known.df,
         f"{known.source}; between runs from this run's moves against it: {shift.engines} "
         f"engines, the host in another state",
-        shift.between,
-        shift.df,
+        between,
+        df,
     )
 
 

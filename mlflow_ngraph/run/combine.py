@@ -77,6 +77,8 @@ class SittingsCombiner:
 
         if len(records) < 2:
             return records[-1]
+        if settled:
+            self.look_at_state()
         spreads = {}
         for what, by_family in self._sat.items():
             own = sit.engine_sittings(records, what, group)
@@ -84,7 +86,7 @@ class SittingsCombiner:
                 by_family.setdefault(family, []).append(own)
             known = history.given_or_measured(self.home, what, family, self.policy.rerun_sd)
             if settled and self.policy.rerun_sd is None:
-                known = history.with_shift(known, self.shifts.get(what))
+                known = history.with_shift(known, self.shifts.get(what), family)
             spreads[what] = sit.with_runs(
                 sit.run_spread(by_family, family, self.policy.sittings), known
             )
@@ -130,11 +132,12 @@ class SittingsCombiner:
 
         if self.policy.rerun_sd is not None:
             return record
+        self.look_at_state()
         known = {} if known is None else known
         if family not in known:  # each read scans the whole history
             known[family] = {
                 what: history.with_shift(
-                    history.spread(self.home, what, family), self.shifts.get(what)
+                    history.spread(self.home, what, family), self.shifts.get(what), family
                 )
                 for what in sit.FIELDS
             }
@@ -159,8 +162,8 @@ class SittingsCombiner:
         they moved more than its spread allows said in one line."""
         from mlflow_ngraph.measure import history
 
-        if self.policy.rerun_sd is not None or not self.occasion:
-            return
+        if self.policy.rerun_sd is not None or not self.occasion or self.shifts:
+            return  # fixed by --rerun-sd, no occasion to tell this run by, or looked at
         for what in ("speedup", "throughput"):
             shift = history.run_against_history(self.home, what, self.occasion)
             self.shifts[what] = shift

@@ -117,7 +117,8 @@ def connect(tracking_uri: str):
 #: how a refused login (HTTP 401) reads in MLflow's errors: the status as a word of its own
 #: (never the 401 in a port, :34401, or in a run id)
 _UNAUTHENTICATED = re.compile(
-    r"error code 401\b|(?<![\w:/.-])401 unauthorized|\bUNAUTHENTICATED\b|not authenticated",
+    r"error code 401\b|(?<![\w:/.-])401 (?:unauthorized|client error)|\bUNAUTHENTICATED\b"
+    r"|not authenticated",
     re.IGNORECASE,
 )
 

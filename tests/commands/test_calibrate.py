@@ -85,10 +85,13 @@ def test_calibrate_measures_the_spread_and_a_later_benchmark_carries_re_run_inte
     (text,) = said
     between = re.search(r"\((\d+) df\) between runs", text)
     after = history.spread(home, "throughput")
-    assert between and int(between.group(1)) == after.between_df, (text, after)
+    if "this run's moves against it" in text:  # moved past calibrate's spread: said
+        assert between and "a state its history has not measured" in err, (text, err[-2000:])
+    else:
+        assert between and int(between.group(1)) == after.between_df, (text, after)
     history_of_low = client.get_metric_history(runs[0].info.run_id, "throughput_rerun_low.bs1")
     assert history_of_low[-1].value == low
-    if after.between_df > df:  # this run's figures entered the spread: bs1's was logged again
+    if after.between_df > df or "this run's moves" in text:  # bs1's was logged again
         assert len(history_of_low) == 2, history_of_low
     else:  # a noisy host marked all of this run's figures UNSTABLE: they stay out of it
         assert len(history_of_low) == 1, history_of_low

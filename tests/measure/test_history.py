@@ -489,13 +489,26 @@ def test_a_run_in_a_state_its_history_has_not_measured_is_said_and_judged_on_its
     history_of_runs(home, rng, [0.004, 0.004, 0.004, 0.04])
     shift = history.run_against_history(home, "throughput", "run3")
     assert shift is not None and shift.engines == 36 and shift.df == 12
-    assert 0.02 < shift.between < 0.07 and shift.between > 3 * shift.history.between
+    assert 0.02 < shift.between < 0.07 and shift.allowed < 0.01
     assert "the host is in a state its history has not measured" in shift.words()
     known = history.spread(home, "throughput")  # the history with this run in it
-    judged = history.with_shift(known, shift)
+    judged = history.with_shift(known, shift, "conv_block")
     assert judged.between == shift.between > known.between and judged.between_df == 12
     assert "this run's moves against it" in judged.words()
     assert history.with_shift(known, None) is known
+    # the spread between runs in this state is the moves' own: three earlier runs that
+    # agreed, then each group moved 4% up or down (not 4% x sqrt(3/4), as a divisor of
+    # 1 + 1/R, the history's own between-run part, would give)
+    exact = tmp_path / "exact"
+    for g in range(12):
+        for r, move in enumerate((0.0, 0.0, 0.0, 0.04 * (-1) ** g)):
+            kept = entry(1000.0 * (g + 1) * math.exp(move), 1e-4, occasion=f"run{r}",
+                         group=f"conv_block/g{g}")  # fmt: skip
+            history.append(exact, f"g{g}", kept)
+    moved = history.run_against_history(exact, "throughput", "run3")
+    assert moved is not None and abs(moved.between - 0.04) < 0.0005, moved
+    assert moved.by_family["conv_block"] == (moved.between, 12)
+    assert abs(moved.median) < 1e-9 and abs(moved.rms - 0.04) < 1e-9
     # no earlier run to judge by, or another run's occasion: nothing said
     assert history.run_against_history(tmp_path / "quiet0", "throughput", "run9") is None
     first = tmp_path / "first"

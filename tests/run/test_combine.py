@@ -67,13 +67,15 @@ def test_a_run_in_another_state_of_the_host_is_said_and_settled_on_its_own_moves
     plain = SittingsCombiner(tmp_path, RunPolicy()).single_settled(record, "conv_block")
     combiner = SittingsCombiner(tmp_path, RunPolicy(), occasion="run3")
     with caplog.at_level("WARNING", logger="mlflow_ngraph.run.runner"):
-        combiner.look_at_state()
+        settled = combiner.single_settled(record, "conv_block")
+        combiner.single_settled(record, "conv_block")  # looked at once a run
     (said,) = [r.getMessage() for r in caplog.records]
     assert "throughputs moved" in said and "a state its history has not measured" in said
-    settled = combiner.single_settled(record, "conv_block")
     shift = combiner.shifts["throughput"]
     assert combiner.shifts["speedup"] is None  # none measured
-    spread = history.with_shift(history.spread(tmp_path, "throughput", "conv_block"), shift)
+    spread = history.with_shift(
+        history.spread(tmp_path, "throughput", "conv_block"), shift, "conv_block"
+    )
     low, high, _ = history.rerun_interval(900.0, settled_h(record), spread)
     assert settled["metrics"]["throughput_rerun_low"] == low
     assert settled["metrics"]["throughput_rerun_high"] == high
@@ -81,11 +83,14 @@ def test_a_run_in_another_state_of_the_host_is_said_and_settled_on_its_own_moves
         plain["metrics"]["throughput_rerun_high"] - plain["metrics"]["throughput_rerun_low"]
     )
     assert "this run's moves against it" in settled["rerun"]
+    # --rerun-sd fixes the spread: the run is not judged against its history
+    fixed = SittingsCombiner(tmp_path, RunPolicy(rerun_sd=0.01), occasion="run3")
+    assert fixed.single_settled(record, "conv_block") is record and fixed.shifts == {}
     # a run measured alike: nothing said, the history's spread
     quiet = tmp_path / "quiet"
     history_of_runs(quiet, np.random.default_rng(4), [0.004] * 4)
     caplog.clear()
     calm = SittingsCombiner(quiet, RunPolicy(), occasion="run3")
     with caplog.at_level("WARNING", logger="mlflow_ngraph.run.runner"):
-        calm.look_at_state()
+        calm.single_settled(record, "conv_block")
     assert not caplog.records and calm.shifts == {"speedup": None, "throughput": None}
