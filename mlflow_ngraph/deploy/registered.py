@@ -40,10 +40,6 @@ T_MANIFEST = "manifest_sha256"  # version tag: the sha256 of the engine's manife
 _URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
 
 
-#: MLflow's error codes of a refused login or permission
-_REFUSALS = ("PERMISSION_DENIED", "UNAUTHENTICATED")
-
-
 def resolve_version(client, model_uri: str):
     """The registered version a ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` names."""
     from mlflow.exceptions import MlflowException
@@ -59,9 +55,9 @@ def resolve_version(client, model_uri: str):
             return client.get_model_version_by_alias(match["name"], match["alias"])
         return client.get_model_version(match["name"], match["version"])
     except MlflowException as exc:
-        from mlflow_ngraph.tracking.mlflow_log import REFUSED_STATUS
+        from mlflow_ngraph.tracking.mlflow_log import refused
 
-        if REFUSED_STATUS.search(str(exc)) or exc.error_code in _REFUSALS:
+        if refused(exc):
             raise  # a refused login or permission: the caller's store_errors names it
         first = first_line(exc, 200)
         raise NgraphError(f"{model_uri} is not a registered version here: {first}") from None

@@ -77,8 +77,6 @@ class SittingsCombiner:
 
         if len(records) < 2:
             return records[-1]
-        if settled:
-            self.look_at_state()
         spreads = {}
         for what, by_family in self._sat.items():
             own = sit.engine_sittings(records, what, group)

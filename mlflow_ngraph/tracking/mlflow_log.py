@@ -146,6 +146,15 @@ def permission_missing(text: str) -> bool:
     return bool(_FORBIDDEN.search(text))
 
 
+def refused(exc: BaseException) -> bool:
+    """Whether an error of the store is a refused login or permission."""
+    text = str(exc)
+    code = getattr(exc, "error_code", None)
+    return code in ("PERMISSION_DENIED", "UNAUTHENTICATED") or bool(
+        _UNAUTHENTICATED.search(text) or REFUSED_STATUS.search(text)
+    )
+
+
 def store_error(exc: BaseException, tracking_uri: str) -> NgraphError:
     """One line for an error of the store: a refused login or permission names the fix."""
     text = redact_uri(str(exc))
