@@ -227,15 +227,16 @@ def test_a_digest_holding_403_or_401_is_not_read_as_a_refused_permission_or_logi
         with store_errors(URI, "deploy", "READ"):
             raise MlflowException("failed with error code 403 != 200. Response body: 'denied'")
     # serve's lookup of a registered version: a refusal is named as one, not "not registered"
-    from mlflow_ngraph.deploy.registered import resolve_version
+    from mlflow_ngraph.deploy.registered import registered_name, resolve_version
 
     class Refusing:
         def get_model_version(self, name, version):
             raise MlflowException("failed with error code 403 != 200. Response body: 'denied'")
 
-    with pytest.raises(NgraphError, match="lacks the READ permission on experiment 'models:/m/1'"):
-        with store_errors(URI, "models:/m/1", "READ"):
+    with pytest.raises(NgraphError, match="lacks the READ permission on registered model 'm' "):
+        with store_errors(URI, registered_name("models:/m/1"), "READ", on="registered model"):
             resolve_version(Refusing(), "models:/m/1")
+    assert registered_name("models:/m@champion") == "m"
 
 
 def test_the_runner_and_the_session_say_a_store_error_redacted(answering):

@@ -122,9 +122,10 @@ def experiment_ids(client, experiment: str) -> set[str]:
 
 
 @contextmanager
-def store_errors(uri: str | None, experiment: str, permission: str):
+def store_errors(uri: str | None, experiment: str, permission: str, on: str = "experiment"):
     """Any error of the tracking store (``uri``; default: the one the command resolved) as
-    one redacted line: a refused login or a missing permission names the experiment and the
+    one redacted line: a refused login or a missing permission names what it was refused on
+    (``on`` ``experiment``, or the registered model a ``models:/`` URI names) and the
     permission the command needs, anything else the store and its answer; never MLflow's
     traceback."""
     from mlflow_ngraph.tracking.mlflow_log import REFUSED_STATUS, is_store_error
@@ -136,10 +137,10 @@ def store_errors(uri: str | None, experiment: str, permission: str):
     except Exception as exc:  # MLflow's, requests' and MLflow's REST errors of other types
         if not is_store_error(exc) and not REFUSED_STATUS.search(str(exc)):
             raise
-        raise _auth_error(exc, uri, experiment, permission) from None
+        raise _auth_error(exc, uri, f"{on} {experiment!r}", permission) from None
 
 
-def _auth_error(exc: BaseException, uri: str | None, experiment: str, permission: str):
+def _auth_error(exc: BaseException, uri: str | None, target: str, permission: str):
     import os
 
     from mlflow_ngraph.tracking.index import index_hint
@@ -159,7 +160,7 @@ def _auth_error(exc: BaseException, uri: str | None, experiment: str, permission
         return refused
     if permission_missing(text):
         return NgraphError(
-            f"user {user!r} lacks the {permission} permission on experiment {experiment!r} "
+            f"user {user!r} lacks the {permission} permission on {target} "
             f"at {shown}: ask the server's admin to grant it"
         )
     return store_failed(exc, uri, hint=index_hint(str(exc)))
@@ -430,7 +431,7 @@ def serve(
     from mlflow.pyfunc.scoring_server import _SERVER_MODEL_PATH as SERVER_MODEL_PATH
     from mlflow.tracking import MlflowClient
 
-    from mlflow_ngraph.deploy.registered import fetch_registered
+    from mlflow_ngraph.deploy.registered import fetch_registered, registered_name
     from mlflow_ngraph.deploy.trust import TRUST_ENV, trusted
     from mlflow_ngraph.scratch import work_folder
     from mlflow_ngraph.tracking.mlflow_log import resolve_tracking_uri
@@ -440,7 +441,7 @@ def serve(
     check_tracking_uri(uri)
     # the checked copy: removed when the server ends; one a killed serve left, by the next
     with work_folder(None, "ngraph-serve-") as tmp:
-        with store_errors(uri, model_uri, "READ"):
+        with store_errors(uri, registered_name(model_uri), "READ", on="registered model"):
             local, version = fetch_registered(
                 MlflowClient(uri), model_uri, tmp, trusted_keys, allow_unsigned
             )

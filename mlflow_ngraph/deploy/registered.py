@@ -40,6 +40,12 @@ T_MANIFEST = "manifest_sha256"  # version tag: the sha256 of the engine's manife
 _URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
 
 
+def registered_name(model_uri: str) -> str:
+    """The registered model a ``models:/`` URI names (the URI itself where it names none)."""
+    match = _URI.match(model_uri)
+    return match["name"] if match else model_uri
+
+
 def resolve_version(client, model_uri: str):
     """The registered version a ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` names."""
     from mlflow.exceptions import MlflowException

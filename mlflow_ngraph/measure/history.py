@@ -758,6 +758,8 @@ def pooled_spread(by_family: dict[str, list[list[tuple]]], family: str | None, s
     for i, what in ((0, "sittings"), (1, "runs")):
         if mine[i].df >= FAMILY_MIN_DF and wider(mine[i], rest[i]):
             use, label = mine[i], f"the {family} engines, wider than the rest"
+            if not others:  # a history of one family: no rest to be wider than
+                label = "every engine"
         else:
             use, label = pooled[i], "every engine"
         var, df = (use.var, use.df) if use.df >= MIN_DF else (0.0, 0)

@@ -196,6 +196,12 @@ def test_a_family_with_enough_sittings_gets_its_own_spread(tmp_path):
     pooled = history.spread(tmp_path, "throughput", "resnet").of_mean(1)
     assert mha.df == 20 and mha.sd > 1.2 * pooled.sd  # wider than the rest: its own
     assert conv.df == pooled.df == 40 and conv.sd == pooled.sd  # quieter: pooled
+    # a history of one family: its spread is every engine's, not "wider than the rest"
+    for i, engine in enumerate(_sittings(rng, 20, 2, 0.06, 0.005)):
+        for value, h in engine:
+            history.append(tmp_path / "mha", f"m{i}", Entry(time.time(), "mha_block", value, h))
+    alone = history.spread(tmp_path / "mha", "throughput", "mha_block")
+    assert "every engine" in alone.source and "wider than the rest" not in alone.source
 
 
 def test_the_rerun_interval_holds_95_percent_of_re_runs():
