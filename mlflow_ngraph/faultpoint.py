@@ -36,6 +36,8 @@ POINTS = {
     "record_sent": "a result was sent to MLflow (the journal does not say so yet)",
     "record_logged": "the journal says a result is in MLflow",
     "cell_closed_in_store": "a cell's run was ended (the journal does not say so yet)",
+    "rerun_journaled": "the settle journaled a result's re-run interval (its run lacks it)",
+    "rerun_unsigned": "a settled re-run interval was sent to its run, its signed record not",
     "loadgen_journaled": "loadgen: a scenario's result was journaled (MLflow has not heard of it)",
     "index_written": "the parent's results index was written (the parent is still RUNNING)",
     "parent_finished": "the parent run was ended (the journal's indexed record not written)",

@@ -30,6 +30,7 @@ class SyncResult:
     unsendable: int = 0  #: results whose cell has neither a run nor a description
     journals: int = 0
     runs_created: int = 0  #: cell runs that did not exist (the cell started offline)
+    settled: int = 0  #: re-run intervals settled at a run's end that the store lacked
 
 
 def journals_of(home: Path, tracking_uri: str) -> list[Path]:
@@ -76,16 +77,21 @@ def _send_cell(
         bool(description.get("log_engines", True)),
         producer(home),
     )
+    # closed: only a settled re-run interval to send; its run stays as it ended
+    closed = bool(cell.closed and cell.run_id)
     if cell.run_id is None:
         result.runs_created += 1
-    run_id = recorder.open(key, description.get("run_name") or key, cell.run_id)
-    journal.set_run(key, run_id)
-    waiting = len(cell.unlogged())
+    if closed:
+        run_id = str(cell.run_id)
+    else:
+        run_id = recorder.open(key, description.get("run_name") or key, cell.run_id)
+        journal.set_run(key, run_id)
+    waiting, result.settled = len(cell.unlogged()), result.settled + len(cell.settling)
     sent = recorder.replay(journal, key, run_id)
     result.sent += sent
     result.present += waiting - sent
-    if cell.description is None:
-        return  # a journal from before cells were described: its results are all it has
+    if closed or cell.description is None:
+        return  # closed before, or a journal from before cells were described
     if journal.cell(key).complete():
         recorder.close(journal, key, run_id, home / "logs" / key / "worker.log")
     else:

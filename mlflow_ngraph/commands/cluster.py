@@ -24,6 +24,7 @@ def sync_command(tracking_uri: str | None, home: Path | None) -> None:
     click.echo(
         f"sync to {redact_uri(uri)}: {result.sent} result(s) sent, {result.present} already "
         f"in the store, from {result.journals} journal(s)"
+        + (f", {result.settled} settled re-run interval(s) sent" if result.settled else "")
         + (
             f"; {result.unsendable} result(s) of cells without a run: run the benchmark "
             "again to send them"

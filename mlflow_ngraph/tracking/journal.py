@@ -8,7 +8,9 @@ An ``indexed`` record closes an invocation whose results index was written: a re
 finds it last, with every cell done, has nothing to tell MLflow and never opens the store.
 The cluster sweep reads the same journal to resume a task on another attempt. A
 ``remeasure`` record (``--remeasure``) makes a logged batch size of a cell pending again: it
-is measured anew into the run the cell already has.
+is measured anew into the run the cell already has. A ``settled`` record (the run-end settle of
+a result's re-run interval) is the latest word on a logged batch size that the store may not
+have yet: the catch-up sends its interval and signs it again before it counts as logged.
 
 A journal never stands in for a store it was not written against: it records the
 experiment's id and creation time, and when it is opened again the store is probed (the
@@ -47,6 +49,7 @@ _FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "cell": {"cell": str, "run_name": str, "params": dict, "tags": dict, "parent_id": str},
     "closed": {"cell": str},
     "measured": {"cell": str, "batch_size": int, "metrics": dict, "status": str},
+    "settled": {"cell": str, "batch_size": int, "metrics": dict, "status": str},
     "logged": {"cell": str, "batch_size": int},
     "failed": {"cell": str, "batch_size": int, "reason": str},
     "reset": {"cell": str},
@@ -75,6 +78,8 @@ class CellState:
     measured: dict[int, dict[str, Any]] = field(default_factory=dict)  # batch -> record
     logged: set[int] = field(default_factory=set)
     failed: dict[int, str] = field(default_factory=dict)  # batch -> reason
+    #: logged batch sizes whose settled re-run interval the store may not hold yet
+    settling: set[int] = field(default_factory=set)
     #: what creating and filling its run needs (the latest ``cell`` record); None before
     description: dict[str, Any] | None = None
     #: the store holds the cell's final status (no ``cell`` record since)
@@ -94,7 +99,9 @@ class CellState:
 
     def unsent(self) -> bool:
         """Whether the store lacks part of this cell: a result, its run or its status."""
-        return bool(self.unlogged()) or (self.description is not None and not self.closed)
+        if self.unlogged() or self.settling:
+            return True
+        return self.description is not None and not self.closed
 
     def complete(self) -> bool:
         """Whether every batch size of the cell's description was measured or failed."""
@@ -204,12 +211,18 @@ class Journal:
         elif kind == "measured":  # the latest word on a batch size wins
             cell.measured[record["batch_size"]] = record
             cell.failed.pop(record["batch_size"], None)
+        elif kind == "settled":  # a logged result's re-run interval, settled at the run's end
+            cell.measured[record["batch_size"]] = record
+            if record["batch_size"] in cell.logged:
+                cell.settling.add(record["batch_size"])
         elif kind == "logged":
             cell.logged.add(record["batch_size"])
+            cell.settling.discard(record["batch_size"])
         elif kind == "failed":
             cell.failed[record["batch_size"]] = record["reason"]
             cell.measured.pop(record["batch_size"], None)
             cell.logged.discard(record["batch_size"])
+            cell.settling.discard(record["batch_size"])
         elif kind == "cell":
             cell.description, cell.closed = record, False
         elif kind == "closed":
@@ -217,6 +230,7 @@ class Journal:
         elif kind == "remeasure":  # ``--remeasure``: measured again, into the same run
             cell.measured.pop(record["batch_size"], None)
             cell.logged.discard(record["batch_size"])
+            cell.settling.discard(record["batch_size"])
             cell.closed = False
         elif kind == "reset":  # its run is gone from the store: the cell starts over
             self.cells[record["cell"]] = CellState()
@@ -358,6 +372,12 @@ class Journal:
 
     def measured(self, key: str, batch_size: int, result: dict[str, Any]) -> None:
         self._append({"kind": "measured", "cell": key, "batch_size": batch_size, **result})
+
+    def settled(self, key: str, batch_size: int, result: dict[str, Any]) -> None:
+        """A logged result with its re-run interval settled at the run's end: its record
+        from now on, and the store's copy out of date until :meth:`logged` says again."""
+        # the result is the journal's own record, its kind "measured" or "settled": this wins
+        self._append({**result, "kind": "settled", "cell": key, "batch_size": batch_size})
 
     def logged(self, key: str, batch_size: int) -> None:
         self._append({"kind": "logged", "cell": key, "batch_size": batch_size})

@@ -18,6 +18,7 @@ from mlflow_ngraph import faultpoint
 from mlflow_ngraph.measure import metrics as M
 from mlflow_ngraph.tracking import mlflow_log as ml
 from mlflow_ngraph.tracking import schema as S
+from mlflow_ngraph.tracking.engines import engine_param
 from mlflow_ngraph.tracking.journal import CellState, Journal
 from mlflow_ngraph.tracking.provenance import Producer
 
@@ -111,14 +112,24 @@ class CellRecorder:
             if key in held and key not in tags:
                 self.client.delete_tag(run_id, key)
 
-    def sign(self, run_id: str, b: int, record: dict, description: dict | None) -> None:
+    def sign(
+        self,
+        run_id: str,
+        b: int,
+        record: dict,
+        description: dict | None,
+        manifest_sha256: str | None = None,
+    ) -> None:
         """The result's record signed by this producer, to its run (nothing without a
-        producer or a description: the result stands, unsigned)."""
+        producer or a description: the result stands, unsigned); ``manifest_sha256``: the
+        engine the run pinned, where the record's folder may be gone or rebuilt since."""
         if self.producer is None or description is None:
             return
         if not (self.log_engines and record.get("engine_dir")):
             record = {**record, "engine_dir": None}
-        self.producer.sign(self.client, run_id, self.experiment_id, b, record, description)
+        self.producer.sign(
+            self.client, run_id, self.experiment_id, b, record, description, manifest_sha256
+        )
 
     def rerun(self, run_id: str, b: int, record: dict, description: dict | None = None) -> None:
         """A result's re-run interval, settled after it was logged (``--sittings``: from the
@@ -129,7 +140,13 @@ class CellRecorder:
         }
         tags = {f"{S.T_RERUN}.bs{b}": record["rerun"][:5000]} if record.get("rerun") else {}
         ml.log_batch(self.client, run_id, metrics=ml.batch_metrics(metrics, b), tags=tags)
-        self.sign(run_id, b, record, description)
+        faultpoint.point("rerun_unsigned")
+        # signed with the engine its run pinned when it was first logged (write-once): the
+        # record's folder may have been pruned or rebuilt before a catch-up sends this
+        pinned = None
+        if self.log_engines and self.producer is not None and description is not None:
+            pinned = self.client.get_run(run_id).data.params.get(engine_param(b))
+        self.sign(run_id, b, record, description, pinned)
 
     def failed(self, run_id: str, b: int, reason: str) -> None:
         ml.log_batch(
@@ -182,7 +199,8 @@ class CellRecorder:
         """Send what the journal holds of cell ``key`` to its run (``run_id``): the params
         and tags of its description, every failed batch size, and every result not logged,
         each once (one the run already holds, sent before a kill, is only signed again and
-        marked logged).
+        marked logged), and every re-run interval settled since it was logged that the run
+        may lack (sent again, with its signed record).
         ``send_record`` logs one result (default :meth:`record`). Returns results sent."""
         state = journal.cell(key)
         description = state.description or {}
@@ -204,6 +222,9 @@ class CellRecorder:
                 sent += 1
             else:  # sent before a kill, which may have come before its signed record
                 self.sign(run_id, b, state.measured[b], state.description)
+            journal.logged(key, b)
+        for b in sorted(state.settling):  # a settle a kill or the store cut short
+            self.rerun(run_id, b, state.measured[b], state.description)
             journal.logged(key, b)
         return sent
 

@@ -41,6 +41,12 @@ def resign_journal(client, journal: Journal, experiment_id: str, producer: Produ
             if record.get("from_store"):
                 done.skipped.append(f"run {state.run_id} bs{b}: measured elsewhere")
                 continue
+            if b in state.settling:  # the run still holds the interval first logged
+                done.skipped.append(
+                    f"run {state.run_id} bs{b}: its settled re-run interval is not in the "
+                    "store yet (run 'mlflow-ngraph sync' or the benchmark again, which sign it)"
+                )
+                continue
             try:
                 digest = _pinned_engine(client, run, b)
             except NgraphError as exc:

@@ -210,9 +210,15 @@ class StoreSession:
         """Send what the store lacks of ``cells``: their runs, params, tags, results and,
         for a cell that is done, its final status. True when everything was sent."""
         for cell in cells:
-            if self.journal.cell(cell.key).unsent():
-                if not self.to_run(cell, self._send_unsent, cell):
-                    return False
+            state = self.journal.cell(cell.key)
+            if not state.unsent():
+                continue
+            if state.closed and state.run_id:  # a settle cut short: the run stays as it ended
+                sent = self.write(lambda s=state, c=cell: self.catchup.unsent(s.run_id, c))
+            else:
+                sent = self.to_run(cell, self._send_unsent, cell)
+            if not sent:
+                return False
         return True
 
     def _send_unsent(self, run_id: str, cell: Cell) -> None:
@@ -336,7 +342,10 @@ class StoreSession:
             except Exception as exc:
                 if not self.link.lost(exc):
                     raise closing_failed(exc, self.tracking_uri) from None
-        waiting = sum(len(self.journal.cell(c.key).unlogged()) for c in self.cells)
+        waiting = sum(  # a settled re-run interval the run lacks waits too
+            len(self.journal.cell(c.key).unlogged()) + len(self.journal.cell(c.key).settling)
+            for c in self.cells
+        )
         unsent = sum(self.journal.cell(c.key).unsent() for c in self.cells)
         uri = ml.redact(self.tracking_uri)
         raise StoreAway(

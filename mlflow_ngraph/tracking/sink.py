@@ -159,11 +159,16 @@ class ResultSink:
         )
 
     def rerun(self, cell: Cell, b: int, record: dict) -> None:
-        """A result's re-run interval settled again: journaled, sent to its run, and its
-        row shows it."""
-        self.journal.measured(cell.key, b, record)
+        """A result's re-run interval settled again: journaled, sent to its run (with its
+        signed record), and its row shows it. Until the run holds both, the journal says
+        the store's copy is out of date, and the next contact with the store (a re-run
+        after a kill, a store back) sends them: a kill here never leaves the run's figures
+        other than the ones its producer signed."""
+        self.journal.settled(cell.key, b, record)
+        faultpoint.point("rerun_journaled")
         description = self.journal.cell(cell.key).description
-        self.store.to_run(cell, self.store.recorder.rerun, b, record, description)
+        if self.store.to_run(cell, self.store.recorder.rerun, b, record, description):
+            self.journal.logged(cell.key, b)
         for i, old in enumerate(self.rows):
             if row_of(old, cell) and old.batch_size == b:
                 new = row(cell, b, record)

@@ -337,3 +337,51 @@ def _throughput(csv: str, compiler: str, b: int) -> float:
     frame = pd.read_csv(io.StringIO(csv))
     (value,) = frame[(frame["compiler"] == compiler) & (frame["batch_size"] == b)]["throughput"]
     return float(value)
+
+
+def test_a_settle_cut_short_is_sent_and_signed_at_the_next_contact(
+    producer, file_store, tmp_path, monkeypatch
+):
+    """The settle's two kill windows, stopped in-process (the point raises where a kill
+    would stop): a settled interval journaled and not sent, and one sent and not signed
+    (the store's figures then differ from the signed ones: ``pull`` says tampering). The
+    next contact's replay sends and signs it: the run, the journal and the signed record
+    agree, and nothing is sent twice after."""
+    from mlflow_ngraph import faultpoint
+    from mlflow_ngraph.tracking.journal import Journal
+    from mlflow_ngraph.tracking.recorder import CellRecorder
+
+    home, signer = producer
+    client, experiment = file_store
+    recorder = CellRecorder(client, experiment, "", False, signer)
+    low, high = S.M_THROUGHPUT_RERUN_LOW, S.M_THROUGHPUT_RERUN_HIGH
+    first = {**RESULT, "metrics": {**RESULT["metrics"], low: 100.0, high: 140.0}}
+    settled = {**first, "metrics": {**first["metrics"], low: 90.0, high: 150.0}, "rerun": "5%"}
+    for point in ("rerun_journaled", "rerun_unsigned"):
+        journal = Journal(tmp_path / f"{point}.jsonl")
+        run = client.create_run(experiment).info.run_id
+        journal.set_run("c", run)
+        journal.describe("c", "c", DESCRIPTION["params"], DESCRIPTION["tags"], "")
+        journal.measured("c", 8, first)
+        recorder.record(run, 8, first, journal.cell("c").description)
+        journal.logged("c", 8)
+        journal.closed("c")
+        # the settle (ResultSink.rerun's order), stopped at the point
+        monkeypatch.setenv(faultpoint.ENV, f"{point}:erofs")
+        faultpoint._seen.clear()
+        with pytest.raises(OSError):
+            journal.settled("c", 8, settled)
+            faultpoint.point("rerun_journaled")
+            recorder.rerun(run, 8, settled, journal.cell("c").description)
+        monkeypatch.delenv(faultpoint.ENV)
+        signed = fetch_signed(client, run, 8, keys.trusted_keys(home), tmp_path / point / "a")
+        assert signed.metrics[low] == 100.0  # still the first one's signature
+        again = Journal(journal.path)  # the next command reads the journal afresh
+        assert again.cell("c").settling == {8} and again.cell("c").unsent()
+        assert recorder.replay(again, "c", run) == 0  # no result sent again, only its interval
+        assert not again.cell("c").settling and not again.cell("c").unsent()
+        held = client.get_run(run).data
+        signed = fetch_signed(client, run, 8, keys.trusted_keys(home), tmp_path / point / "b")
+        assert held.metrics[f"{low}.bs8"] == signed.metrics[low] == 90.0
+        assert held.metrics[f"{high}.bs8"] == signed.metrics[high] == 150.0
+        assert held.tags[f"{S.T_RERUN}.bs8"] == "5%"
