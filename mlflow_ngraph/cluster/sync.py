@@ -86,7 +86,8 @@ def _send_cell(
     else:
         run_id = recorder.open(key, description.get("run_name") or key, cell.run_id)
         journal.set_run(key, run_id)
-    waiting, result.settled = len(cell.unlogged()), result.settled + len(cell.settling)
+    waiting = len(cell.unlogged())
+    result.settled += len(cell.settling)
     sent = recorder.replay(journal, key, run_id)
     result.sent += sent
     result.present += waiting - sent

@@ -131,22 +131,25 @@ class CellRecorder:
             self.client, run_id, self.experiment_id, b, record, description, manifest_sha256
         )
 
-    def rerun(self, run_id: str, b: int, record: dict, description: dict | None = None) -> None:
+    def rerun(
+        self,
+        run_id: str,
+        b: int,
+        record: dict,
+        description: dict | None = None,
+        manifest_sha256: str | None = None,
+    ) -> None:
         """A result's re-run interval, settled after it was logged (``--sittings``: from the
         whole run's spread between sittings): its metrics and the tag that says where the
-        spread came from."""
+        spread came from, then its signed record (``manifest_sha256``: the engine its run
+        pinned, where the record's folder may be gone)."""
         metrics = {
             k: v for k, v in record["metrics"].items() if k in S.RERUN_METRICS and v is not None
         }
         tags = {f"{S.T_RERUN}.bs{b}": record["rerun"][:5000]} if record.get("rerun") else {}
         ml.log_batch(self.client, run_id, metrics=ml.batch_metrics(metrics, b), tags=tags)
         faultpoint.point("rerun_unsigned")
-        # signed with the engine its run pinned when it was first logged (write-once): the
-        # record's folder may have been pruned or rebuilt before a catch-up sends this
-        pinned = None
-        if self.log_engines and self.producer is not None and description is not None:
-            pinned = self.client.get_run(run_id).data.params.get(engine_param(b))
-        self.sign(run_id, b, record, description, pinned)
+        self.sign(run_id, b, record, description, manifest_sha256)
 
     def failed(self, run_id: str, b: int, reason: str) -> None:
         ml.log_batch(
@@ -224,7 +227,10 @@ class CellRecorder:
                 self.sign(run_id, b, state.measured[b], state.description)
             journal.logged(key, b)
         for b in sorted(state.settling):  # a settle a kill or the store cut short
-            self.rerun(run_id, b, state.measured[b], state.description)
+            # signed with the engine its run pinned when first logged (write-once): the
+            # record's folder may have been pruned or rebuilt since
+            pinned = held.params.get(engine_param(b)) if self.log_engines else None
+            self.rerun(run_id, b, state.measured[b], state.description, pinned)
             journal.logged(key, b)
         return sent
 
