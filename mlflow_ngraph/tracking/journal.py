@@ -236,7 +236,9 @@ class Journal:
             self.cells[record["cell"]] = CellState()
 
     def _append(self, record: dict[str, Any]) -> None:
-        record = {"v": JOURNAL_VERSION, "time": time.time(), **record}
+        # a record built from one read back carries its version, time and checksum: new ones
+        record = {"v": JOURNAL_VERSION, **record}
+        record.update(v=JOURNAL_VERSION, time=time.time())
         record["crc"] = checksum(record)
         line = json.dumps(record, default=float) + "\n"
         if self._torn_tail:  # never glue a record to a line torn by a kill
@@ -364,14 +366,16 @@ class Journal:
         current = self.cell(key).description or {}
         if not self.cell(key).closed and all(current.get(k) == v for k, v in record.items()):
             return
-        self._append({"kind": "cell", "cell": key, **record})
+        self._append({**record, "kind": "cell", "cell": key})
 
     def closed(self, key: str) -> None:
         """The store holds the cell's final status."""
         self._append({"kind": "closed", "cell": key})
 
     def measured(self, key: str, batch_size: int, result: dict[str, Any]) -> None:
-        self._append({"kind": "measured", "cell": key, "batch_size": batch_size, **result})
+        # the record's own fields win over the result's (a result read back from a journal
+        # holds a kind, cell and batch size of its own)
+        self._append({**result, "kind": "measured", "cell": key, "batch_size": batch_size})
 
     def settled(self, key: str, batch_size: int, result: dict[str, Any]) -> None:
         """A logged result with its re-run interval settled at the run's end: its record

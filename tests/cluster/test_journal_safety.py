@@ -280,3 +280,20 @@ def test_http_retries_are_bounded(monkeypatch):
     assert len(api) == 1 + 2, hits  # the first try and two retries
     assert len(set(api)) == 1, hits  # of one request
     assert seconds < 60, seconds  # backoff 1 s, 2 s: not MLflow's default of minutes
+
+
+def test_a_result_read_back_from_the_journal_is_recorded_as_the_record_it_is_given(tmp_path):
+    # a result read back holds a kind, cell, batch size and time of its own: journaling it
+    # again (a re-measure, a settle) must record it under the new ones, never the old
+    path = tmp_path / "j.jsonl"
+    journal = _write(path)
+    old = journal.cell("a").measured[1]
+    journal.measured("b", 4, old)
+    journal.logged("b", 4)
+    journal.settled("b", 4, journal.cell("b").measured[4])
+    again = Journal(path)
+    assert again.cell("b").measured.keys() == {4} and again.cell("b").settling == {4}
+    assert again.cell("b").measured[4]["kind"] == "settled"
+    assert again.cell("b").measured[4]["time"] > old["time"]
+    assert again.cell("a").measured.keys() == {1, 2} and again.cell("a").settling == set()
+    assert not again.skipped
