@@ -30,6 +30,7 @@ the tool calls "beyond this run's noise", counted apart.
     python bench/bench_calibration.py repeat --spec default   # --runs 3: re-run coverage
     python bench/bench_calibration.py repeat --spec default --runs 2 --sittings 2
     python bench/bench_calibration.py hog --spec bench/specs/calibration.yaml
+    python bench/bench_calibration.py hog --work /tmp/calibration-XXXX --runs 3  # after a repeat
     python bench/bench_calibration.py walltime --before f3ab2ff --spec default
     python bench/bench_calibration.py paper --before f3ab2ff
     python bench/bench_calibration.py aa --model mha_block:width=256,depth=3 --repeats 5
@@ -420,21 +421,29 @@ def hog(args) -> None:
     run's own spread), then into the same home and store with a CPU hog on every core: the
     share of the hogged figures marked UNSTABLE, and the share marked or inside the quiet
     run's re-run interval (the target: at least 95%); every hogged figure more than 25% off
-    the quiet one without a mark is listed."""
-    work = Path(tempfile.mkdtemp(prefix="calibration-hog-"))
-    uri = f"sqlite:///{work / 'mlflow.db'}"
+    the quiet one without a mark is listed. With ``--work``: no quiet run of its own; the
+    hogged run goes into a ``repeat``'s home and store (a host in another state than its
+    history: the settle's state check should say so) and is held against its last run."""
     base = ["--spec", args.spec, "--device", args.device]
-    before = load()
-    quiet_s = benchmark([*base, "--experiment", "quiet", "--sittings", "2"], work / "home", uri)
-    print(f"quiet run (--sittings 2): {quiet_s:.0f} s (load {before} -> {load()})", flush=True)
+    if args.work:  # into a repeat's home and store: its last run is the quiet one
+        work, quiet_name = Path(args.work), f"calibration-s{args.sittings}-{args.runs}"
+        uri = f"sqlite:///{work / 'mlflow.db'}"
+        print(f"quiet run: {quiet_name} in {work}, its home's history behind it", flush=True)
+    else:
+        work, quiet_name = Path(tempfile.mkdtemp(prefix="calibration-hog-")), "quiet"
+        uri = f"sqlite:///{work / 'mlflow.db'}"
+        before = load()
+        quiet_s = benchmark([*base, "--experiment", "quiet", "--sittings", "2"], work / "home", uri)
+        print(f"quiet run (--sittings 2): {quiet_s:.0f} s (load {before} -> {load()})", flush=True)
     cores = os.cpu_count() or 1
     with hogs(cores):
         time.sleep(2)
         before = load()
         # --busy-ok: the hog is the point (the benchmark would wait for quiet, then stop)
-        seconds = benchmark([*base, "--experiment", "hog", "--busy-ok"], work / "home", uri)
+        hogged = "hog" if not args.work else f"hog-{int(time.time())}"
+        seconds = benchmark([*base, "--experiment", hogged, "--busy-ok"], work / "home", uri)
         after = load()
-    quiet, rows = records(uri, "quiet"), records(uri, "hog")
+    quiet, rows = records(uri, quiet_name), records(uri, hogged)
     flagged = sum(r.get("stability") == "UNSTABLE" for r in rows.values())
     print(
         f"4. with {cores} hog(s): UNSTABLE {flagged} of {len(rows)} "
@@ -764,7 +773,8 @@ def main() -> None:
     p.add_argument(
         "--work", help="study: the folder a repeat printed (its windows logs); repeat: runs "
         "into that folder's store and home (warm engine caches, its history); aa: the home "
-        "(its history gives the re-run spread)",
+        "(its history gives the re-run spread); hog: a repeat's folder, whose last run "
+        "(--runs, --sittings) is the quiet one the hogged run is held against",
     )  # fmt: skip
     p.add_argument("--compilers", nargs="+", default=["identity", "onnxruntime", "openvino"])
     p.add_argument("--batch-size", type=int, default=1)
