@@ -60,6 +60,9 @@ class Stability:
     #: one of several sittings so marked may still give a mean known well enough
     #: (measure/sittings.py)
     width_only: bool = False
+    #: what a gross move against the same engine measured earlier on this host said, where
+    #: that marked it (a baseline's: the speedups paired with it rest on that move)
+    history: str | None = None
 
 
 def _given(value: float | None) -> bool:
@@ -101,6 +104,7 @@ def assess(
         "; ".join(causes) + ": measure on a quiet host",
         not (wide_only and stretched),
         width_only=len(causes) == width,
+        history=history,
     )
 
 
@@ -164,6 +168,7 @@ _SHORT = (
     (r"^the host drifted .* moved ([+-][\d.]+%)", "host drifted {0}"),
     (r"^leaving out the disturbed windows moved the \w+ ([+-][\d.]+%)", "disturbed {0}"),
     (r"^the \w+ moved (\S+(?: lower)?) against this engine", "moved {0} against an earlier run"),
+    (r"^its baseline (\S+): the \w+ moved (\S+(?: lower)?) against", "baseline {0} moved {1}"),
     (
         r"^the \w+ moved (\S+(?: lower)?) against this run's earlier sitting",
         "moved {0} against this run's earlier sitting",

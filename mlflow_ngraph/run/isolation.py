@@ -312,12 +312,13 @@ def _measure_on_command(conn, task: CellTask, engine, b: int, gpu: bool):
                 except Exception as exc:  # the batch size fails; the coordinator drops it
                     conn.send(("window_error", one_line(exc)))
                     raise
-                attempts, paired = 1, False
+                attempts, paired, baseline_moved = 1, False, []
             else:
-                figures, paired = arg
+                figures, paired, *baseline_moved = arg
                 result = finish(meter, figures)
-            stability = judge(task, result, paired)
-            conn.send(("judged", (stability.stable, stability.reason, stability.retry)))
+            stability = judge(task, result, paired, *baseline_moved)
+            said = (stability.stable, stability.reason, stability.retry, stability.history)
+            conn.send(("judged", said))
         elif command == "keep":
             return result, stability, attempts
         else:
@@ -720,18 +721,23 @@ def _judge(group: _Group, names: dict[str, GroupCell], figures: dict, base: str 
     """Each worker's verdict on its figures of the rounds (paired with ``base``'s where it
     is not ``base``). Returns the cells judged, and (cell, reason, whether a retry may
     help) of each UNSTABLE one."""
-    judged, unstable = [], []
-    for name, cell in names.items():
+    judged, unstable, baseline_moved = [], [], None
+    # the baseline first: a gross move of its figure marks the speedups paired with it
+    for name, cell in sorted(names.items(), key=lambda item: item[0] != base):
         if name not in figures:  # its window failed: the worker reports the batch size
             cell.state = "busy"
             continue
         paired = base is not None and name != base
-        kind, verdict = group.ask(cell, ("judge", (figures[name], paired)), ("judged",))
+        asked = (figures[name], paired, baseline_moved)
+        kind, verdict = group.ask(cell, ("judge", asked), ("judged",))
         if kind != "judged":
             continue
         judged.append(cell)
         if not verdict[0]:
             unstable.append((cell, verdict[1], verdict[2]))
+        if name == base and verdict[3]:
+            label = _compiler_labels([cell.task])[0]
+            baseline_moved = f"its baseline {label}: {verdict[3]}"
     return judged, unstable
 
 

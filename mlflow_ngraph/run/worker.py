@@ -234,14 +234,22 @@ def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit, me
 RETRY_PAUSE_S = 2.0
 
 
-def judge(task: CellTask, result, baseline_paired: bool):
+def judge(task: CellTask, result, baseline_paired: bool, baseline_moved: str | None = None):
     """The stability of a measurement, on the figure the user compares: its speedup when it
     was paired with the baseline, else its throughput; and against the same engine measured
-    earlier on this host (:mod:`mlflow_ngraph.measure.history`): a gross move marks it."""
+    earlier on this host (:mod:`mlflow_ngraph.measure.history`): a gross move marks it.
+    ``baseline_moved``: the gross move that marked the baseline of the same rounds (its
+    ``Stability.history``, with its name): a speedup divided by a baseline out of the state
+    its history knows moves with it (eager PyTorch 21-30% slower in one run while the
+    compiled engines were not: their speedups rose 14-28%, STABLE), so it marks the speedup
+    too."""
     from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER, assess
 
     paired = baseline_paired and result.speedup_halfwidth is not None
     move = _moved(task, result, paired)
+    said = [move.text] if move is not None and move.gross else []
+    if paired and baseline_moved:
+        said.append(baseline_moved)
     return assess(
         result.speedup_halfwidth if paired else result.throughput_halfwidth,
         result.host_other_cpu_percent,
@@ -251,7 +259,7 @@ def judge(task: CellTask, result, baseline_paired: bool):
         what="speedup" if paired else "throughput",
         stretched=getattr(result, "stretched", False),
         disturbed=(getattr(result, "windows_disturbed", 0), getattr(result, "windows", 0)),
-        history=move.text if move is not None and move.gross else None,
+        history="; ".join(said) or None,
         screen_moved=_screen_moved(result, paired),
     )
 

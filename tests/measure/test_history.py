@@ -3,6 +3,7 @@ measured from it, and the re-run interval built on that spread."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from types import SimpleNamespace
@@ -263,6 +264,30 @@ def test_a_measurement_180x_off_the_same_engine_on_this_host_is_unstable_and_sai
     other = _result(50.0)
     other.batch_size = 1
     assert judge(task, other, False).stable
+
+
+def test_a_speedup_over_a_baseline_that_moved_grossly_is_unstable_and_says_so(tmp_path):
+    """The baseline's gross move (its ``Stability.history``) marks the speedups of the same
+    rounds: an eager figure 21-30% below its history while the compiled engines held their
+    speed made their speedups rise 14-28%, each STABLE on its own."""
+    from mlflow_ngraph.measure.stability import short_reason
+
+    task = _task(tmp_path)
+    base = dataclasses.replace(task, compiler="identity")
+    first = _result(9000.0)
+    _remember(base, first, judge(base, first, False), False)
+    moved = judge(base, _result(6000.0), False)  # the baseline, 33% below its history
+    assert not moved.stable and moved.history.startswith("the throughput moved")
+    paired = _result(9000.0)
+    paired.speedup_paired, paired.speedup_ci_low, paired.speedup_ci_high = 1.5, 1.47, 1.53
+    paired.speedup_halfwidth = 0.02
+    assert judge(task, paired, True).stable  # on its own
+    said = judge(task, paired, True, f"its baseline identity: {moved.history}")
+    assert not said.stable and said.retry
+    assert "its baseline identity: the throughput moved" in said.reason
+    assert short_reason(said.reason).startswith("baseline identity moved ")
+    # a figure not paired with that baseline is not its to carry
+    assert judge(task, _result(9000.0), False, f"its baseline identity: {moved.history}").stable
 
 
 def test_the_rerun_interval_is_logged_where_the_host_has_a_spread(tmp_path):

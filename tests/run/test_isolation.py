@@ -184,6 +184,37 @@ def test_an_unstable_group_is_measured_again_with_its_baseline(tmp_path):
     assert ts["stability"]["attempts"] == base["stability"]["attempts"] == 2
 
 
+def test_a_baseline_that_moved_grossly_marks_the_speedups_paired_with_it(tmp_path):
+    """The coordinator judges the baseline first and hands its gross move against the
+    host's history to the engines paired with it: their speedups rest on that move."""
+    from types import SimpleNamespace
+
+    from mlflow_ngraph.measure.stability import Stability
+    from mlflow_ngraph.run import isolation
+    from mlflow_ngraph.run.worker import _remember
+
+    tasks = {"id": _task(tmp_path, min_duration=0), "ts": _task(tmp_path, min_duration=0)}
+    tasks["ts"].compiler = "torchscript"
+    tasks["ts"].flags = {"freeze": True, "optimize_for_inference": True}
+    seen = 1e9  # the identity engine once ran far faster on this host: its figure moved
+    earlier = SimpleNamespace(
+        batch_size=1, throughput=seen, throughput_ci_low=seen / 1.01, throughput_ci_high=seen,
+        throughput_halfwidth=0.01, throughput_unscreened=None, speedup_paired=None,
+        speedup_ci_low=None, speedup_ci_high=None, speedup_halfwidth=None,
+        speedup_unscreened=None, host_other_cpu_percent=0.0, host_steal_percent=0.0,
+        host_load_avg=0.5, windows_disturbed=0, windows=30,
+    )  # fmt: skip
+    _remember(tasks["id"], earlier, Stability(True), False)
+    try:
+        records, _ = _group(tmp_path, tasks, baseline="id")
+    finally:
+        isolation.shutdown()
+    (base,), (ts,) = records["id"], records["ts"]
+    assert "the throughput moved" in base["stability"]["reason"]
+    assert ts["stability"]["stable"] is False
+    assert "its baseline identity: the throughput moved" in ts["stability"]["reason"]
+
+
 def test_spares_build_the_next_models_cells_and_are_stopped_while_a_group_measures(tmp_path):
     """The next model's workers import and build while this group prepares, are stopped
     (SIGSTOP) during its rounds, and its cells then measure the model they built."""
