@@ -61,8 +61,10 @@ class Stability:
     #: (measure/sittings.py)
     width_only: bool = False
     #: what a gross move against the same engine measured earlier on this host said, where
-    #: that marked it (a baseline's: the speedups paired with it rest on that move)
+    #: that marked it, and the move (now over then): a baseline's, the speedups paired with
+    #: it rest on it
     history: str | None = None
+    history_ratio: float | None = None
 
 
 def _given(value: float | None) -> bool:

@@ -317,8 +317,8 @@ def _measure_on_command(conn, task: CellTask, engine, b: int, gpu: bool):
                 figures, paired, *baseline_moved = arg
                 result = finish(meter, figures)
             stability = judge(task, result, paired, *baseline_moved)
-            said = (stability.stable, stability.reason, stability.retry, stability.history)
-            conn.send(("judged", said))
+            moved = (stability.history, stability.history_ratio) if stability.history else None
+            conn.send(("judged", (stability.stable, stability.reason, stability.retry, moved)))
         elif command == "keep":
             return result, stability, attempts
         else:
@@ -736,8 +736,8 @@ def _judge(group: _Group, names: dict[str, GroupCell], figures: dict, base: str 
         if not verdict[0]:
             unstable.append((cell, verdict[1], verdict[2]))
         if name == base and verdict[3]:
-            label = _compiler_labels([cell.task])[0]
-            baseline_moved = f"its baseline {label}: {verdict[3]}"
+            text, ratio = verdict[3]
+            baseline_moved = (f"its baseline {_compiler_labels([cell.task])[0]}: {text}", ratio)
     return judged, unstable
 
 

@@ -234,23 +234,27 @@ def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit, me
 RETRY_PAUSE_S = 2.0
 
 
-def judge(task: CellTask, result, baseline_paired: bool, baseline_moved: str | None = None):
+def judge(task: CellTask, result, baseline_paired: bool, baseline_moved=None):
     """The stability of a measurement, on the figure the user compares: its speedup when it
     was paired with the baseline, else its throughput; and against the same engine measured
     earlier on this host (:mod:`mlflow_ngraph.measure.history`): a gross move marks it.
-    ``baseline_moved``: the gross move that marked the baseline of the same rounds (its
-    ``Stability.history``, with its name): a speedup divided by a baseline out of the state
-    its history knows moves with it (eager PyTorch 21-30% slower in one run while the
-    compiled engines were not: their speedups rose 14-28%, STABLE), so it marks the speedup
-    too."""
+
+    ``baseline_moved``: (what it said, now over then) of the gross move that marked the
+    baseline of the same rounds. A speedup divided by a baseline out of the state its
+    history knows moves with it (eager PyTorch 21-30% slower in one run while the compiled
+    engines were not: their speedups rose 14-28%, STABLE), so it marks the speedup too;
+    not where this engine's own throughput moved in step (:func:`_in_step`): the whole
+    host moved, and the pairing cancels that."""
+    import dataclasses
+
     from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER, assess
 
     paired = baseline_paired and result.speedup_halfwidth is not None
     move = _moved(task, result, paired)
     said = [move.text] if move is not None and move.gross else []
-    if paired and baseline_moved:
-        said.append(baseline_moved)
-    return assess(
+    if paired and baseline_moved and not _in_step(task, result, baseline_moved[1]):
+        said.append(baseline_moved[0])
+    stability = assess(
         result.speedup_halfwidth if paired else result.throughput_halfwidth,
         result.host_other_cpu_percent,
         result.speedup_moved if paired else None,
@@ -262,6 +266,22 @@ def judge(task: CellTask, result, baseline_paired: bool, baseline_moved: str | N
         history="; ".join(said) or None,
         screen_moved=_screen_moved(result, paired),
     )
+    if move is not None and move.gross:
+        stability = dataclasses.replace(stability, history_ratio=move.ratio)
+    return stability
+
+
+def _in_step(task: CellTask, result, baseline_ratio: float | None) -> bool:
+    """Whether this engine's own throughput moved with its baseline's (``baseline_ratio``,
+    now over then) against this host's history: the same way, by at least half as much
+    (in log) and beyond what the intervals and the spread allow."""
+    if not baseline_ratio or baseline_ratio <= 0:
+        return False
+    own = _moved(task, result, False)
+    if own is None or own.what != "throughput" or own.ratio <= 0:
+        return False
+    mine, theirs = math.log(own.ratio), math.log(baseline_ratio)
+    return mine * theirs > 0 and abs(mine) >= 0.5 * abs(theirs)
 
 
 def _screen_moved(result, paired: bool) -> float | None:

@@ -269,25 +269,42 @@ def test_a_measurement_180x_off_the_same_engine_on_this_host_is_unstable_and_sai
 def test_a_speedup_over_a_baseline_that_moved_grossly_is_unstable_and_says_so(tmp_path):
     """The baseline's gross move (its ``Stability.history``) marks the speedups of the same
     rounds: an eager figure 21-30% below its history while the compiled engines held their
-    speed made their speedups rise 14-28%, each STABLE on its own."""
+    speed made their speedups rise 14-28%, each STABLE on its own. Not where the engine's
+    own throughput moved with it: the whole host moved, and the pairing cancels that."""
     from mlflow_ngraph.measure.stability import short_reason
 
     task = _task(tmp_path)
     base = dataclasses.replace(task, compiler="identity")
     first = _result(9000.0)
-    _remember(base, first, judge(base, first, False), False)
+    held = judge(base, first, False)
+    assert held.stable and held.history is None and held.history_ratio is None
+    _remember(base, first, held, False)
     moved = judge(base, _result(6000.0), False)  # the baseline, 33% below its history
     assert not moved.stable and moved.history.startswith("the throughput moved")
-    paired = _result(9000.0)
-    paired.speedup_paired, paired.speedup_ci_low, paired.speedup_ci_high = 1.5, 1.47, 1.53
-    paired.speedup_halfwidth = 0.02
-    assert judge(task, paired, True).stable  # on its own
-    said = judge(task, paired, True, f"its baseline identity: {moved.history}")
+    assert moved.history_ratio == pytest.approx(6000 / 9000)
+    carried = (f"its baseline identity: {moved.history}", moved.history_ratio)
+
+    def paired(throughput):
+        result = _result(throughput)
+        result.speedup_paired, result.speedup_ci_low, result.speedup_ci_high = 1.5, 1.47, 1.53
+        result.speedup_halfwidth = 0.02
+        return result
+
+    assert judge(task, paired(9000.0), True).stable  # on its own
+    said = judge(task, paired(9000.0), True, carried)
     assert not said.stable and said.retry
     assert "its baseline identity: the throughput moved" in said.reason
     assert short_reason(said.reason).startswith("baseline identity moved ")
     # a figure not paired with that baseline is not its to carry
-    assert judge(task, _result(9000.0), False, f"its baseline identity: {moved.history}").stable
+    assert judge(task, _result(9000.0), False, carried).stable
+    # this engine's own throughput fell with the baseline's: the host moved as a whole (its
+    # own move says so), and the speedup does not rest on the baseline's
+    _remember(task, _result(9000.0), judge(task, _result(9000.0), False), False)
+    with_it = judge(task, paired(6300.0), True, carried).reason
+    assert "the throughput moved -30.0%" in with_it and "its baseline" not in with_it
+    # ... by less than half as much, or the other way: the speedup rests on the baseline
+    for throughput in (8600.0, 12000.0):
+        assert "its baseline identity" in judge(task, paired(throughput), True, carried).reason
 
 
 def test_the_rerun_interval_is_logged_where_the_host_has_a_spread(tmp_path):
