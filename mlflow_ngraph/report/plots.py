@@ -103,11 +103,20 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
 
 
+#: characters of a figure's title per inch of its width (matplotlib's suptitle size, with a
+#: margin): a longer title is wrapped, never cut at the figure's edges
+TITLE_CHARS_PER_INCH = 9
+
+
 def _grid(rows: int, cols: int, title: str) -> tuple[Figure, np.ndarray]:
-    figure = Figure(figsize=(PANEL_W * cols + 1.6, PANEL_H * rows + 0.9), layout="constrained")
+    import textwrap
+
+    width = PANEL_W * cols + 1.6
+    figure = Figure(figsize=(width, PANEL_H * rows + 0.9), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(rows, cols, squeeze=False)
-    figure.suptitle(title)
+    # wrapped to the panels' width: the legend takes the column on the right
+    figure.suptitle(textwrap.fill(title, int(PANEL_W * cols * TITLE_CHARS_PER_INCH)))
     return figure, axes
 
 
@@ -124,7 +133,9 @@ def _legend(figure: Figure, handles: dict[str, Line2D]) -> None:
     """The figure's legend, the UNSTABLE ring last (after the compilers)."""
     if handles:
         ordered = sorted(handles, key=lambda label: label == UNSTABLE_LABEL)
-        figure.legend([handles[k] for k in ordered], ordered, loc="outside right upper", fontsize=8)
+        # beside the panels, centred: at the top it met a title wider than the panels
+        labels = [handles[k] for k in ordered]
+        figure.legend(labels, ordered, loc="outside right center", fontsize=8)
 
 
 def _save(figure: Figure, path: Path, result: PlotResult) -> None:

@@ -91,3 +91,16 @@ def test_points_show_their_interval_and_unstable_ones_are_ringed():
     plots._lines(ax, twice, "batch_size", "throughput", {}, {}, plots.THROUGHPUT_CI)
     assert not [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
     assert len([c for c in ax.collections if isinstance(c, PathCollection)]) == 1
+
+
+def test_a_long_title_is_wrapped_inside_a_one_panel_figure():
+    """A one-model figure is narrow: its title (the speedup figure's is 80 characters) is
+    wrapped to the figure's width, not cut at both edges (seen with --model resnet18)."""
+    from mlflow_ngraph.report.plots import _grid
+
+    title = "Speedup over identity (family mean; dotted line = identity; bars: 95% interval)"
+    figure, _ = _grid(1, 1, title)
+    figure.canvas.draw()
+    box = figure._suptitle.get_window_extent()
+    assert 0 <= box.x0 and box.x1 <= figure.bbox.x1, (box, figure.bbox)
+    assert figure._suptitle.get_text().replace("\n", " ") == title
