@@ -56,7 +56,10 @@ def test_an_aa_gate_reports_its_verdict_as_its_exit_status(aa):
     ), result.stderr[-2000:]
     assert report["verdict"] != "slower"  # the same engine on both sides
     assert report["outputs"]["valid"] and report["rounds"] >= 6
-    assert report["low"] <= report["ratio"] <= report["high"]
+    if report["low"] is None:  # too few undisturbed rounds on a busy host for an interval
+        assert report["verdict"] == "unsure" and report["interval_kind"] is None
+    else:
+        assert report["low"] <= report["ratio"] <= report["high"]
     # MLflow's own store lines stay off the terminal; the log file is named on stderr
     assert "Creating initial MLflow database tables" not in result.stderr
     assert "-gate.log (every step" in result.stderr
