@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -245,8 +245,6 @@ def judge(task: CellTask, result, baseline_paired: bool, baseline_moved=None):
     engines were not: their speedups rose 14-28%, STABLE), so it marks the speedup too;
     not where this engine's own throughput moved in step (:func:`_in_step`): the whole
     host moved, and the pairing cancels that."""
-    import dataclasses
-
     from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER, assess
 
     paired = baseline_paired and result.speedup_halfwidth is not None
@@ -267,7 +265,7 @@ def judge(task: CellTask, result, baseline_paired: bool, baseline_moved=None):
         screen_moved=_screen_moved(result, paired),
     )
     if move is not None and move.gross:
-        stability = dataclasses.replace(stability, history_ratio=move.ratio)
+        stability = replace(stability, history_ratio=move.ratio)
     return stability
 
 
