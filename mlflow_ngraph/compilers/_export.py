@@ -7,12 +7,12 @@ dynamic, so one export serves every batch size.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from mlflow_ngraph.errors import CompileFailed
+from mlflow_ngraph.scratch import put_in_place
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +45,14 @@ def export_onnx(model, cache_dir: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
     try:
-        exporter = _export_to(model, tmp / "model.onnx")
-        (tmp / "exporter.txt").write_text(exporter)
-        os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
+        (tmp / "new").mkdir()
+        exporter = _export_to(model, tmp / "new" / "model.onnx")
+        (tmp / "new" / "exporter.txt").write_text(exporter)
+        # the workers of one group prepare at once: ONNX Runtime's and OpenVINO's both export
+        # the model on a new home, and the second to finish finds the first's entry (renamed
+        # whole, so whole): it keeps it. Checking first and renaming after lost that race
+        # (OSError: directory not empty, the cell's batch size FAILED).
+        put_in_place(tmp / "new", target, tmp, keep=lambda entry: (entry / "model.onnx").is_file())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,6 +19,7 @@ from mlflow_ngraph.compilers.tvm.settings import (
     WORKLOAD_FILE,
 )
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.scratch import put_in_place
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +93,11 @@ def store_in_cache(database_dir: Path, cache_dir: Path) -> None:
     cache_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=cache_dir.parent, prefix=".tmp-"))
     try:
-        copy_database(database_dir, tmp)
-        if cache_dir.exists():
-            shutil.rmtree(cache_dir, ignore_errors=True)
-        os.replace(tmp, cache_dir)
+        (tmp / "new").mkdir()
+        copy_database(database_dir, tmp / "new")
+        # the one there is set aside whole, never removed file by file under a reader, and
+        # a second tuner's entry renamed in meanwhile is set aside the same way
+        put_in_place(tmp / "new", cache_dir, tmp)
     except OSError as exc:  # a cache that cannot be written only costs a re-tune later
         log.warning("TVM: could not cache the tuning database in %s: %s", cache_dir, exc)
     finally:

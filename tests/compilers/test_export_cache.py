@@ -1,0 +1,74 @@
+"""The caches compilers share on disk: the ONNX export (one per model, read by every compiler
+that starts from it) and TVM's tuning databases, written by any number of workers at once."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import SimpleNamespace
+
+from mlflow_ngraph.compilers import _export
+
+
+def test_workers_exporting_one_model_at_once_all_get_the_file_and_leave_one_entry(
+    tmp_path, monkeypatch
+):
+    """ONNX Runtime's and OpenVINO's workers of one group prepare at once and, on a new home,
+    both export the model. The second to finish checked for the first's entry, then renamed
+    its own over it: where the first's rename landed in between, ``OSError: directory not
+    empty`` (seen on a first ``mlflow-ngraph calibrate``: OpenVINO's bs1 FAILED)."""
+    writers = 4
+    barrier = threading.Barrier(writers)
+
+    def fake_export(model, path):
+        barrier.wait()  # every worker's export ends at the same moment
+        path.write_bytes(b"onnx of " + model.content_hash.encode())
+        return "dynamo"
+
+    monkeypatch.setattr(_export, "_export_to", fake_export)
+    errors: list[BaseException] = []
+    got: list = []
+
+    def writer(model):
+        try:
+            got.append(_export.export_onnx(model, tmp_path))
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
+            errors.append(exc)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads interleave every few bytecodes, as processes do
+    try:
+        for i in range(100):
+            model = SimpleNamespace(onnx_file=None, content_hash=f"{i:02d}" + 40 * "a")
+            threads = [threading.Thread(target=writer, args=(model,)) for _ in range(writers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert errors == [], f"model {i}: {errors[0]!r}"
+            assert len({str(p) for p in got}) == 1
+            assert got[0].read_bytes() == b"onnx of " + model.content_hash.encode()
+            assert (got[0].parent / "exporter.txt").read_text() == "dynamo"
+            got.clear()
+    finally:
+        sys.setswitchinterval(switch)
+    left = sorted(p.name for p in (tmp_path / "exports").iterdir())
+    assert len(left) == 100 and not [n for n in left if n.startswith(".tmp-")]
+
+
+def test_a_tuning_database_cached_again_replaces_the_one_there_whole(tmp_path):
+    """TVM's tuning cache: a later tuning's database replaces the entry as a whole (the old
+    one set aside, not removed file by file under a reader), and nothing is left beside."""
+    from mlflow_ngraph.compilers.tvm.database import store_in_cache
+    from mlflow_ngraph.compilers.tvm.settings import RECORD_FILE, WORKLOAD_FILE
+
+    cache = tmp_path / "tvm-tuning" / "k"
+    for tuning in ("first", "second"):
+        source = tmp_path / tuning
+        source.mkdir()
+        for name in (WORKLOAD_FILE, RECORD_FILE):
+            (source / name).write_text(f"{tuning} {name}")
+        store_in_cache(source, cache)
+        assert (cache / RECORD_FILE).read_text() == f"{tuning} {RECORD_FILE}"
+    assert [p.name for p in cache.parent.iterdir()] == ["k"]
+    assert sorted(p.name for p in cache.iterdir()) == sorted([WORKLOAD_FILE, RECORD_FILE])
