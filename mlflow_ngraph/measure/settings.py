@@ -4,7 +4,7 @@ measured time's floor and cap (every one logged as a param of the cell's run).""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mlflow_ngraph.errors import NgraphError
@@ -45,6 +45,21 @@ class MeasureSettings:
         if data["protocol"] == "rounds":
             data.pop("protocol")
         return data
+
+    def per_sitting(self, sittings: int) -> MeasureSettings:
+        """The floors each of ``sittings`` sittings of a cell meets (``--sittings N``): the
+        run's figure rests on every sitting's windows, so each takes its share of the
+        requests and seconds, as each takes its share of the default cap
+        (:meth:`mlflow_ngraph.run.worker.CellTask.policy`). Every sitting still warms up in
+        full (a fresh process) and takes the rounds its own interval needs; an explicit
+        ``--max-duration`` stays each sitting's cap."""
+        if sittings <= 1:
+            return self
+        return replace(
+            self,
+            repetitions=math.ceil(self.repetitions / sittings),
+            min_duration_s=self.min_duration_s / sittings,
+        )
 
     def validate(self) -> None:
         if self.scenario not in SCENARIOS:

@@ -141,7 +141,7 @@ class GroupDispatch:
             members,
             list(self.spec.batch_sizes),
             baseline,
-            self.spec.measure,
+            self.spec.measure.per_sitting(self.policy.sittings),
             members[0].task.policy(),
             self.policy.stable_retries,
             self.cell_timeout_s,

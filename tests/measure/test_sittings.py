@@ -9,6 +9,7 @@ import math
 import pytest
 
 from mlflow_ngraph.measure.history import Z95, Spread, rerun_interval, variance_components
+from mlflow_ngraph.measure.settings import MeasureSettings
 from mlflow_ngraph.measure.sittings import combine, engine_sittings, run_spread, with_runs
 from mlflow_ngraph.plan.config import RunPolicy
 
@@ -143,6 +144,19 @@ def test_each_sitting_may_be_root_n_looser():
     assert one.per_sitting() == one
     four = RunPolicy(precision=0.02, max_interval=0.05, sittings=4).per_sitting()
     assert (four.precision, four.max_interval, four.sittings) == pytest.approx((0.04, 0.1, 4))
+
+
+def test_each_sitting_takes_its_share_of_the_floors():
+    """The run's figure rests on all its sittings' windows: N sittings that each met the
+    whole ``--repetitions`` and ``--min-duration`` floor took N times the floor (the slow
+    models of the default experiment stop there)."""
+    settings = MeasureSettings(warmup=3, repetitions=10, min_duration_s=0.5, max_duration_s=2.0)
+    assert settings.per_sitting(1) == settings
+    three = settings.per_sitting(3)
+    assert (three.repetitions, three.min_duration_s) == (4, pytest.approx(0.5 / 3))
+    assert 3 * three.repetitions >= settings.repetitions  # the run still meets its floor
+    assert (three.warmup, three.max_duration_s) == (3, 2.0)  # a fresh process warms up whole
+    three.validate()
 
 
 def test_a_rerun_interval_on_a_runs_own_sittings_says_it_leaves_the_runs_spread_out():
