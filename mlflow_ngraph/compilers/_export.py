@@ -53,8 +53,14 @@ def export_onnx(model, cache_dir: Path) -> Path:
         # whole, so whole): it keeps it. Checking first and renaming after lost that race
         # (OSError: directory not empty, the cell's batch size FAILED).
         put_in_place(tmp / "new", target, tmp, keep=lambda entry: (entry / "model.onnx").is_file())
+    except FileNotFoundError as exc:  # the folder went while the export was written in it
+        raise CompileFailed(
+            f"the ONNX export's folder was removed while it was written: {exc}"
+        ) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if not path.is_file():  # its folder went before the rename (a prune of a home no run held)
+        raise CompileFailed(f"the ONNX export could not be put in place at {target}: run again")
     return path
 
 

@@ -3,11 +3,15 @@ that starts from it) and TVM's tuning databases, written by any number of worker
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 from types import SimpleNamespace
 
+import pytest
+
 from mlflow_ngraph.compilers import _export
+from mlflow_ngraph.errors import CompileFailed
 
 
 def test_workers_exporting_one_model_at_once_all_get_the_file_and_leave_one_entry(
@@ -72,3 +76,32 @@ def test_a_tuning_database_cached_again_replaces_the_one_there_whole(tmp_path):
         assert (cache / RECORD_FILE).read_text() == f"{tuning} {RECORD_FILE}"
     assert [p.name for p in cache.parent.iterdir()] == ["k"]
     assert sorted(p.name for p in cache.iterdir()) == sorted([WORKLOAD_FILE, RECORD_FILE])
+
+
+def test_an_export_whose_folder_a_prune_removed_is_a_compile_failure_not_a_missing_file(
+    tmp_path, monkeypatch
+):
+    """``cache --prune`` beside a command that holds no run (a gate, a loadgen cell) removes
+    the ``.tmp-*`` folder an export is written in: the export fails in one line, where it
+    raised a bare FileNotFoundError, or, with the folder gone just before the rename,
+    returned a path with no file."""
+
+    def pruned_while_written(model, path):
+        path.write_bytes(b"onnx")
+        shutil.rmtree(path.parent.parent)  # the prune, as the export ends
+        return "dynamo"
+
+    monkeypatch.setattr(_export, "_export_to", pruned_while_written)
+    model = SimpleNamespace(onnx_file=None, content_hash=40 * "b")
+    with pytest.raises(CompileFailed, match="removed while it was written"):
+        _export.export_onnx(model, tmp_path)
+
+    def pruned_before_the_rename(fresh, target, aside, keep=None):
+        shutil.rmtree(aside)
+        return target
+
+    monkeypatch.setattr(_export, "_export_to", lambda m, p: p.write_bytes(b"onnx") and "dynamo")
+    monkeypatch.setattr(_export, "put_in_place", pruned_before_the_rename)
+    with pytest.raises(CompileFailed, match="could not be put in place"):
+        _export.export_onnx(model, tmp_path)
+    assert [p.name for p in (tmp_path / "exports").iterdir()] == []
