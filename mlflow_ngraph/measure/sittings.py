@@ -5,8 +5,9 @@ A sitting is one measurement of a model's engines in fresh worker processes with
 engines loaded again. A figure's own interval (its rounds) covers what the host did during
 that sitting; the next sitting lands somewhere else (other processes, other memory, another
 state of the host). With ``--sittings N`` each group is measured N times, each sitting to
-a target √N times looser and a default cap N times shorter (so that the N sittings cost
-about what one did), and for each engine and batch size:
+a target √N times looser, a default cap N times shorter and 1/N of the ``--repetitions``
+and ``--min-duration`` floors (so that the N sittings cost about what one did), and for
+each engine and batch size:
 
 - the **figure** is the geometric mean of its sittings' figures (throughput, and the paired
   speedup where every sitting paired it), and its **sitting interval** the one the

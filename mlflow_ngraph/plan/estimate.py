@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -191,13 +192,16 @@ class Policy:
         return self.max_duration_s or max(MAX_S, 2 * self.min_duration_s) / self.sittings
 
     def floor_s(self, request_s: float | None) -> float:
-        """The seconds the floors need before the rounds may stop."""
+        """The seconds one sitting's floors need before the rounds may stop (each sitting
+        takes its share of ``--repetitions`` and ``--min-duration``, as the groups measure
+        it: MeasureSettings.per_sitting; every sitting takes the rounds its interval needs)."""
         from mlflow_ngraph.measure.rounds import MIN_ROUNDS, WINDOW_S
 
-        floor = max(self.min_duration_s, MIN_ROUNDS * WINDOW_S)
+        floor = max(self.min_duration_s / self.sittings, MIN_ROUNDS * WINDOW_S)
         if request_s is None:
             return floor
-        return max(floor, self.repetitions * request_s, MIN_ROUNDS * request_s)
+        repetitions = math.ceil(self.repetitions / self.sittings)
+        return max(floor, repetitions * request_s, MIN_ROUNDS * request_s)
 
 
 def predict(

@@ -148,8 +148,8 @@ def test_each_sitting_may_be_root_n_looser():
 
 def test_each_sitting_takes_its_share_of_the_floors():
     """The run's figure rests on all its sittings' windows: N sittings that each met the
-    whole ``--repetitions`` and ``--min-duration`` floor took N times the floor (the slow
-    models of the default experiment stop there)."""
+    whole ``--repetitions`` and ``--min-duration`` floor took N times the floor (DeiT and the
+    conv block at batch size 8 of the default experiment stop there)."""
     settings = MeasureSettings(warmup=3, repetitions=10, min_duration_s=0.5, max_duration_s=2.0)
     assert settings.per_sitting(1) == settings
     three = settings.per_sitting(3)
@@ -157,6 +157,28 @@ def test_each_sitting_takes_its_share_of_the_floors():
     assert 3 * three.repetitions >= settings.repetitions  # the run still meets its floor
     assert (three.warmup, three.max_duration_s) == (3, 2.0)  # a fresh process warms up whole
     three.validate()
+
+
+def test_each_sitting_of_a_group_is_measured_to_its_share_of_the_floors(monkeypatch):
+    """The groups hand each sitting's rounds the shared floors (a run of one sitting, the
+    whole floors)."""
+    from types import SimpleNamespace
+
+    from mlflow_ngraph.run import groups, isolation
+
+    given = []
+    monkeypatch.setattr(isolation, "run_group", lambda *args: given.append(args[3]))
+    measure = MeasureSettings(warmup=3, repetitions=10, min_duration_s=0.5)
+    cell = SimpleNamespace(key="k", compiler=SimpleNamespace(name="identity"))
+    task = SimpleNamespace(policy=lambda: None)
+    for sittings in (1, 2):
+        dispatch = groups.GroupDispatch.__new__(groups.GroupDispatch)
+        dispatch.spec = SimpleNamespace(measure=measure, batch_sizes=[1])
+        dispatch.policy = RunPolicy(sittings=sittings)
+        dispatch.work = SimpleNamespace(events=lambda *args: None)
+        dispatch.reference, dispatch.cell_timeout_s = False, 60.0
+        dispatch._sitting([(cell, [1], None, task)], {"k": {}}, True, [])
+    assert given == [measure, measure.per_sitting(2)] and given[1].repetitions == 5
 
 
 def test_a_rerun_interval_on_a_runs_own_sittings_says_it_leaves_the_runs_spread_out():

@@ -61,6 +61,23 @@ def test_sittings_are_priced_each_to_its_share_of_the_cap_with_the_engine_loaded
     assert each - Estimate.of(items, capped, Timings(tmp_path), retries=0).costs[0] >= 5.0
 
 
+def test_sittings_of_slow_requests_are_priced_each_to_its_share_of_the_floors(tmp_path):
+    """--sittings N with the repetitions floor binding (0.5 s a request, 100 of them): each
+    sitting takes ceil(100 / N) requests (MeasureSettings.per_sitting), not all 100."""
+    timings = Timings(tmp_path)
+    timings.record(
+        timing_key("conv", "openvino", {}, 8),
+        {"request_s": 0.5, "measured_s": 50.0, "attempts": 1, "compile_s": 4.0},
+    )
+    items = [("conv", "openvino", {}, 8)]
+    rounds = MeasureSettings(warmup=0, repetitions=100, min_duration_s=1.0)
+    one = Estimate.of(items, rounds, Timings(tmp_path), retries=0).costs[0]
+    two = Estimate.of(items, rounds, Timings(tmp_path), retries=0, sittings=2).costs[0]
+    assert one >= 50  # the floor: 100 requests of 0.5 s
+    # two sittings of 50 requests each: a worker start and an engine load more, not 50 s
+    assert two - one == approx(OVERHEAD_S + min(4.0, LOAD_S))
+
+
 def test_slow_requests_are_priced_by_the_repetitions_floor_not_the_cap(tmp_path):
     timings = Timings(tmp_path)
     # a batch of 8 took 0.6 s per request on this host: 100 requests need 60 s at least
