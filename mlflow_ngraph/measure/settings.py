@@ -26,6 +26,12 @@ DEFAULT_REPETITIONS = 100
 DEFAULT_MIN_DURATION_S = 1.0
 
 
+def sitting_floors(repetitions: int, min_duration_s: float, sittings: int) -> tuple[int, float]:
+    """One sitting's share of the ``--repetitions`` and ``--min-duration`` floors, of
+    ``sittings`` (the groups measure to it, the estimate prices it)."""
+    return math.ceil(repetitions / sittings), min_duration_s / sittings
+
+
 @dataclass
 class MeasureSettings:
     """How one cell is measured (all logged as params)."""
@@ -55,11 +61,10 @@ class MeasureSettings:
         ``--max-duration`` stays each sitting's cap."""
         if sittings <= 1:
             return self
-        return replace(
-            self,
-            repetitions=math.ceil(self.repetitions / sittings),
-            min_duration_s=self.min_duration_s / sittings,
+        repetitions, min_duration_s = sitting_floors(
+            self.repetitions, self.min_duration_s, sittings
         )
+        return replace(self, repetitions=repetitions, min_duration_s=min_duration_s)
 
     def validate(self) -> None:
         if self.scenario not in SCENARIOS:

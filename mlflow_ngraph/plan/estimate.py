@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import tempfile
 import time
@@ -196,11 +195,14 @@ class Policy:
         takes its share of ``--repetitions`` and ``--min-duration``, as the groups measure
         it: MeasureSettings.per_sitting; every sitting takes the rounds its interval needs)."""
         from mlflow_ngraph.measure.rounds import MIN_ROUNDS, WINDOW_S
+        from mlflow_ngraph.measure.settings import sitting_floors
 
-        floor = max(self.min_duration_s / self.sittings, MIN_ROUNDS * WINDOW_S)
+        repetitions, min_duration_s = sitting_floors(
+            self.repetitions, self.min_duration_s, self.sittings
+        )
+        floor = max(min_duration_s, MIN_ROUNDS * WINDOW_S)
         if request_s is None:
             return floor
-        repetitions = math.ceil(self.repetitions / self.sittings)
         return max(floor, repetitions * request_s, MIN_ROUNDS * request_s)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import re
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,8 +110,6 @@ TITLE_CHARS_PER_INCH = 9
 
 
 def _grid(rows: int, cols: int, title: str) -> tuple[Figure, np.ndarray]:
-    import textwrap
-
     width = PANEL_W * cols + 1.6
     figure = Figure(figsize=(width, PANEL_H * rows + 0.9), layout="constrained")
     FigureCanvasAgg(figure)
