@@ -115,8 +115,10 @@ NO_RUNS = (
     "these engines, or mlflow-ngraph calibrate, measures it)"
 )
 
-#: counts a combined record sums over its sittings (the rounds, the paired rounds)
-COUNTED = ("rounds", "speedup_rounds")
+#: counts a combined record sums over its sittings: the rounds and paired rounds its
+#: intervals rest on, the requests, windows (screened out too) and seconds measured (what
+#: the estimate of a next run's time reads: :func:`mlflow_ngraph.plan.estimate.cost_of`)
+COUNTED = ("rounds", "speedup_rounds", "repetitions", "windows", "windows_disturbed", "duration_s")
 
 
 def combine(
@@ -133,7 +135,7 @@ def combine(
     out = copy.deepcopy(dict(records[-1]))
     metrics = out.setdefault("metrics", {})
     metrics["sittings"] = float(n)
-    for key in COUNTED:  # what the combined figure rests on: every sitting's rounds
+    for key in COUNTED:  # what the combined figure rests on and cost: every sitting's
         counts = [(r.get("metrics") or {}).get(key) for r in records]
         if all(c is not None for c in counts):
             metrics[key] = float(sum(counts))
