@@ -105,3 +105,43 @@ def test_an_export_whose_folder_a_prune_removed_is_a_compile_failure_not_a_missi
     with pytest.raises(CompileFailed, match="could not be put in place"):
         _export.export_onnx(model, tmp_path)
     assert [p.name for p in (tmp_path / "exports").iterdir()] == []
+
+
+def test_a_database_seeded_while_its_cache_entry_is_replaced_is_one_tunings_whole(tmp_path):
+    """A build seeding its database from the cache while another tuner replaces the entry
+    (``store_in_cache``) copied the two files by path, one after the other: it could get
+    the workloads of one tuning beside the records of another (records name workloads by
+    their line). Now it gets one tuning's files, or none (a miss: it tunes)."""
+    from mlflow_ngraph.compilers.tvm.database import seed_database, store_in_cache
+    from mlflow_ngraph.compilers.tvm.settings import RECORD_FILE, WORKLOAD_FILE
+
+    cache = tmp_path / "tvm-tuning" / "k"
+    tunings = []
+    for tag in "ab":
+        tuned = tmp_path / f"tuned-{tag}"
+        tuned.mkdir()
+        (tuned / WORKLOAD_FILE).write_text(tag * 20_000)
+        (tuned / RECORD_FILE).write_text(tag * 20_000)
+        tunings.append(tuned)
+    store_in_cache(tunings[0], cache)
+    done = threading.Event()
+
+    def tuner():
+        for i in range(400):
+            store_in_cache(tunings[i % 2], cache)
+        done.set()
+
+    thread = threading.Thread(target=tuner)
+    thread.start()
+    seeded, mixed = 0, []
+    while not done.is_set():
+        target = tmp_path / "build" / str(seeded)
+        if seed_database(target, None, cache) == "cache":
+            seeded += 1
+            pair = {(target / name).read_text()[:1] for name in (WORKLOAD_FILE, RECORD_FILE)}
+            if len(pair) != 1:
+                mixed.append(seeded)
+        elif target.exists():
+            assert not any(target.iterdir()), "a miss leaves no file of half a tuning"
+    thread.join()
+    assert seeded > 20 and not mixed, f"{len(mixed)} of {seeded} seeded databases were mixed"

@@ -3,9 +3,11 @@ storing what a build tuned for the next compile of the same model, target and ba
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -58,15 +60,38 @@ def seed_database(database_dir: Path, given: str | None, cache_dir: Path | None)
         from mlflow_ngraph.cache import touch
 
         touch(cache_dir)  # its last use: a prune beside this run keeps it
-        copy_database(cache_dir, database_dir)
+        try:
+            copy_database(cache_dir, database_dir)
+        except FileNotFoundError:  # replaced or pruned between the look and the copy
+            log.info("TVM: the tuning database cache %s went as it was read: tuning", cache_dir)
+            return ""
         log.info("TVM: tuning database cache hit %s", cache_dir)
         return "cache"
     return ""
 
 
 def copy_database(source: Path, destination: Path) -> None:
-    for name in (WORKLOAD_FILE, RECORD_FILE):
-        shutil.copyfile(source / name, destination / name)
+    """Both files of the database in ``source`` into ``destination``, one tuning's: they are
+    opened through one handle on the folder before either is read, so an entry replaced
+    whole meanwhile (:func:`store_in_cache`) gives all old or all new files, never the
+    workloads of one tuning beside the records of another (records name workloads by their
+    line). Raises FileNotFoundError, nothing written, where the folder went first."""
+    folder = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
+
+    def opener(path: str, flags: int) -> int:
+        return os.open(path, flags, dir_fd=folder)
+
+    try:
+        with contextlib.ExitStack() as stack:
+            files = [stack.enter_context(open(n, "rb", opener=opener)) for n in DATABASE_FILES]
+            for name, handle in zip(DATABASE_FILES, files):
+                with open(destination / name, "wb") as out:
+                    shutil.copyfileobj(handle, out)
+    finally:
+        os.close(folder)
+
+
+DATABASE_FILES = (WORKLOAD_FILE, RECORD_FILE)
 
 
 def cache_dir_for(
