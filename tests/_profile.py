@@ -42,19 +42,17 @@ class _Profile:
 
     def pytest_sessionfinish(self, session) -> None:
         output = getattr(session.config, "workeroutput", None)
-        if output is not None:  # an xdist worker: hand the sums to the controller
-            output["ngraph_profile"] = (
-                dict(self.files),
-                dict(self.fixtures),
-                dict(self.fixture_calls),
-            )
+        if output is not None:  # an xdist worker: hand the fixtures' sums to the controller
+            output["ngraph_profile"] = (dict(self.fixtures), dict(self.fixture_calls))
 
     def pytest_testnodedown(self, node, error) -> None:
+        # the controller gets every worker's test reports itself (its own sums per file
+        # are whole: the workers' added to them counted each second twice); the fixtures
+        # are set up in the workers alone
         sums = getattr(node, "workeroutput", {}).get("ngraph_profile")
         if sums:
-            self.files.update(sums[0])
-            self.fixtures.update(sums[1])
-            self.fixture_calls.update(sums[2])
+            self.fixtures.update(sums[0])
+            self.fixture_calls.update(sums[1])
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         write = terminalreporter.write_line
