@@ -12,6 +12,7 @@ and prints the spread the home's history then gives, by model family.
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import click
@@ -87,40 +88,40 @@ def calibrate(
     check_home(home)
     open_log_file(home, "calibrate", say=not quiet)
     data = load_spec_file(resolve_spec_path(spec_file))
+    started = time.time()
+    options = {"device": device, "max_duration": max_duration, "log_engines": False}
+    policy = RunPolicy(max_interval=max_interval, max_other_cpu=max_other_cpu)
     with tempfile.TemporaryDirectory(prefix="ngraph-calibrate-") as tmp:
         uri = f"sqlite:///{Path(tmp) / 'calibrate.db'}"
         for i in range(1, sittings + 1):
             sitting = merge_options(
-                data,
-                device=device,
-                max_duration=max_duration,
-                experiment=f"ngraph-calibrate-{i}",
-                tracking_uri=uri,
-                log_engines=False,
+                data, experiment=f"ngraph-calibrate-{i}", tracking_uri=uri, **options
             )
             work = plan(build_spec(sitting), home)
             click.echo(f"sitting {i} of {sittings}: {len(work.cells)} cells", err=True)
-            Runner(
-                work,
-                uri,
-                home,
-                policy=RunPolicy(max_interval=max_interval, max_other_cpu=max_other_cpu),
-                view=make_view(len(work.cells), True),
-            ).run()
-    click.echo(report(home))
+            view = make_view(len(work.cells), True)
+            Runner(work, uri, home, policy=policy, view=view).run()
+    click.echo(report(home, started))
 
 
-def report(home: Path) -> str:
-    """The spread between sittings this host's history gives, pooled and by model family."""
+def report(home: Path, since: float | None = None) -> str:
+    """The spread between sittings this host's history gives, pooled and by model family;
+    with ``since`` (when this calibrate started), how many of the figures it measured the
+    spread left out, and why."""
     from mlflow_ngraph.measure import history
 
     lines = [f"spread between sittings on this host (the history in {home}):"]
     for what in ("speedup", "throughput"):
         pooled = history.spread(home, what)
+        left_out = _left_out(home, what, since) if since is not None else None
         if pooled is None:
             lines.append(f"  {what}: not yet (too few engines measured in two sittings)")
+        else:
+            lines.append(f"  {what}: {pooled.words()}")
+        if left_out:
+            lines.append(f"    {left_out}")
+        if pooled is None:
             continue
-        lines.append(f"  {what}: {pooled.words()}")
         for family in history.families(home):
             own = history.spread(home, what, family)
             if own is not None and f"the {family} engines" in own.source:
@@ -130,3 +131,21 @@ def report(home: Path) -> str:
         "(re-run CI in the summary, *_rerun_low/high in MLflow)"
     )
     return "\n".join(lines)
+
+
+def _left_out(home: Path, what: str, since: float) -> str | None:
+    """One line: how many of the ``what`` figures measured since ``since`` the spread left
+    out (UNSTABLE, or measured on a contended host), and what to do; None where none was."""
+    from mlflow_ngraph.measure import history
+
+    mine = [e for e in history.measured_since(home, since) if (getattr(e, what) or 0) > 0]
+    contended = sum(1 for e in mine if e.contended)
+    unstable = sum(1 for e in mine if not e.contended and not e.stable)
+    if not contended + unstable:
+        return None
+    return (
+        f"left out of it: {contended + unstable} of the {len(mine)} {what} figures this "
+        f"calibrate measured ({unstable} UNSTABLE, {contended} on a contended host): the host "
+        "was busy or noisy; calibrate again on a quiet host for a spread with more degrees "
+        "of freedom"
+    )

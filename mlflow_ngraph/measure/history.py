@@ -194,6 +194,13 @@ def earlier(home, key: str) -> list[Entry]:
     return _read(folder(home) / f"{key}.jsonl")
 
 
+def measured_since(home, since: float) -> list[Entry]:
+    """Every engine's measurements on this host kept at or after ``since`` (a time)."""
+    base = folder(home)
+    entries = (e for path in sorted(base.glob("*.jsonl")) for e in _read(path))
+    return [e for e in entries if e.time >= since]
+
+
 def append(home, key: str, entry: Entry) -> None:
     """Add ``entry`` to engine ``key``'s history; past 2 x :data:`KEEP` lines the file is
     rewritten with the latest :data:`KEEP`. The append and the rewrite hold the file's lock

@@ -95,3 +95,26 @@ def test_calibrate_measures_the_spread_and_a_later_benchmark_carries_re_run_inte
         assert len(history_of_low) == 2, history_of_low
     else:  # a noisy host marked all of this run's figures UNSTABLE: they stay out of it
         assert len(history_of_low) == 1, history_of_low
+
+
+def test_the_report_says_how_many_figures_a_noisy_host_left_out_of_the_spread(tmp_path):
+    """A calibrate on a noisy host gave a spread from 4 of 12 speedups without a word: the
+    user saw 'sd 4.34% (4 df)' and could not tell that two thirds of what it measured was
+    left out. Now the report counts them, by cause, beside the figure it concerns."""
+    from mlflow_ngraph.commands.calibrate import report
+
+    def entry(t, stable=True, contended=False, speedup=1.5):
+        return history.Entry(t, "conv", 100.0, 0.01, speedup, 0.01, contended, stable)
+
+    history.append(tmp_path, "old", entry(10.0, stable=False))  # before this calibrate
+    for i, (stable, contended) in enumerate([(True, False)] * 3 + [(False, False)] * 2):
+        history.append(tmp_path, f"e{i}", entry(100.0 + i, stable, contended))
+    history.append(tmp_path, "hot", entry(110.0, contended=True, speedup=None))
+    text = report(tmp_path, since=100.0)
+    speedup = "left out of it: 2 of the 5 speedup figures this calibrate measured (2 UNSTABLE"
+    throughput = "left out of it: 3 of the 6 throughput figures this calibrate measured (2 "
+    assert speedup in text and f"{throughput}UNSTABLE, 1 on a contended host)" in text
+    assert "left out" not in report(tmp_path)  # no calibrate ran: nothing is said
+    quiet = tmp_path / "quiet"
+    history.append(quiet, "e", entry(100.0))
+    assert "left out" not in report(quiet, since=100.0)
