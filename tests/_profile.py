@@ -2,8 +2,8 @@
 
 Sums each test's setup + call + teardown by file, and each fixture's own setup time by
 fixture name (a session fixture once, a function fixture at every use), and prints both at
-the end of the run; under pytest-xdist each worker's sums are sent to the controller and
-added up there."""
+the end of the run; under pytest-xdist the controller sums the test reports the workers
+send it, and each worker's fixture sums are sent to it and added up there."""
 
 from __future__ import annotations
 

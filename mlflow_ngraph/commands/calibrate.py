@@ -12,7 +12,6 @@ and prints the spread the home's history then gives, by model family.
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 
 import click
@@ -88,7 +87,7 @@ def calibrate(
     check_home(home)
     open_log_file(home, "calibrate", say=not quiet)
     data = load_spec_file(resolve_spec_path(spec_file))
-    started = time.time()
+    occasions = set()
     options = {"device": device, "max_duration": max_duration, "log_engines": False}
     policy = RunPolicy(max_interval=max_interval, max_other_cpu=max_other_cpu)
     with tempfile.TemporaryDirectory(prefix="ngraph-calibrate-") as tmp:
@@ -99,21 +98,22 @@ def calibrate(
             )
             work = plan(build_spec(sitting), home)
             click.echo(f"sitting {i} of {sittings}: {len(work.cells)} cells", err=True)
-            view = make_view(len(work.cells), True)
-            Runner(work, uri, home, policy=policy, view=view).run()
-    click.echo(report(home, started))
+            runner = Runner(work, uri, home, policy=policy, view=make_view(len(work.cells), True))
+            runner.run()
+            occasions.add(runner.work.occasion)
+    click.echo(report(home, occasions))
 
 
-def report(home: Path, since: float | None = None) -> str:
+def report(home: Path, occasions: set[str] | None = None) -> str:
     """The spread between sittings this host's history gives, pooled and by model family;
-    with ``since`` (when this calibrate started), how many of the figures it measured the
-    spread left out, and why."""
+    with ``occasions`` (this calibrate's sittings), how many of the figures they measured
+    it rests on, and why the others were left out."""
     from mlflow_ngraph.measure import history
 
     lines = [f"spread between sittings on this host (the history in {home}):"]
     for what in ("speedup", "throughput"):
         pooled = history.spread(home, what)
-        left_out = _left_out(home, what, since) if since is not None else None
+        left_out = _left_out(home, what, occasions) if occasions else None
         if pooled is None:
             lines.append(f"  {what}: not yet (too few engines measured in two sittings)")
         else:
@@ -133,19 +133,23 @@ def report(home: Path, since: float | None = None) -> str:
     return "\n".join(lines)
 
 
-def _left_out(home: Path, what: str, since: float) -> str | None:
-    """One line: how many of the ``what`` figures measured since ``since`` the spread left
-    out (UNSTABLE, or measured on a contended host), and what to do; None where none was."""
+def _left_out(home: Path, what: str, occasions: set[str]) -> str | None:
+    """One line: how many of the ``what`` figures this calibrate's sittings (``occasions``)
+    measured the spread rests on, why the rest were left out, and what to do; None where
+    every one is in it."""
     from mlflow_ngraph.measure import history
 
-    mine = [e for e in history.measured_since(home, since) if (getattr(e, what) or 0) > 0]
-    contended = sum(1 for e in mine if e.contended)
-    unstable = sum(1 for e in mine if not e.contended and not e.stable)
-    if not contended + unstable:
+    share = history.spread_share(home, what, occasions)
+    if share["used"] == share["measured"]:
         return None
+    causes = {
+        "unstable": "UNSTABLE (wider than --max-interval, or the host moved)",
+        "contended": "measured on a contended host",
+        "alone": "without a second STABLE sitting of their engine",
+    }
+    said = ", ".join(f"{share[k]} {words}" for k, words in causes.items() if share[k])
     return (
-        f"left out of it: {contended + unstable} of the {len(mine)} {what} figures this "
-        f"calibrate measured ({unstable} UNSTABLE, {contended} on a contended host): the host "
-        "was busy or noisy; calibrate again on a quiet host for a spread with more degrees "
-        "of freedom"
+        f"{share['used']} of the {share['measured']} {what} figures this calibrate measured "
+        f"are in it; left out: {said}. A quiet host, or a longer --max-duration, gives more "
+        "degrees of freedom"
     )

@@ -194,13 +194,6 @@ def earlier(home, key: str) -> list[Entry]:
     return _read(folder(home) / f"{key}.jsonl")
 
 
-def measured_since(home, since: float) -> list[Entry]:
-    """Every engine's measurements on this host kept at or after ``since`` (a time)."""
-    base = folder(home)
-    entries = (e for path in sorted(base.glob("*.jsonl")) for e in _read(path))
-    return [e for e in entries if e.time >= since]
-
-
 def append(home, key: str, entry: Entry) -> None:
     """Add ``entry`` to engine ``key``'s history; past 2 x :data:`KEEP` lines the file is
     rewritten with the latest :data:`KEEP`. The append and the rewrite hold the file's lock
@@ -427,6 +420,24 @@ def spread(home, what: str, family: str | None = None) -> Spread | None:
                 [_sitting(e, what) for e in kept]
             )
     return pooled_spread(by_family, family, "this host's history")
+
+
+def spread_share(home, what: str, occasions: set[str]) -> dict[str, int]:
+    """What became of the ``what`` figures measured on ``occasions`` (invocations of the
+    tool): how many were ``measured``, how many the spread rests on (``used``: as
+    :func:`spread` selects them), and of the rest, how many were ``unstable``, measured on
+    a ``contended`` host, or ``alone`` (their engine has no second such sitting)."""
+    share = dict.fromkeys(("measured", "used", "unstable", "contended", "alone"), 0)
+    for path in sorted(folder(home).glob("*.jsonl")):
+        kept = _trusted(path, what)[-SPREAD_LATEST:]
+        kept = kept if len(kept) >= 2 else []
+        for e in _read(path):
+            if e.occasion not in occasions or not (getattr(e, what) or 0) > 0:
+                continue
+            share["measured"] += 1
+            cause = "used" if e in kept else "contended" if e.contended else None
+            share[cause or ("unstable" if not e.stable else "alone")] += 1
+    return share
 
 
 #: a run's moves against its history are wider than the history's spread allows where

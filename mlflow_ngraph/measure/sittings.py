@@ -116,9 +116,11 @@ NO_RUNS = (
 )
 
 #: counts a combined record sums over its sittings: the rounds and paired rounds its
-#: intervals rest on, the requests, windows (screened out too) and seconds measured (what
-#: the estimate of a next run's time reads: :func:`mlflow_ngraph.plan.estimate.cost_of`)
-COUNTED = ("rounds", "speedup_rounds", "repetitions", "windows", "windows_disturbed", "duration_s")
+#: intervals rest on. The record's other metrics that describe windows (requests, windows,
+#: seconds measured, their spread, the latency percentiles) stay the last sitting's, each
+#: consistent with the others (compare's fallback interval reads throughput_std beside
+#: windows); ``sittings`` says how many there were.
+COUNTED = ("rounds", "speedup_rounds")
 
 
 def combine(
@@ -135,7 +137,7 @@ def combine(
     out = copy.deepcopy(dict(records[-1]))
     metrics = out.setdefault("metrics", {})
     metrics["sittings"] = float(n)
-    for key in COUNTED:  # what the combined figure rests on and cost: every sitting's
+    for key in COUNTED:  # what the combined figure rests on: every sitting's rounds
         counts = [(r.get("metrics") or {}).get(key) for r in records]
         if all(c is not None for c in counts):
             metrics[key] = float(sum(counts))

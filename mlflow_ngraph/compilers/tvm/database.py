@@ -56,18 +56,29 @@ def seed_database(database_dir: Path, given: str | None, cache_dir: Path | None)
         copy_database(source, database_dir)
         log.info("TVM: reusing the tuning database %s", source)
         return "flag"
-    if cache_dir is not None and has_database(cache_dir):
-        from mlflow_ngraph.cache import touch
-
-        touch(cache_dir)  # its last use: a prune beside this run keeps it
-        try:
-            copy_database(cache_dir, database_dir)
-        except FileNotFoundError:  # replaced or pruned between the look and the copy
-            log.info("TVM: the tuning database cache %s went as it was read: tuning", cache_dir)
-            return ""
+    if cache_dir is not None and _copy_cached(cache_dir, database_dir):
         log.info("TVM: tuning database cache hit %s", cache_dir)
         return "cache"
     return ""
+
+
+def _copy_cached(cache_dir: Path, database_dir: Path, tries: int = 3) -> bool:
+    """Copy the cache's entry into ``database_dir``; False where there is none. An entry
+    another tuner replaced as it was read is whole again at once (looked at again); one a
+    prune removed is a miss."""
+    from mlflow_ngraph.cache import touch
+
+    for _ in range(tries):
+        if not has_database(cache_dir):
+            return False
+        touch(cache_dir)  # its last use: a prune beside this run keeps it
+        try:
+            copy_database(cache_dir, database_dir)
+            return True
+        except FileNotFoundError:  # the entry went between the look and the copy
+            continue
+    log.info("TVM: the tuning database cache %s kept changing as it was read", cache_dir)
+    return False
 
 
 def copy_database(source: Path, destination: Path) -> None:
@@ -76,6 +87,8 @@ def copy_database(source: Path, destination: Path) -> None:
     whole meanwhile (:func:`store_in_cache`) gives all old or all new files, never the
     workloads of one tuning beside the records of another (records name workloads by their
     line). Raises FileNotFoundError, nothing written, where the folder went first."""
+    if not destination.is_dir():
+        raise NotADirectoryError(f"no folder {destination} to copy a tuning database into")
     folder = os.open(source, os.O_RDONLY | os.O_DIRECTORY)
 
     def opener(path: str, flags: int) -> int:
