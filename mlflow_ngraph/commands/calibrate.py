@@ -113,7 +113,7 @@ def report(home: Path, occasions: set[str] | None = None) -> str:
     lines = [f"spread between sittings on this host (the history in {home}):"]
     for what in ("speedup", "throughput"):
         pooled = history.spread(home, what)
-        left_out = _left_out(home, what, occasions) if occasions else None
+        left_out = _left_out(home, what, occasions, pooled is not None) if occasions else None
         if pooled is None:
             lines.append(f"  {what}: not yet (too few engines measured in two sittings)")
         else:
@@ -133,10 +133,10 @@ def report(home: Path, occasions: set[str] | None = None) -> str:
     return "\n".join(lines)
 
 
-def _left_out(home: Path, what: str, occasions: set[str]) -> str | None:
+def _left_out(home: Path, what: str, occasions: set[str], spread: bool) -> str | None:
     """One line: how many of the ``what`` figures this calibrate's sittings (``occasions``)
-    measured the spread rests on, why the rest were left out, and what to do; None where
-    every one is in it."""
+    measured the ``spread`` rests on (where there is none: how many could enter one), why
+    the rest were left out, and what to do; None where every one is in it."""
     from mlflow_ngraph.measure import history
 
     share = history.spread_share(home, what, occasions)
@@ -148,8 +148,10 @@ def _left_out(home: Path, what: str, occasions: set[str]) -> str | None:
         "alone": "without a second STABLE sitting of their engine",
     }
     said = ", ".join(f"{share[k]} {words}" for k, words in causes.items() if share[k])
+    used = f"{share['used']} of the {share['measured']} {what} figures this calibrate measured " + (
+        "are in it" if spread else "could enter one, too few for a spread"
+    )
     return (
-        f"{share['used']} of the {share['measured']} {what} figures this calibrate measured "
-        f"are in it; left out: {said}. A quiet host, or a longer --max-duration, gives more "
+        f"{used}; left out: {said}. A quiet host, or a longer --max-duration, gives more "
         "degrees of freedom"
     )

@@ -105,8 +105,8 @@ def test_the_report_says_how_many_figures_a_noisy_host_left_out_of_the_spread(tm
     from mlflow_ngraph.commands.calibrate import report
 
     def entry(t, occasion="c1", stable=True, contended=False, speedup=1.5):
-        return history.Entry(t, "conv", 100.0, 0.01, speedup, 0.01, contended, stable,
-                             occasion=occasion, group=f"g{t}")  # fmt: skip
+        return history.Entry(t, "conv", 100.0 + t, 0.01, speedup + t / 100 if speedup else None,
+                             0.01, contended, stable, occasion=occasion, group=f"g{t}")  # fmt: skip
 
     for t, occasion in ((1.0, "c1"), (2.0, "c2")):  # engine a: two STABLE sittings
         history.append(tmp_path, "a", entry(t, occasion))
@@ -115,11 +115,19 @@ def test_the_report_says_how_many_figures_a_noisy_host_left_out_of_the_spread(tm
     history.append(tmp_path, "c", entry(5.0, "c2", contended=True, speedup=None))
     history.append(tmp_path, "d", entry(6.0, "other", stable=False))  # another command's
     text = report(tmp_path, {"c1", "c2"})
+    # one engine in two sittings: too few degrees of freedom for a spread yet
+    assert "speedup: not yet" in text
     assert (
-        "2 of the 4 speedup figures this calibrate measured are in it; left out: 1 UNSTABLE "
-        "(wider than --max-interval, or the host moved), 1 without a second STABLE sitting "
-        "of their engine." in text
+        "2 of the 4 speedup figures this calibrate measured could enter one, too few for a "
+        "spread; left out: 1 UNSTABLE (wider than --max-interval, or the host moved), 1 "
+        "without a second STABLE sitting of their engine." in text
     )
     assert "2 of the 5 throughput figures" in text and "1 measured on a contended host" in text
     assert "left out" not in report(tmp_path)  # no calibrate ran: nothing is said
     assert "left out" not in report(tmp_path, {"none"})  # it measured nothing
+    for i in range(3):  # three engines more in two sittings: a spread, and what is in it
+        for t, occasion in ((10.0 + 2 * i, "c1"), (11.0 + 2 * i, "c2")):
+            history.append(tmp_path, f"e{i}", entry(t, occasion))
+    text = report(tmp_path, {"c1", "c2"})
+    assert "speedup: not yet" not in text, text
+    assert "8 of the 10 speedup figures this calibrate measured are in it; left out" in text
