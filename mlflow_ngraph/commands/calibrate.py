@@ -113,11 +113,9 @@ def report(home: Path, occasions: set[str] | None = None) -> str:
     lines = [f"spread between sittings on this host (the history in {home}):"]
     for what in ("speedup", "throughput"):
         pooled = history.spread(home, what)
+        said = pooled.words() if pooled else "not yet (too few engines measured in two sittings)"
+        lines.append(f"  {what}: {said}")
         left_out = _left_out(home, what, occasions, pooled is not None) if occasions else None
-        if pooled is None:
-            lines.append(f"  {what}: not yet (too few engines measured in two sittings)")
-        else:
-            lines.append(f"  {what}: {pooled.words()}")
         if left_out:
             lines.append(f"    {left_out}")
         if pooled is None:

@@ -387,11 +387,12 @@ def _text(what: str, ratio: float, then: Entry, now: Entry, max_other_cpu: float
     return text
 
 
-def _trusted(path: Path, what: str) -> list[Entry]:
-    """An engine's uncontended, STABLE sittings with a figure of ``what``, oldest first."""
+def _trusted(path: Path, what: str, entries: list[Entry] | None = None) -> list[Entry]:
+    """An engine's uncontended, STABLE sittings with a figure of ``what``, oldest first (of
+    ``entries`` where the caller read its file already)."""
     return [
         e
-        for e in _read(path)
+        for e in (_read(path) if entries is None else entries)
         if e.stable and not e.contended and getattr(e, what) and getattr(e, what) > 0
     ]
 
@@ -429,9 +430,10 @@ def spread_share(home, what: str, occasions: set[str]) -> dict[str, int]:
     a ``contended`` host, or ``alone`` (their engine has no second such sitting)."""
     share = dict.fromkeys(("measured", "used", "unstable", "contended", "alone"), 0)
     for path in sorted(folder(home).glob("*.jsonl")):
-        kept = _trusted(path, what)[-SPREAD_LATEST:]
+        entries = _read(path)
+        kept = _trusted(path, what, entries)[-SPREAD_LATEST:]
         kept = kept if len(kept) >= 2 else []
-        for e in _read(path):
+        for e in entries:
             if e.occasion not in occasions or not (getattr(e, what) or 0) > 0:
                 continue
             share["measured"] += 1

@@ -26,8 +26,12 @@ from mlflow_ngraph.scratch import put_in_place
 log = logging.getLogger(__name__)
 
 
+#: the files of a MetaSchedule JSON database
+DATABASE_FILES = (WORKLOAD_FILE, RECORD_FILE)
+
+
 def has_database(directory: Path) -> bool:
-    return (directory / WORKLOAD_FILE).is_file() and (directory / RECORD_FILE).is_file()
+    return all((directory / name).is_file() for name in DATABASE_FILES)
 
 
 def database_source(given: str | None) -> Path | None:
@@ -102,9 +106,6 @@ def copy_database(source: Path, destination: Path) -> None:
                     shutil.copyfileobj(handle, out)
     finally:
         os.close(folder)
-
-
-DATABASE_FILES = (WORKLOAD_FILE, RECORD_FILE)
 
 
 def cache_dir_for(
