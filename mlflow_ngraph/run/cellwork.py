@@ -92,8 +92,24 @@ class CellWork:
         none``: one engine at a time, windows back to back); results are journaled and
         logged as they arrive."""
         outcome = Outcome()
-        measure_cell(self.task(cell, pending), self.events(cell, outcome))
+        task = self.task(cell, pending)
+        task.extra["baseline_moved"] = self.baseline_moved(cell)
+        measure_cell(task, self.events(cell, outcome))
         return outcome
+
+    def baseline_moved(self, cell: Cell) -> dict[int, tuple[str, float]]:
+        """Batch size -> (what it said, now over then) of the gross move against this
+        host's history that marked the identity figure this cell's unpaired speedups are
+        divided by (journaled: measured before it in this process, or by an earlier run)."""
+        if cell.baseline == cell.key:
+            return {}
+        state = self.sink.journal.cell(cell.baseline)
+        usable, out = state.throughputs() or {}, {}
+        for b, record in state.measured.items():
+            said = record.get("stability") or {}
+            if b in usable and said.get("history") and said.get("history_ratio"):
+                out[b] = (f"its baseline identity: {said['history']}", said["history_ratio"])
+        return out
 
     def events(
         self,

@@ -312,7 +312,7 @@ def _measure_on_command(conn, task: CellTask, engine, b: int, gpu: bool):
                 except Exception as exc:  # the batch size fails; the coordinator drops it
                     conn.send(("window_error", one_line(exc)))
                     raise
-                attempts, paired, baseline_moved = 1, False, []
+                attempts, paired, baseline_moved = 1, False, [arg] if arg else []
             else:
                 figures, paired, *baseline_moved = arg
                 result = finish(meter, figures)
@@ -665,7 +665,7 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
     all of them again while a figure is UNSTABLE and retries are left; then each keeps its
     last attempt."""
     if settings.protocol == "paper":
-        _measure_paper_group(group, ready)
+        _measure_paper_group(group, ready, baseline)
         return
     attempt = 0
     while True:
@@ -741,25 +741,31 @@ def _judge(group: _Group, names: dict[str, GroupCell], figures: dict, base: str 
     return judged, unstable
 
 
-def _measure_paper_group(group: _Group, ready: list[GroupCell]) -> None:
+def _measure_paper_group(group: _Group, ready: list[GroupCell], base: str | None = None) -> None:
     """The paper's protocol (:mod:`mlflow_ngraph.measure.paper`): each engine of the group
     in turn, alone (the others and the spares stopped), measured once: its warm-up and its
-    timed requests back to back, no rounds and no second attempt."""
-    judged = []
+    timed requests back to back, no rounds and no second attempt. The baseline ``base``
+    first: a gross move of its figure marks the speedups divided by it (unpaired)."""
+    judged, baseline_moved = [], None
     _pause_spares()
     try:
-        for cell in ready:
+        for cell in sorted(ready, key=lambda c: c.name != base):
             others = [c for c in ready if c is not cell] if _freeze_idle() else []
             for other in others:
                 other.worker.pause()
             try:
-                kind, _ = group.ask(cell, ("paper", None), ("judged", "window_error"))
+                asked = ("paper", baseline_moved if cell.name != base else None)
+                kind, verdict = group.ask(cell, asked, ("judged", "window_error"))
             finally:
                 for other in others:
                     other.worker.resume()
             cell.state = "busy"  # judged, or its batch size failed: on to its next gate
             if kind == "judged":
                 judged.append(cell)
+                if cell.name == base and verdict[3]:
+                    text, ratio = verdict[3]
+                    label = _compiler_labels([cell.task])[0]
+                    baseline_moved = (f"its baseline {label}: {text}", ratio)
     finally:
         _resume_spares()
     for cell in judged:

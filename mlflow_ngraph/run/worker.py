@@ -211,12 +211,7 @@ def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit, me
         "reference": reference,
         "runtime": {k: str(v) for k, v in engine.runtime_settings().items()},
         "engine_dir": str(engine_dir) if engine_dir else None,
-        "stability": {
-            "stable": stability.stable,
-            "reason": stability.reason,
-            "attempts": attempts,
-            "width_only": getattr(stability, "width_only", False),
-        },
+        "stability": _stability_record(stability, attempts),
         **remembered,
     }
     if getattr(result, "times_ms", None):  # the paper protocol keeps every t_i
@@ -227,6 +222,20 @@ def _measure_batch(task, supply, compiler, model, b: int, engine, emit: Emit, me
         manifest = read_manifest(engine_dir) or {}
         record["metrics"][S.M_ENGINE_SIZE] = engine_bytes(manifest) / 2**20
     return engine, record
+
+
+def _stability_record(stability, attempts: int) -> dict[str, Any]:
+    """What a record keeps of its judgement: with a gross move against this host's history
+    (what it said, now over then), which the unpaired speedups divided by this figure carry
+    (:meth:`CellWork.baseline_moved`)."""
+    return {
+        "stable": stability.stable,
+        "reason": stability.reason,
+        "attempts": attempts,
+        "width_only": getattr(stability, "width_only", False),
+        "history": getattr(stability, "history", None),
+        "history_ratio": getattr(stability, "history_ratio", None),
+    }
 
 
 #: seconds to wait before measuring an unstable batch size again (a burst of other work
@@ -240,17 +249,20 @@ def judge(task: CellTask, result, baseline_paired: bool, baseline_moved=None):
     earlier on this host (:mod:`mlflow_ngraph.measure.history`): a gross move marks it.
 
     ``baseline_moved``: (what it said, now over then) of the gross move that marked the
-    baseline of the same rounds. A speedup divided by a baseline out of the state its
-    history knows moves with it (eager PyTorch 21-30% slower in one run while the compiled
-    engines were not: their speedups rose 14-28%, STABLE), so it marks the speedup too;
-    not where this engine's own throughput moved in step (:func:`_in_step`): the whole
-    host moved, and the pairing cancels that."""
+    baseline this figure's speedup is divided by: of the same rounds, or, unpaired, the
+    identity measured before it (``--isolation none``, the paper protocol). A speedup
+    divided by a baseline out of the state its history knows moves with it (eager PyTorch
+    21-30% slower in one run while the compiled engines were not: their speedups rose
+    14-28%, STABLE), so it marks the speedup too; not where this engine's own throughput
+    moved in step (:func:`_in_step`): the whole host moved, and the pairing (or the ratio
+    of two figures that moved alike) cancels that."""
     from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER, assess
 
     paired = baseline_paired and result.speedup_halfwidth is not None
     move = _moved(task, result, paired)
     said = [move.text] if move is not None and move.gross else []
-    if paired and baseline_moved and not _in_step(task, result, baseline_moved[1]):
+    # the caller hands a move only to a figure whose speedup is divided by that baseline
+    if baseline_moved and not _in_step(task, result, baseline_moved[1]):
         said.append(baseline_moved[0])
     stability = assess(
         result.speedup_halfwidth if paired else result.throughput_halfwidth,
@@ -429,11 +441,13 @@ def measure_alone(task: CellTask, engine, b: int):
     from mlflow_ngraph.measure.harness import measure
 
     gpu = task.device_kind == "cuda"
+    # the baseline's gross move, where this engine's speedup is divided by it
+    moved = (task.extra.get("baseline_moved") or {}).get(b)
     if task.measure.protocol == "paper":
         from mlflow_ngraph.measure.paper import measure_paper
 
         result = measure_paper(engine, b, task.measure, gpu=gpu)
-        return result, judge(task, result, False), 1
+        return result, judge(task, result, False, moved), 1
     attempts = 1
     result = measure(engine, b, task.measure, gpu=gpu, policy=task.policy())
     stability = judge(task, result, False)
@@ -451,6 +465,8 @@ def measure_alone(task: CellTask, engine, b: int):
         result = measure(engine, b, task.measure, gpu=gpu, policy=task.policy())
         attempts += 1
         stability = judge(task, result, False)
+    if moved:  # the kept attempt: measuring this engine again cannot settle its baseline
+        stability = judge(task, result, False, moved)
     return result, stability, attempts
 
 

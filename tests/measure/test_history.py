@@ -4,6 +4,7 @@ measured from it, and the re-run interval built on that spread."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from types import SimpleNamespace
@@ -267,10 +268,11 @@ def test_a_measurement_180x_off_the_same_engine_on_this_host_is_unstable_and_sai
 
 
 def test_a_speedup_over_a_baseline_that_moved_grossly_is_unstable_and_says_so(tmp_path):
-    """The baseline's gross move (its ``Stability.history``) marks the speedups of the same
-    rounds: an eager figure 21-30% below its history while the compiled engines held their
-    speed made their speedups rise 14-28%, each STABLE on its own. Not where the engine's
-    own throughput moved with it: the whole host moved, and the pairing cancels that."""
+    """The baseline's gross move (its ``Stability.history``) marks the speedups divided by
+    it (paired in the same rounds, or a ratio of throughputs): an eager figure 21-30% below
+    its history while the compiled engines held their speed made their speedups rise
+    14-28%, each STABLE on its own. Not where the engine's own throughput moved with it:
+    the whole host moved, and the pairing (or the ratio) cancels that."""
     from mlflow_ngraph.measure.stability import short_reason
 
     task = _task(tmp_path)
@@ -295,16 +297,60 @@ def test_a_speedup_over_a_baseline_that_moved_grossly_is_unstable_and_says_so(tm
     assert not said.stable and said.retry
     assert "its baseline identity: the throughput moved" in said.reason
     assert short_reason(said.reason).startswith("baseline identity moved ")
-    # a figure not paired with that baseline is not its to carry
-    assert judge(task, _result(9000.0), False, carried).stable
+    # an unpaired speedup (--isolation none, the paper protocol) is divided by it too: the
+    # caller hands the move only to a figure whose speedup rests on that baseline
+    unpaired = judge(task, _result(9000.0), False, carried)
+    assert not unpaired.stable and "its baseline identity: the throughput" in unpaired.reason
     # this engine's own throughput fell with the baseline's: the host moved as a whole (its
     # own move says so), and the speedup does not rest on the baseline's
     _remember(task, _result(9000.0), judge(task, _result(9000.0), False), False)
     with_it = judge(task, paired(6300.0), True, carried).reason
     assert "the throughput moved -30.0%" in with_it and "its baseline" not in with_it
+    alone = judge(task, _result(6300.0), False, carried).reason  # the ratio cancels it too
+    assert "the throughput moved -30.0%" in alone and "its baseline" not in alone
     # ... by less than half as much, or the other way: the speedup rests on the baseline
     for throughput in (8600.0, 12000.0):
         assert "its baseline identity" in judge(task, paired(throughput), True, carried).reason
+
+
+def test_an_unpaired_speedup_over_a_baseline_that_moved_grossly_says_so(
+    run_cli, tracking_uri, home
+):
+    """``--isolation none`` measures each engine alone: the speedup is a ratio of
+    throughputs. Where eager's figure moved grossly against this host's history, the
+    compiled engine's speedup divided by it is marked with the baseline's word, in the
+    store as on the terminal (it was STABLE on its own)."""
+    from mlflow.tracking import MlflowClient
+
+    from mlflow_ngraph.tracking import schema as S
+    from tests._support import TINY
+
+    args = [*TINY, "--batch-sizes", "1", "--isolation", "none", "--tracking-uri", tracking_uri]
+    code, _, err = run_cli("benchmark", *args, "--compiler", "identity", "--experiment", "a")
+    assert code == 0, err
+    (path,) = history.folder(home).glob("*.jsonl")  # the one engine measured: eager's
+    # eager once ran 100 times faster here, STABLE on a quiet host: a gross move now
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    trusted = {"stable": True, "contended": False, "throughput_h": 0.02}
+    faster = [json.dumps({**x, **trusted, "throughput": 100 * x["throughput"]}) for x in lines]
+    path.write_text("".join(line + "\n" for line in faster))
+    code, out, err = run_cli(
+        "benchmark", *args, "--compiler", "identity", "--compiler", "torchscript",
+        "--experiment", "b",
+    )  # fmt: skip
+    assert code == 0, err
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name("b").experiment_id
+    runs = {
+        r.data.params.get(S.P_COMPILER): r.data.tags
+        for r in client.search_runs([experiment])
+        if r.data.tags.get(S.T_ROLE) == "cell"
+    }
+    reason = f"{S.T_STABILITY_REASON}.bs1"
+    assert "the throughput moved" in runs["identity"][reason]
+    assert runs["torchscript"][f"{S.T_STABILITY}.bs1"] == S.STABILITY_UNSTABLE
+    assert "its baseline identity: the throughput moved" in runs["torchscript"][reason]
+    assert "baseline identity moved" in out + err  # the terminal says it too
 
 
 def test_the_rerun_interval_is_logged_where_the_host_has_a_spread(tmp_path):

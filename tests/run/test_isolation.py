@@ -184,17 +184,26 @@ def test_an_unstable_group_is_measured_again_with_its_baseline(tmp_path):
     assert ts["stability"]["attempts"] == base["stability"]["attempts"] == 2
 
 
-def test_a_baseline_that_moved_grossly_marks_the_speedups_paired_with_it(tmp_path):
+@pytest.mark.parametrize("protocol", ["rounds", "paper"])
+def test_a_baseline_that_moved_grossly_marks_the_speedups_divided_by_it(tmp_path, protocol):
     """The coordinator judges the baseline first and hands its gross move against the
-    host's history to the engines paired with it: their speedups rest on that move."""
+    host's history to the engines whose speedups are divided by it: paired in its rounds,
+    or (the paper's protocol, each engine alone) the ratio of their throughputs."""
     from types import SimpleNamespace
 
+    from mlflow_ngraph.measure.settings import MeasureSettings
     from mlflow_ngraph.measure.stability import Stability
+    from mlflow_ngraph.plan.config import RunPolicy
     from mlflow_ngraph.run import isolation
     from mlflow_ngraph.run.worker import _remember
 
     # the baseline last: the coordinator must judge it first all the same
     tasks = {"ts": _task(tmp_path, min_duration=0), "id": _task(tmp_path, min_duration=0)}
+    if protocol == "paper":
+        paper = MeasureSettings(scenario="latency", protocol="paper", warmup=1, repetitions=5)
+        tasks["ts"].measure = tasks["id"].measure = paper
+        # five timed requests give a wide interval: the width is not what is tested
+        tasks["ts"].run = tasks["id"].run = RunPolicy(max_interval=10.0)
     tasks["ts"].compiler = "torchscript"
     tasks["ts"].flags = {"freeze": True, "optimize_for_inference": True}
     seen = 1e9  # the identity engine once ran far faster on this host: its figure moved
