@@ -63,15 +63,23 @@ class Verdict:
             return head + f"; its lead over {nxt}, is {self.noise}" + self._unstable_note()
         if self.beyond_noise:
             return head + f"; its lead over {nxt}, is {self.noise}"
-        text = (
-            head + f"; a tie within noise with {nxt}: their intervals overlap, so either is "
-            "as good on this host"
-        )
+        text = head + f"; a tie within noise with {nxt}: {self._overlap()}, so either is as good"
+        text += " on this host"
         if self.surer:
             text += (
                 f" ({w.label} is chosen: its interval's low end is the higher, the surer figure)"
             )
         return text
+
+    def _overlap(self) -> str:
+        """Which intervals overlap: the re-run intervals, shown, where they judged the lead
+        (the sitting intervals printed beside each figure may not overlap then)."""
+        w, r = self.winner, self.runner_up
+        if self.judged_on == RERUN and w.rerun_interval and r.rerun_interval:
+            ends = (w.rerun_interval, r.rerun_interval)
+            shown = " and ".join(f"[{a:.2f}-{b:.2f}]" for a, b in ends)
+            return f"their re-run intervals ({shown}: where a re-run on this host lands) overlap"
+        return "their intervals overlap"
 
     def _unstable_note(self) -> str:
         """What an UNSTABLE winner or runner-up means for the answer ("": none is)."""

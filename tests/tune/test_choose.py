@@ -47,7 +47,8 @@ def test_a_lead_beyond_both_intervals_is_called_and_an_overlap_is_a_tie():
     c = trial(3, 1.95, 1.85, 2.05, throughput=195)
     tie = verdict([a, c], by_throughput, higher=True)
     assert tie.winner is a and not tie.beyond_noise
-    assert "tie within noise" in tie.sentence()
+    assert "tie within noise with" in tie.sentence()
+    assert "their intervals overlap" in tie.sentence()  # this run's, shown beside each
 
 
 def test_a_lead_is_judged_on_the_re_run_intervals_where_the_host_has_them():
@@ -61,6 +62,9 @@ def test_a_lead_is_judged_on_the_re_run_intervals_where_the_host_has_them():
     b.metrics.update({S.M_SPEEDUP_RERUN_LOW: 1.65, S.M_SPEEDUP_RERUN_HIGH: 2.05})
     rerun = verdict([a, b], by_throughput, higher=True)
     assert not rerun.beyond_noise and rerun.lead() == "tie within noise"
+    # the sentence names the intervals that judged it: the sitting intervals beside each
+    # figure ([1.95-2.05], [1.80-1.90]) do not overlap
+    assert "their re-run intervals ([1.80-2.20] and [1.65-2.05]" in rerun.sentence()
     b.metrics.update({S.M_SPEEDUP_RERUN_LOW: 1.6, S.M_SPEEDUP_RERUN_HIGH: 1.75})
     rerun = verdict([a, b], by_throughput, higher=True)  # a lead a re-run keeps
     assert rerun.beyond_noise and rerun.lead() == "beyond noise"
