@@ -397,6 +397,13 @@ def _trusted(path: Path, what: str, entries: list[Entry] | None = None) -> list[
     ]
 
 
+def _in_spread(path: Path, what: str, entries: list[Entry] | None = None) -> list[Entry]:
+    """The sittings of one engine the spread rests on: its latest :data:`SPREAD_LATEST`
+    trusted ones, where it has two or more (else none)."""
+    kept = _trusted(path, what, entries)[-SPREAD_LATEST:]
+    return kept if len(kept) >= 2 else []
+
+
 def _sitting(e: Entry, what: str) -> tuple:
     """A sitting as the variance components read it: (log figure, its own sd of the log,
     occasion, group)."""
@@ -415,8 +422,8 @@ def spread(home, what: str, family: str | None = None) -> Spread | None:
         return None
     by_family: dict[str, list[list[tuple]]] = {}
     for path in sorted(base.glob("*.jsonl")):
-        kept = _trusted(path, what)[-SPREAD_LATEST:]
-        if len(kept) >= 2:
+        kept = _in_spread(path, what)
+        if kept:
             by_family.setdefault(kept[-1].family or "-", []).append(
                 [_sitting(e, what) for e in kept]
             )
@@ -431,8 +438,7 @@ def spread_share(home, what: str, occasions: set[str]) -> dict[str, int]:
     share = dict.fromkeys(("measured", "used", "unstable", "contended", "alone"), 0)
     for path in sorted(folder(home).glob("*.jsonl")):
         entries = _read(path)
-        kept = _trusted(path, what, entries)[-SPREAD_LATEST:]
-        kept = kept if len(kept) >= 2 else []
+        kept = _in_spread(path, what, entries)
         for e in entries:
             if e.occasion not in occasions or not (getattr(e, what) or 0) > 0:
                 continue

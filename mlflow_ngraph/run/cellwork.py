@@ -103,12 +103,14 @@ class CellWork:
         divided by (journaled: measured before it in this process, or by an earlier run)."""
         if cell.baseline == cell.key:
             return {}
+        from mlflow_ngraph.run.worker import baseline_move
+
         state = self.sink.journal.cell(cell.baseline)
-        usable, out = state.throughputs() or {}, {}
+        usable, out = state.throughputs(), {}
         for b, record in state.measured.items():
             said = record.get("stability") or {}
             if b in usable and said.get("history") and said.get("history_ratio"):
-                out[b] = (f"its baseline identity: {said['history']}", said["history_ratio"])
+                out[b] = baseline_move("identity", said["history"], said["history_ratio"])
         return out
 
     def events(

@@ -46,7 +46,7 @@ from mlflow_ngraph.console import DETAIL
 from mlflow_ngraph.measure.memory import keep_freed_memory
 from mlflow_ngraph.run import template
 from mlflow_ngraph.run.template import PRELOAD
-from mlflow_ngraph.run.worker import CellTask
+from mlflow_ngraph.run.worker import CellTask, baseline_move
 from mlflow_ngraph.tracking import schema as S
 
 log = logging.getLogger("mlflow_ngraph.run.worker")
@@ -736,8 +736,7 @@ def _judge(group: _Group, names: dict[str, GroupCell], figures: dict, base: str 
         if not verdict[0]:
             unstable.append((cell, verdict[1], verdict[2]))
         if name == base and verdict[3]:
-            text, ratio = verdict[3]
-            baseline_moved = (f"its baseline {_compiler_labels([cell.task])[0]}: {text}", ratio)
+            baseline_moved = baseline_move(_compiler_labels([cell.task])[0], *verdict[3])
     return judged, unstable
 
 
@@ -754,7 +753,7 @@ def _measure_paper_group(group: _Group, ready: list[GroupCell], base: str | None
             for other in others:
                 other.worker.pause()
             try:
-                asked = ("paper", baseline_moved if cell.name != base else None)
+                asked = ("paper", baseline_moved)  # the baseline first: no move known yet
                 kind, verdict = group.ask(cell, asked, ("judged", "window_error"))
             finally:
                 for other in others:
@@ -763,9 +762,7 @@ def _measure_paper_group(group: _Group, ready: list[GroupCell], base: str | None
             if kind == "judged":
                 judged.append(cell)
                 if cell.name == base and verdict[3]:
-                    text, ratio = verdict[3]
-                    label = _compiler_labels([cell.task])[0]
-                    baseline_moved = (f"its baseline {label}: {text}", ratio)
+                    baseline_moved = baseline_move(_compiler_labels([cell.task])[0], *verdict[3])
     finally:
         _resume_spares()
     for cell in judged:

@@ -281,6 +281,13 @@ def judge(task: CellTask, result, baseline_paired: bool, baseline_moved=None):
     return stability
 
 
+def baseline_move(label: str, said: str, ratio: float) -> tuple[str, float]:
+    """What a figure whose speedup is divided by a baseline that moved grossly carries
+    (:func:`judge`'s ``baseline_moved``): the baseline's word, as the reason says it, and
+    its move (now over then)."""
+    return f"its baseline {label}: {said}", ratio
+
+
 def _in_step(task: CellTask, result, baseline_ratio: float | None) -> bool:
     """Whether this engine's own throughput moved with its baseline's (``baseline_ratio``,
     now over then) against this host's history: the same way, by at least half as much
