@@ -22,7 +22,9 @@ each engine and batch size:
   such means, 2 (sd^2 + own^2) / N;
 - the figure is STABLE when its combined interval is within ``--max-interval`` and no
   sitting was UNSTABLE for what the host did (contention, drift, a move against the
-  history); a sitting that was only too wide on its own counts through the mean.
+  history); a sitting that was only too wide on its own counts through the mean, and the
+  last one is measured again for that only where a re-measure can change the mean's
+  verdict (:func:`remeasure_settles`).
 
 Each sitting's figures also enter the host's history as they are measured, so later runs
 with one sitting get a spread from them too. Pure: records in, a record out.
@@ -237,3 +239,36 @@ def _stability(records: Sequence[Mapping], h: float | None, limit: float, what: 
         "reason": "; ".join(causes),
         "attempts": sum(int((r.get("stability") or {}).get("attempts", 1)) for r in records),
     }
+
+
+def remeasure_settles(
+    earlier: Sequence[float | None] | None, now: float | None, limit: float, best: float
+) -> bool:
+    """Whether measuring the last of several sittings again can settle its figure, when
+    this sitting's own interval was too wide: not where the sittings together are within
+    ``limit`` already (the mean's interval, log half-widths in quadrature over their
+    number, is what is judged), nor where a re-measure at ``best`` (this sitting's own
+    target) would still leave them wider. ``earlier``: the earlier sittings' log
+    half-widths (``None``: not known, measure again); ``now``: this sitting's; ``limit``
+    and ``best`` relative half-widths. Where this sitting has no interval a re-measure may
+    give one; where an earlier one had none, their mean has none whatever this one does."""
+    if now is None or not earlier:
+        return True
+    if any(h is None for h in earlier):
+        return False
+    n = len(earlier) + 1
+    base = sum(h * h for h in earlier)
+    together = math.sqrt(base + now * now) / n
+    at_best = math.sqrt(base + math.log1p(best) ** 2) / n
+    return not (math.expm1(together) <= limit or math.expm1(at_best) > limit)
+
+
+def earlier_halfwidths(records: Sequence[Mapping]) -> dict[str, list[float | None]]:
+    """Per kind of figure, the log half-widths of the sittings' ``records`` (None where a
+    sitting had no interval), in order; a kind some sitting has no figure of is left out."""
+    out = {}
+    for what in FIELDS:
+        got = [figure(r, what) for r in records]
+        if records and all(g is not None for g in got):
+            out[what] = [g[1] for g in got]
+    return out

@@ -131,7 +131,9 @@ class GroupDispatch:
         members = []
         for cell, _, outcome, task in jobs:
             kept = earlier[cell.key] if self.policy.sittings > 1 else None
-            members.append(GroupCell(cell.key, task, self.work.events(cell, outcome, kept, last)))
+            member = GroupCell(cell.key, task, self.work.events(cell, outcome, kept, last))
+            member.earlier = kept if last else None  # a retry of the last is judged with them
+            members.append(member)
         baseline = next((c.key for c, *_ in jobs if c.compiler.name == "identity"), None)
         if baseline is None and self.reference:
             sizes = sorted({b for _, pending, *_ in jobs for b in pending})

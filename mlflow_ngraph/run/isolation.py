@@ -287,7 +287,7 @@ def _measure_on_command(conn, task: CellTask, engine, b: int, gpu: bool):
     says which attempt to keep. Returns (measurement, stability, attempts)."""
     from mlflow_ngraph.measure.harness import Meter, finish
     from mlflow_ngraph.measure.paper import measure_paper
-    from mlflow_ngraph.run.worker import judge, one_line
+    from mlflow_ngraph.run.worker import judge, one_line, remeasure_if_it_settles
 
     conn.send(("ready", b))
     meter = result = stability = None
@@ -312,11 +312,12 @@ def _measure_on_command(conn, task: CellTask, engine, b: int, gpu: bool):
                 except Exception as exc:  # the batch size fails; the coordinator drops it
                     conn.send(("window_error", one_line(exc)))
                     raise
-                attempts, paired, baseline_moved = 1, False, [arg] if arg else []
+                attempts, paired, baseline_moved, earlier = 1, False, arg, None
             else:
-                figures, paired, *baseline_moved = arg
+                figures, paired, baseline_moved, earlier = arg
                 result = finish(meter, figures)
-            stability = judge(task, result, paired, *baseline_moved)
+            stability = judge(task, result, paired, baseline_moved)
+            stability = remeasure_if_it_settles(task, result, paired, stability, earlier)
             moved = (stability.history, stability.history_ratio) if stability.history else None
             conn.send(("judged", (stability.stable, stability.reason, stability.retry, moved)))
         elif command == "keep":
@@ -377,6 +378,9 @@ class GroupCell:
     state: str = "starting"  # starting, busy, gate, ready, done, dead
     at: int | None = None  # the batch size of its gate or readiness
     deadline: float = 0.0
+    #: the last of several sittings (``--sittings N``): batch size -> the earlier sittings'
+    #: records, whose intervals a retry of this one is judged with; None: any other
+    earlier: dict[int, list[dict]] | None = None
 
     @property
     def title(self) -> str:
@@ -685,7 +689,7 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
                 cell.worker.resume()
         _log_windows(proxies, b, base, attempt)
         _resume_spares()
-        ready, unstable = _judge(group, names, figures, base)
+        ready, unstable = _judge(group, names, figures, base, b)
         if not any(retry for _, _, retry in unstable) or attempt > retries:
             break
         log.log(
@@ -717,10 +721,13 @@ def _warm(group: _Group, ready: list[GroupCell]) -> list[GroupCell]:
     return warmed
 
 
-def _judge(group: _Group, names: dict[str, GroupCell], figures: dict, base: str | None):
-    """Each worker's verdict on its figures of the rounds (paired with ``base``'s where it
-    is not ``base``). Returns the cells judged, and (cell, reason, whether a retry may
+def _judge(group: _Group, names: dict[str, GroupCell], figures: dict, base: str | None, b: int):
+    """Each worker's verdict on its figures of the rounds at batch size ``b`` (paired with
+    ``base``'s where it is not ``base``; in the last of several sittings, with the earlier
+    sittings' intervals). Returns the cells judged, and (cell, reason, whether a retry may
     help) of each UNSTABLE one."""
+    from mlflow_ngraph.measure.sittings import earlier_halfwidths
+
     judged, unstable, baseline_moved = [], [], None
     # the baseline first: a gross move of its figure marks the speedups paired with it
     for name, cell in sorted(names.items(), key=lambda item: item[0] != base):
@@ -728,7 +735,8 @@ def _judge(group: _Group, names: dict[str, GroupCell], figures: dict, base: str 
             cell.state = "busy"
             continue
         paired = base is not None and name != base
-        asked = (figures[name], paired, baseline_moved)
+        earlier = earlier_halfwidths(cell.earlier.get(b, [])) if cell.earlier else None
+        asked = (figures[name], paired, baseline_moved, earlier)
         kind, verdict = group.ask(cell, ("judge", asked), ("judged",))
         if kind != "judged":
             continue

@@ -281,6 +281,43 @@ def judge(task: CellTask, result, baseline_paired: bool, baseline_moved=None):
     return stability
 
 
+def remeasure_if_it_settles(task: CellTask, result, paired: bool, stability, earlier):
+    """The verdict of the last of several sittings (``--sittings N``) whose own interval
+    alone was too wide, with its retry kept only where measuring this sitting again can
+    change what is judged: the mean of the sittings (:mod:`mlflow_ngraph.measure.sittings`).
+    Not when the sittings together are within the run's limit already, nor when even this
+    sitting at its own target would leave them wider. ``earlier``: per kind of figure, the
+    earlier sittings' log half-widths (``None``: not the last of several sittings)."""
+    from mlflow_ngraph.measure.sittings import remeasure_settles
+    from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER
+
+    if not earlier or stability.stable or not stability.retry or not stability.width_only:
+        return stability
+    what = "speedup" if paired and result.speedup_halfwidth is not None else "throughput"
+    if what not in earlier:
+        return stability
+    low, high, value = (
+        (result.speedup_ci_low, result.speedup_ci_high, result.speedup_paired)
+        if what == "speedup"
+        else (result.throughput_ci_low, result.throughput_ci_high, result.throughput)
+    )
+    now = None
+    if low and high and value and low > 0 and high > 0 and value > 0:
+        now = max(math.log(high / value), math.log(value / low))
+    wider = 1.0 if what == "speedup" else THROUGHPUT_WIDER
+    limit = wider * task.run.max_interval / math.sqrt(task.run.sittings)
+    best = wider * task.run.precision
+    if remeasure_settles(earlier[what], now, limit, best):
+        return stability
+    log.log(
+        DETAIL,
+        "%s bs%d: this sitting's %s interval alone is too wide, but measuring it again cannot "
+        "change the verdict on the %d sittings' mean: not measured again",
+        task.name, result.batch_size, what, len(earlier[what]) + 1,
+    )  # fmt: skip
+    return replace(stability, retry=False)
+
+
 def baseline_move(label: str, said: str, ratio: float) -> tuple[str, float]:
     """What a figure whose speedup is divided by a baseline that moved grossly carries
     (:func:`judge`'s ``baseline_moved``): the baseline's word, as the reason says it, and

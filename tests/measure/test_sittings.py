@@ -203,3 +203,92 @@ def test_a_rerun_interval_on_a_runs_own_sittings_says_it_leaves_the_runs_spread_
     both = with_runs(run, host)
     assert both.between == 0.024 and "2.40% (8 df) between runs" in both.words()
     assert "not in it" not in both.words()
+
+
+def test_the_last_sitting_is_measured_again_only_where_that_can_change_the_mean():
+    """The last of two sittings, too wide alone (against the run's +-5%, +-7.07% a
+    sitting): its retry is spent only where the mean's verdict can turn on it."""
+    from mlflow_ngraph.measure.sittings import remeasure_settles
+
+    log = math.log1p
+    # +-7.7% alone, but the mean with a +-3% first sitting is +-4.1%: STABLE as it is
+    assert not remeasure_settles([log(0.03)], log(0.077), 0.05, 0.0283)
+    # the first sitting +-12%: even this one at its +-2.83% target leaves the mean +-6.0%
+    assert not remeasure_settles([log(0.12)], log(0.09), 0.05, 0.0283)
+    # +-8% and +-8.5%: the mean +-5.8%; this one at +-2.83% would give +-4.2%
+    assert remeasure_settles([log(0.08)], log(0.085), 0.05, 0.0283)
+    # an earlier sitting without an interval: the mean has none whatever this one gives
+    assert not remeasure_settles([None], log(0.09), 0.05, 0.0283)
+    # this sitting without one, or no earlier sitting known: measure again, as before
+    assert remeasure_settles([log(0.03)], None, 0.05, 0.0283)
+    assert remeasure_settles([], log(0.09), 0.05, 0.0283)
+
+
+def test_the_last_sittings_verdict_keeps_its_retry_only_where_it_can_settle(caplog):
+    """The worker's verdict on the last sitting: the retry of a width-only UNSTABLE figure
+    is dropped where the sittings' mean is known well enough already (said in the log), and
+    kept where a re-measure can settle it, for any other cause, and in a single sitting."""
+    import logging
+    from types import SimpleNamespace
+
+    from mlflow_ngraph.measure.sittings import earlier_halfwidths
+    from mlflow_ngraph.measure.stability import Stability
+    from mlflow_ngraph.run.worker import remeasure_if_it_settles
+
+    task = SimpleNamespace(name="cell", run=RunPolicy(sittings=2).per_sitting())
+    result = SimpleNamespace(
+        batch_size=4, speedup_paired=2.0, speedup_halfwidth=0.077,
+        speedup_ci_low=2.0 / 1.077, speedup_ci_high=2.0 * 1.077,
+        throughput=50.0, throughput_ci_low=49.0, throughput_ci_high=51.0,
+    )  # fmt: skip
+    wide = Stability(False, "speedup interval +-7.7% is wider than +-7.07%", True, True)
+    narrow = earlier_halfwidths([record(48.0, 0.01, speedup=2.1, hs=0.03)])
+    assert narrow["speedup"] == [pytest.approx(0.03)]
+    with caplog.at_level(logging.DEBUG, logger="mlflow_ngraph"):
+        kept = remeasure_if_it_settles(task, result, True, wide, narrow)
+    assert kept.retry is False and kept.stable is False and kept.reason == wide.reason
+    assert "cannot change the verdict on the 2 sittings' mean" in caplog.text
+    as_wide = earlier_halfwidths([record(48.0, 0.01, speedup=2.1, hs=0.08)])
+    assert remeasure_if_it_settles(task, result, True, wide, as_wide).retry is True
+    host = Stability(False, "the host was contended: ...", True, False)
+    assert remeasure_if_it_settles(task, result, True, host, narrow).retry is True
+    assert remeasure_if_it_settles(task, result, True, wide, None).retry is True
+
+
+def test_only_the_last_sitting_is_judged_with_the_earlier_sittings(monkeypatch):
+    """The groups hand the last sitting's members the earlier sittings' records, and the
+    coordinator asks each worker's verdict with their half-widths at the batch size (a
+    member of an earlier sitting, or of a single one, is asked without)."""
+    from types import SimpleNamespace
+
+    from mlflow_ngraph.run import groups, isolation
+
+    members = []
+    monkeypatch.setattr(isolation, "run_group", lambda cells, *args: members.append(cells))
+    cell = SimpleNamespace(key="k", compiler=SimpleNamespace(name="identity"))
+    task = SimpleNamespace(policy=lambda: None)
+    kept = {4: [record(48.0, 0.01, speedup=2.1, hs=0.03)]}
+    dispatch = groups.GroupDispatch.__new__(groups.GroupDispatch)
+    dispatch.spec = SimpleNamespace(measure=MeasureSettings(), batch_sizes=[4])
+    dispatch.policy = RunPolicy(sittings=2)
+    dispatch.work = SimpleNamespace(events=lambda *args: None)
+    dispatch.reference, dispatch.cell_timeout_s = False, 60.0
+    for last in (False, True):
+        dispatch._sitting([(cell, [4], None, task)], {"k": kept}, last, [])
+    assert [m[0].earlier for m in members] == [None, kept]
+
+    asked = {}
+
+    class Group:
+        def ask(self, member, command, kinds):
+            asked[member.name] = command[1]
+            return "judged", (True, "", True, None)
+
+    first = isolation.GroupCell("id", task, None)
+    last = isolation.GroupCell("ts", task, None, earlier=kept)
+    figures = {"id": "id's rounds", "ts": "ts's rounds"}
+    isolation._judge(Group(), {"id": first, "ts": last}, figures, "id", 4)
+    assert asked["id"] == ("id's rounds", False, None, None)
+    said = asked["ts"][3]
+    assert asked["ts"][:2] == ("ts's rounds", True) and said["speedup"] == [pytest.approx(0.03)]
+    assert said["throughput"] == [pytest.approx(0.01)]
