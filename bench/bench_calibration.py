@@ -186,10 +186,10 @@ def repeat(args) -> None:
     rerun = [] if args.rerun_sd is None else ["--rerun-sd", str(args.rerun_sd)]
     rerun += ["--sittings", str(args.sittings)]
     # a repeat into an earlier one's folder (--work) names its runs apart
-    label = "calibration" if not args.work else f"calibration-s{args.sittings}"
+    label = args.label or ("calibration" if not args.work else f"calibration-s{args.sittings}")
     for i in range(1, args.runs + 1):
         before = load()
-        windows_log = work / f"windows{label[len('calibration') :]}-{i}.jsonl"
+        windows_log = work / f"windows{label.removeprefix('calibration')}-{i}.jsonl"
         seconds = benchmark(
             ["--spec", args.spec, "--device", args.device, "--experiment", f"{label}-{i}",
              *rerun],
@@ -793,6 +793,11 @@ def main() -> None:
         help="repeat: the benchmark's --sittings (each run's spread measured by the run itself)",
     )  # fmt: skip
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--label",
+        help="repeat, coverage: the runs' experiment name before its -N (a repeat into an "
+        "earlier one's --work, named apart from its runs; windows-<rest>-N.jsonl)",
+    )
     p.add_argument("--before", default="f3ab2ff", help="the revision to compare against")
     p.add_argument("--rounds", type=int, default=1, help="alternating rounds of before/after")
     args = p.parse_args()
@@ -811,7 +816,7 @@ def main() -> None:
         repeat(args)
     elif args.what == "coverage":  # again, from the runs a repeat left in --work
         uri = f"sqlite:///{Path(args.work) / 'mlflow.db'}"
-        label = f"calibration-s{args.sittings}" if args.sittings else "calibration"
+        label = args.label or (f"calibration-s{args.sittings}" if args.sittings else "calibration")
         coverage([records(uri, f"{label}-{i}") for i in range(1, args.runs + 1)])
     elif args.what == "hog":
         hog(args)
