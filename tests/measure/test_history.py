@@ -79,6 +79,22 @@ def test_a_figure_past_25pc_off_the_latest_run_is_said_where_an_older_one_agrees
     assert history.check(same, now, 0.03, 25.0) is None
 
 
+def test_a_figure_past_25pc_off_the_latest_run_is_said_where_the_spread_allows_it():
+    """A host whose runs spread by 10% (sd of the log): the conv block's eager bs4 read
+    14.6/s in both sittings of one run and 18.9/s in the next (+29%), inside what that
+    spread allows, and nothing was said. Past 25% it is said (not UNSTABLE: the spread
+    allows it), naming the spread; within 25%, nothing."""
+    t = time.time()
+    earlier = [Entry(t - 900 + i, "conv_block", 14.6, 0.04, occasion="r1") for i in (0, 60)]
+    move = history.check(earlier, Entry(t, "conv_block", 18.9, 0.02, occasion="r2"), 0.10, 25.0)
+    assert move is not None and not move.gross and "+29.5%" in move.text
+    assert "(14.6/s), the latest run before this one" in move.text
+    assert "within what this host's spread between runs allows (sd 10.0%)" in move.text
+    assert "changes between runs by more than 25%" in move.text
+    near = Entry(t, "conv_block", 17.9, 0.02, occasion="r2")
+    assert history.check(earlier, near, 0.10, 25.0) is None
+
+
 def test_a_fall_to_077x_is_past_25pc_as_a_rise_to_131x_is():
     """The attention block's eager bs1, 2026-11-27: 2,660/s in one run, 2,036/s in the next
     (1.31x lower) while calibrate's 1,934/s agreed. Measured as 1 - ratio the fall was
