@@ -189,7 +189,8 @@ def repeat(args) -> None:
     label = args.label or ("calibration" if not args.work else f"calibration-s{args.sittings}")
     for i in range(1, args.runs + 1):
         before = load()
-        windows_log = work / f"windows{label.removeprefix('calibration')}-{i}.jsonl"
+        rest = label.removeprefix("calibration").strip("-")
+        windows_log = work / f"windows-{rest + '-' if rest else ''}{i}.jsonl"
         seconds = benchmark(
             ["--spec", args.spec, "--device", args.device, "--experiment", f"{label}-{i}",
              *rerun],
@@ -200,6 +201,10 @@ def repeat(args) -> None:
     coverage(runs)
     for i in range(1, args.runs + 1):
         screen_bias(uri, f"{label}-{i}")
+    if len(runs) < 2:  # one run (--runs 1 beside an earlier repeat): its marks alone
+        flagged = sum(r.get("stability") == "UNSTABLE" for r in runs[0].values())
+        print(f"1. UNSTABLE: {flagged} of {len(runs[0])} (one run)")
+        return
     first, second = runs[-2], runs[-1]
     both = [k for k in first if k in second]
     flagged = sum((first[k].get("stability") == "UNSTABLE") for k in first)
