@@ -125,6 +125,9 @@ class Move:
     then: Entry
     gross: bool
     text: str
+    #: beyond what both figures' intervals and the spread between sittings allow (a move
+    #: past :data:`GROSS_MOVE` that the spread allows is said, not judged on)
+    beyond: bool = True
 
 
 def host_key() -> str:
@@ -260,7 +263,9 @@ def check(
     the engine's speed on this host changes between runs by that much (a threaded engine
     of a small model an hour apart), which a re-run meets and its user must hear. The
     latest such run is the one named. A move past :data:`GROSS_MOVE` is the same either
-    way (:func:`past_gross`): 2,660/s then 2,036/s is 1.31x, though only 23.5% lower.
+    way (:func:`past_gross`): 2,660/s then 2,036/s is 1.31x, though only 23.5% lower. Such
+    a move is said even where the spread allows it (its ``beyond`` False): a host whose
+    runs spread that widely is news to whoever compares two of them.
 
     Where other runs measured the engine, the earlier sittings of ``now``'s own run
     (its occasion) are left out: a run's second sitting agrees with its first whatever
@@ -349,7 +354,7 @@ def _latest_run_move(what, beyond, now: Entry, max_other_cpu: float, sd: float):
         f"{_text(what, ratio, then, now, max_other_cpu)}, {which}; {why}: this engine's "
         f"{what} on this host changes between runs by more than {100 * GROSS_MOVE:.0f}%"
     )
-    return Move(what, ratio, then, False, text)
+    return Move(what, ratio, then, False, text, beyond=excess > 0)
 
 
 def _factor(ratio: float) -> str:

@@ -293,7 +293,9 @@ def remeasure_if_it_settles(task: CellTask, result, paired: bool, stability, ear
 
     if not earlier or stability.stable or not stability.retry or not stability.width_only:
         return stability
-    what = "speedup" if paired and result.speedup_halfwidth is not None else "throughput"
+    # the figure the sittings' mean is judged on (measure/sittings.py: combine): a speedup
+    # without an interval has none in the mean either, which a re-measure may give
+    what = "speedup" if paired and result.speedup_paired else "throughput"
     if what not in earlier:
         return stability
     low, high, value = (
@@ -332,7 +334,7 @@ def _in_step(task: CellTask, result, baseline_ratio: float | None) -> bool:
     if not baseline_ratio or baseline_ratio <= 0:
         return False
     own = _moved(task, result, False)
-    if own is None or own.what != "throughput" or own.ratio <= 0:
+    if own is None or not own.beyond or own.what != "throughput" or own.ratio <= 0:
         return False
     mine, theirs = math.log(own.ratio), math.log(baseline_ratio)
     return mine * theirs > 0 and abs(mine) >= 0.5 * abs(theirs)

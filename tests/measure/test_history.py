@@ -59,7 +59,7 @@ def test_a_figure_past_25pc_off_the_latest_run_is_said_where_an_older_one_agrees
     assert move is not None and not move.gross and move.what == "throughput"
     assert "1.39x lower" not in move.text and "-28.1%" in move.text and "(2944/s)" in move.text
     assert "agrees with the one at" in move.text and "(2083/s)" in move.text
-    assert "the latest run before this one" in move.text
+    assert "the latest run before this one" in move.text and move.beyond
     # beyond the latest run's interval but within 25% of it, an older run agreeing: no move
     near = [
         Entry(t - 7200, "mha_block", 2083.0, 0.02, occasion="r1"),
@@ -90,6 +90,7 @@ def test_a_figure_past_25pc_off_the_latest_run_is_said_where_the_spread_allows_i
     assert move is not None and not move.gross and "+29.5%" in move.text
     assert "(14.6/s), the latest run before this one" in move.text
     assert "within what this host's spread between runs allows (sd 10.0%)" in move.text
+    assert move.beyond is False  # said, not judged on (worker._in_step)
     assert "changes between runs by more than 25%" in move.text
     near = Entry(t, "conv_block", 17.9, 0.02, occasion="r2")
     assert history.check(earlier, near, 0.10, 25.0) is None

@@ -253,6 +253,12 @@ def test_the_last_sittings_verdict_keeps_its_retry_only_where_it_can_settle(capl
     host = Stability(False, "the host was contended: ...", True, False)
     assert remeasure_if_it_settles(task, result, True, host, narrow).retry is True
     assert remeasure_if_it_settles(task, result, True, wide, None).retry is True
+    # a speedup without an interval (too few paired rounds) leaves the mean without one: a
+    # re-measure may give it, however narrow the throughputs are together
+    bare = SimpleNamespace(**{**vars(result), "speedup_halfwidth": None,
+                              "speedup_ci_low": None, "speedup_ci_high": None})  # fmt: skip
+    too_wide = Stability(False, "throughput interval +-15% is wider than +-14.1%", True, True)
+    assert remeasure_if_it_settles(task, bare, True, too_wide, narrow).retry is True
 
 
 def test_only_the_last_sitting_is_judged_with_the_earlier_sittings(monkeypatch):
