@@ -262,10 +262,8 @@ def check(
     against another trusted run before this one (another occasion) is said too, not gross:
     the engine's speed on this host changes between runs by that much (a threaded engine
     of a small model an hour apart), which a re-run meets and its user must hear. The
-    latest such run is the one named. A move past :data:`GROSS_MOVE` is the same either
-    way (:func:`past_gross`): 2,660/s then 2,036/s is 1.31x, though only 23.5% lower. Such
-    a move is said even where the spread allows it (its ``beyond`` False): a host whose
-    runs spread that widely is news to whoever compares two of them.
+    latest such run is the one named, even where the spread allows the move (``beyond``
+    False). Past :data:`GROSS_MOVE` is the same up or down (:func:`past_gross`).
 
     Where other runs measured the engine, the earlier sittings of ``now``'s own run
     (its occasion) are left out: a run's second sitting agrees with its first whatever
