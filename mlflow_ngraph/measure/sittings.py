@@ -66,9 +66,15 @@ def figure(record: Mapping, what: str) -> tuple[float, float | None] | None:
     value, low, high = metrics.get(name), metrics.get(low_name), metrics.get(high_name)
     if not value or value <= 0 or not math.isfinite(value):
         return None
-    if low is None or high is None or low <= 0 or high <= 0:
-        return value, None
-    return value, max(math.log(high / value), math.log(value / low))
+    return value, log_halfwidth(value, low, high)
+
+
+def log_halfwidth(value: float, low: float | None, high: float | None) -> float | None:
+    """The log half-width of ``value``'s interval [``low``, ``high``] (the wider side);
+    None without one."""
+    if not value or value <= 0 or low is None or high is None or low <= 0 or high <= 0:
+        return None
+    return max(math.log(high / value), math.log(value / low))
 
 
 def engine_sittings(records: Sequence[Mapping], what: str, group: str = "") -> list[tuple] | None:

@@ -288,7 +288,7 @@ def remeasure_if_it_settles(task: CellTask, result, paired: bool, stability, ear
     Not when the sittings together are within the run's limit already, nor when even this
     sitting at its own target would leave them wider. ``earlier``: per kind of figure, the
     earlier sittings' log half-widths (``None``: not the last of several sittings)."""
-    from mlflow_ngraph.measure.sittings import remeasure_settles
+    from mlflow_ngraph.measure.sittings import log_halfwidth, remeasure_settles
     from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER
 
     if not earlier or stability.stable or not stability.retry or not stability.width_only:
@@ -303,9 +303,7 @@ def remeasure_if_it_settles(task: CellTask, result, paired: bool, stability, ear
         if what == "speedup"
         else (result.throughput_ci_low, result.throughput_ci_high, result.throughput)
     )
-    now = None
-    if low and high and value and low > 0 and high > 0 and value > 0:
-        now = max(math.log(high / value), math.log(value / low))
+    now = log_halfwidth(value, low, high)
     wider = 1.0 if what == "speedup" else THROUGHPUT_WIDER
     limit = wider * task.run.max_interval / math.sqrt(task.run.sittings)
     best = wider * task.run.precision
