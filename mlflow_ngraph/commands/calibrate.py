@@ -87,7 +87,7 @@ def calibrate(
     check_home(home)
     open_log_file(home, "calibrate", say=not quiet)
     data = load_spec_file(resolve_spec_path(spec_file))
-    occasions = set()
+    occasions, kind = set(), "cpu"
     options = {"device": device, "max_duration": max_duration, "log_engines": False}
     policy = RunPolicy(max_interval=max_interval, max_other_cpu=max_other_cpu)
     with tempfile.TemporaryDirectory(prefix="ngraph-calibrate-") as tmp:
@@ -101,27 +101,28 @@ def calibrate(
             runner = Runner(work, uri, home, policy=policy, view=make_view(len(work.cells), True))
             runner.run()
             occasions.add(runner.work.occasion)
-    click.echo(report(home, occasions))
+            kind = runner.profile.kind
+    click.echo(report(home, occasions, kind))
 
 
-def report(home: Path, occasions: set[str] | None = None) -> str:
-    """The spread between sittings this host's history gives, pooled and by model family;
-    with ``occasions`` (this calibrate's sittings), how many of the figures they measured
-    it rests on, and why the others were left out."""
+def report(home: Path, occasions: set[str] | None = None, kind: str = "cpu") -> str:
+    """The spread between sittings this host's history of the device ``kind`` gives,
+    pooled and by model family; with ``occasions`` (this calibrate's sittings), how many
+    of the figures they measured it rests on, and why the others were left out."""
     from mlflow_ngraph.measure import history
 
     lines = [f"spread between sittings on this host (the history in {home}):"]
     for what in ("speedup", "throughput"):
-        pooled = history.spread(home, what)
+        pooled = history.spread(home, what, None, kind)
         said = pooled.words() if pooled else "not yet (too few engines measured in two sittings)"
         lines.append(f"  {what}: {said}")
-        left_out = _left_out(home, what, occasions, pooled is not None) if occasions else None
+        left_out = _left_out(home, what, occasions, pooled, kind) if occasions else None
         if left_out:
             lines.append(f"    {left_out}")
         if pooled is None:
             continue
-        for family in history.families(home):
-            own = history.spread(home, what, family)
+        for family in history.families(home, kind):
+            own = history.spread(home, what, family, kind)
             if own is not None and f"the {family} engines" in own.source:
                 lines.append(f"    {family}: {own.words().split(' from ')[0].removeprefix('sd ')}")
     lines.append(
@@ -131,13 +132,13 @@ def report(home: Path, occasions: set[str] | None = None) -> str:
     return "\n".join(lines)
 
 
-def _left_out(home: Path, what: str, occasions: set[str], spread: bool) -> str | None:
+def _left_out(home: Path, what: str, occasions: set[str], spread, kind: str) -> str | None:
     """One line: how many of the ``what`` figures this calibrate's sittings (``occasions``)
     measured the ``spread`` rests on (where there is none: how many could enter one), why
     the rest were left out, and what to do; None where every one is in it."""
     from mlflow_ngraph.measure import history
 
-    share = history.spread_share(home, what, occasions)
+    share = history.spread_share(home, what, occasions, kind)
     if share["used"] == share["measured"]:
         return None
     causes = {

@@ -124,9 +124,10 @@ def _spread(settings: GateSettings):
     """The host's spread between sittings of a ratio, where known (``--rerun-sd``, else
     the home's history of speedups: a ratio of two engines measured in rounds): that of one
     sitting on another occasion, both of its components together."""
-    from mlflow_ngraph.measure.history import given_or_measured
+    from mlflow_ngraph.measure.history import given_or_measured, kind_of
 
-    spread = given_or_measured(settings.home, "speedup", None, settings.rerun_sd)
+    kind = kind_of(settings.device)
+    spread = given_or_measured(settings.home, "speedup", None, settings.rerun_sd, kind)
     return spread.of_mean(1) if spread is not None else None
 
 

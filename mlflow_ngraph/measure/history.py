@@ -3,7 +3,8 @@
 Every kept measurement of an engine at a batch size is appended to the home, one file per
 engine on this host (``<home>/history/<host>/<engine>.jsonl``; the engine is the model, its
 parameters, the compiler and its flags, the scenario, the device profile, the batch size and
-the runtimes' versions; the host is the CPU model and core count). Two uses:
+the runtimes' versions; the host is the CPU model and core count; a GPU profile's engines in
+a folder of their own beneath it, :func:`folder`). Two uses:
 
 - **the guard**: a new figure is set against the same engine measured earlier on this host.
   A move beyond what both sittings' intervals and the host's spread between sittings allow
@@ -176,8 +177,21 @@ def _versions() -> dict[str, str]:
     return library_versions()
 
 
-def folder(home: str | os.PathLike) -> Path:
-    return Path(home) / "history" / host_key()
+def folder(home: str | os.PathLike, kind: str = "cpu") -> Path:
+    """This host's history in ``home``; a device kind other than the CPU (``cuda``: the
+    engines of a GPU profile) has a folder of its own beneath it, so that its spread is
+    its own, never pooled with the CPU engines measured on the same host."""
+    base = Path(home) / "history" / host_key()
+    return base if kind == "cpu" else base / kind
+
+
+def kind_of(device: str) -> str:
+    """The device kind (``cpu``, ``cuda``) of the profile named ``device``; ``cpu`` for
+    a name no profile has."""
+    from mlflow_ngraph.devices import PROFILES
+
+    profile = PROFILES.get(device.partition("/")[0])
+    return profile.kind if profile is not None else "cpu"
 
 
 def _read(path: Path) -> list[Entry]:
@@ -192,12 +206,12 @@ def _read(path: Path) -> list[Entry]:
     return out
 
 
-def earlier(home, key: str) -> list[Entry]:
+def earlier(home, key: str, kind: str = "cpu") -> list[Entry]:
     """The kept measurements of engine ``key`` on this host, oldest first."""
-    return _read(folder(home) / f"{key}.jsonl")
+    return _read(folder(home, kind) / f"{key}.jsonl")
 
 
-def append(home, key: str, entry: Entry) -> None:
+def append(home, key: str, entry: Entry, kind: str = "cpu") -> None:
     """Add ``entry`` to engine ``key``'s history; past 2 x :data:`KEEP` lines the file is
     rewritten with the latest :data:`KEEP`. The append and the rewrite hold the file's lock
     (two workers or two runs at once: a line appended while another rewrote the file would
@@ -205,7 +219,7 @@ def append(home, key: str, entry: Entry) -> None:
     the new one. A home that cannot be written costs the history, never the measurement."""
     import fcntl
 
-    path = folder(home) / f"{key}.jsonl"
+    path = folder(home, kind) / f"{key}.jsonl"
     line = json.dumps(asdict(entry), separators=(",", ":")) + "\n"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -419,14 +433,14 @@ def _sitting(e: Entry, what: str) -> tuple:
     return (math.log(getattr(e, what)), _log_sd(getattr(e, f"{what}_h")), e.occasion, e.group)
 
 
-def spread(home, what: str, family: str | None = None) -> Spread | None:
+def spread(home, what: str, family: str | None = None, kind: str = "cpu") -> Spread | None:
     """The host's spread between sittings of ``what`` (``throughput`` or ``speedup``) from
     its history: every engine measured in two or more uncontended, STABLE sittings (its
     latest :data:`SPREAD_LATEST`), pooled by :func:`pooled_spread`. (Sittings UNSTABLE
     only for their width are left out too: docs/measurement.md says what counting them
     did.) ``None`` with fewer
     than :data:`MIN_DF` degrees of freedom."""
-    base = folder(home)
+    base = folder(home, kind)
     if not base.is_dir():
         return None
     by_family: dict[str, list[list[tuple]]] = {}
@@ -439,13 +453,13 @@ def spread(home, what: str, family: str | None = None) -> Spread | None:
     return pooled_spread(by_family, family, "this host's history")
 
 
-def spread_share(home, what: str, occasions: set[str]) -> dict[str, int]:
+def spread_share(home, what: str, occasions: set[str], kind: str = "cpu") -> dict[str, int]:
     """What became of the ``what`` figures measured on ``occasions`` (invocations of the
     tool): how many were ``measured``, how many the spread rests on (``used``: as
     :func:`spread` selects them), and of the rest, how many were ``unstable``, measured on
     a ``contended`` host, or ``alone`` (their engine has no second such sitting)."""
     share = dict.fromkeys(("measured", "used", "unstable", "contended", "alone"), 0)
-    for path in sorted(folder(home).glob("*.jsonl")):
+    for path in sorted(folder(home, kind).glob("*.jsonl")):
         entries = _read(path)
         kept = _in_spread(path, what, entries)
         for e in entries:
@@ -505,7 +519,7 @@ class _Moved:
     group: object
 
 
-def run_against_history(home, what: str, occasion: str) -> StateShift | None:
+def run_against_history(home, what: str, occasion: str, kind: str = "cpu") -> StateShift | None:
     """Whether the run ``occasion`` moved its figures of ``what`` further from the same
     engines' earlier runs on this host than the history's spread (without this run)
     allows: a :class:`StateShift` where it did, else ``None`` (also without a history to
@@ -526,9 +540,9 @@ def run_against_history(home, what: str, occasion: str) -> StateShift | None:
     time."""
     from scipy import stats
 
-    if not occasion or not folder(home).is_dir():
+    if not occasion or not folder(home, kind).is_dir():
         return None
-    by_family, pairs = _split(home, what, occasion)
+    by_family, pairs = _split(folder(home, kind), what, occasion)
     known = pooled_spread(by_family, None, "this host's history")
     if known is None or not pairs:
         return None
@@ -551,13 +565,13 @@ def run_against_history(home, what: str, occasion: str) -> StateShift | None:
     )  # fmt: skip
 
 
-def _split(home, what: str, occasion: str):
+def _split(base: Path, what: str, occasion: str):
     """The history without the run ``occasion`` (each engine's sittings as
     :func:`pooled_spread` reads them, by family), and each engine it measured that earlier
     runs measured too: (family, its sittings in this run, its latest earlier ones)."""
     by_family: dict[str, list[list[tuple]]] = {}
     pairs: list[tuple[str, list[Entry], list[Entry]]] = []
-    for path in sorted(folder(home).glob("*.jsonl")):
+    for path in sorted(base.glob("*.jsonl")):
         kept = _trusted(path, what)
         if not kept:
             continue
@@ -615,11 +629,13 @@ def with_shift(
     )
 
 
-def given_or_measured(home, what: str, family: str | None, rerun_sd: float | None):
+def given_or_measured(
+    home, what: str, family: str | None, rerun_sd: float | None, kind: str = "cpu"
+):
     """The spread a re-run interval uses: ``--rerun-sd`` where given, else :func:`spread`."""
     if rerun_sd is not None:
         return Spread(rerun_sd, 10**6, "--rerun-sd")
-    return spread(home, what, family)
+    return spread(home, what, family, kind)
 
 
 def variance_components(
@@ -814,10 +830,10 @@ def pooled_spread(by_family: dict[str, list[list[tuple]]], family: str | None, s
     )
 
 
-def families(home) -> list[str]:
+def families(home, kind: str = "cpu") -> list[str]:
     """The model families this host's history holds."""
     found = set()
-    base = folder(home)
+    base = folder(home, kind)
     for path in sorted(base.glob("*.jsonl")) if base.is_dir() else []:
         entries = _read(path)
         if entries:

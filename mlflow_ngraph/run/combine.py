@@ -33,9 +33,13 @@ class SittingsCombiner:
     """A run's results combined from their sittings, and the spread between sittings the
     run itself measured (per kind of figure and model family)."""
 
-    def __init__(self, home: Path, policy: RunPolicy, occasion: str = "") -> None:
+    def __init__(
+        self, home: Path, policy: RunPolicy, occasion: str = "", kind: str = "cpu"
+    ) -> None:
         self.home = Path(home)
         self.policy = policy
+        #: the device kind whose history the spreads are read from (``cpu``, ``cuda``)
+        self.kind = kind
         #: this invocation's occasion in the host's history (its sittings carry it)
         self.occasion = occasion
         #: per kind of figure, this run's moves against the history where they were wider
@@ -82,7 +86,9 @@ class SittingsCombiner:
             own = sit.engine_sittings(records, what, group)
             if own is not None and not settled:
                 by_family.setdefault(family, []).append(own)
-            known = history.given_or_measured(self.home, what, family, self.policy.rerun_sd)
+            known = history.given_or_measured(
+                self.home, what, family, self.policy.rerun_sd, self.kind
+            )
             if settled and self.policy.rerun_sd is None:
                 known = history.with_shift(known, self.shifts.get(what), family)
             spreads[what] = sit.with_runs(
@@ -135,7 +141,9 @@ class SittingsCombiner:
         if family not in known:  # each read scans the whole history
             known[family] = {
                 what: history.with_shift(
-                    history.spread(self.home, what, family), self.shifts.get(what), family
+                    history.spread(self.home, what, family, self.kind),
+                    self.shifts.get(what),
+                    family,
                 )
                 for what in sit.FIELDS
             }
@@ -163,7 +171,7 @@ class SittingsCombiner:
         if self.policy.rerun_sd is not None or not self.occasion or self.shifts:
             return  # fixed by --rerun-sd, no occasion to tell this run by, or looked at
         for what in ("speedup", "throughput"):
-            shift = history.run_against_history(self.home, what, self.occasion)
+            shift = history.run_against_history(self.home, what, self.occasion, self.kind)
             self.shifts[what] = shift
             if shift is not None:
                 log.warning("%s", shift.words())

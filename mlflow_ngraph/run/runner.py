@@ -318,7 +318,7 @@ class Runner:
             self.spec, self.plan.cells, self.journal, self.store, self.sink, self.view,
             self.remeasure_hint,
         )  # fmt: skip
-        self.combiner = SittingsCombiner(self.home, self.policy)
+        self.combiner = SittingsCombiner(self.home, self.policy, kind=self.profile.kind)
         self.work = CellWork(
             self.spec, self.profile, self.home, self.policy, self.store, self.sink,
             self.combiner, self.view,

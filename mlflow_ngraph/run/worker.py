@@ -423,10 +423,11 @@ def _moved(task: CellTask, result, paired: bool, key: str | None = None):
 
     try:
         key = key or _history_key(task, result.batch_size)
-        entries = history.earlier(task.home, key)
+        kind = task.device_kind
+        entries = history.earlier(task.home, key, kind)
         if not entries:
             return None
-        spread = history.spread(task.home, "speedup" if paired else "throughput")
+        spread = history.spread(task.home, "speedup" if paired else "throughput", None, kind)
         run = task.run
         sd = spread.of_mean(1).sd if spread else None
         sd = run.rerun_sd if run.rerun_sd is not None else sd
@@ -444,10 +445,12 @@ def _remember(task: CellTask, result, stability, paired: bool) -> dict[str, Any]
 
     out: dict[str, Any] = {}
     try:
-        family = task.extra.get("family")
+        family, kind = task.extra.get("family"), task.device_kind
         spreads = {}
         for what in ("throughput", "speedup"):
-            spreads[what] = history.given_or_measured(task.home, what, family, task.run.rerun_sd)
+            spreads[what] = history.given_or_measured(
+                task.home, what, family, task.run.rerun_sd, kind
+            )
         entry = _history_entry(task, result, paired, stability)
         for what, value, h in (
             ("throughput", entry.throughput, entry.throughput_h),
@@ -471,7 +474,7 @@ def _remember(task: CellTask, result, stability, paired: bool) -> dict[str, Any]
         move = _moved(task, result, paired, key)
         if move is not None:
             out["moved"] = move.text
-        history.append(task.home, key, entry)
+        history.append(task.home, key, entry, kind)
     except Exception as exc:  # noqa: BLE001 - the history is a check, never the measurement
         log.debug("history skipped: %s", exc)
     return out

@@ -242,12 +242,13 @@ def test_the_rerun_interval_holds_95_percent_of_re_runs():
 
 
 def _task(home, **kw) -> CellTask:
-    return CellTask(
+    fields = dict(
         name="c", model_name="conv_block", model_params={"width": 8}, compiler="onnxruntime",
         flags={}, batch_sizes=[8], device="cpu", device_kind="cpu", home=str(home),
         measure=MeasureSettings(warmup=0, repetitions=1, min_duration_s=0.0), tolerance=1e-3,
-        extra={"family": "conv_block"}, **kw,
+        extra={"family": "conv_block"},
     )  # fmt: skip
+    return CellTask(**{**fields, **kw})
 
 
 def _result(throughput, other_cpu=0.0):
@@ -368,6 +369,30 @@ def test_an_unpaired_speedup_over_a_baseline_that_moved_grossly_says_so(
     assert runs["torchscript"][f"{S.T_STABILITY}.bs1"] == S.STABILITY_UNSTABLE
     assert "its baseline identity: the throughput moved" in runs["torchscript"][reason]
     assert "baseline identity moved" in out + err  # the terminal says it too
+
+
+def test_a_gpu_profiles_engines_have_a_spread_of_their_own(tmp_path):
+    """The CPU engines measured on a host say nothing of its GPU's spread: a GPU
+    profile's history is its own folder, its spread read from its engines alone."""
+    rng = np.random.default_rng(5)
+    for i, engine in enumerate(_sittings(rng, 10, 3, 0.03, 0.01)):
+        for value, h in engine:
+            history.append(tmp_path, f"e{i}", entry(value, h))
+    assert history.spread(tmp_path, "throughput").between_df == 20
+    assert history.spread(tmp_path, "throughput", None, "cuda") is None
+    gpu = _task(tmp_path, device="gpu", device_kind="cuda")
+    result = _result(1000.0)
+    said = _remember(gpu, result, judge(gpu, result, False), False)
+    assert said["rerun"].startswith("none: this host has no spread")
+    assert getattr(result, "throughput_rerun_low", None) is None
+    (path,) = history.folder(tmp_path, "cuda").glob("*.jsonl")  # kept apart
+    assert history.spread(tmp_path, "throughput").between_df == 20  # the CPU spread unchanged
+    assert [history.kind_of(name) for name in ("gpu", "xeon", "?")] == ["cuda", "cpu", "cpu"]
+    # the same task on the CPU profile has the CPU's spread
+    cpu = _task(tmp_path)
+    result = _result(1000.0)
+    said = _remember(cpu, result, judge(cpu, result, False), False)
+    assert said["rerun"].startswith("sd ") and result.throughput_rerun_low is not None
 
 
 def test_the_rerun_interval_is_logged_where_the_host_has_a_spread(tmp_path):

@@ -38,6 +38,9 @@ def test_a_paired_rows_throughput_is_settled_where_only_the_throughput_has_a_spr
     assert "speedup_rerun_low" not in settled["metrics"]
     assert settled["rerun"] == record["rerun"]  # the speedup's word: none yet
     assert "throughput_rerun_low" not in record["metrics"]  # the journal's record untouched
+    # a GPU profile's run reads its own engines' spread: none of these CPU engines
+    gpu = SittingsCombiner(tmp_path, RunPolicy(), kind="cuda").single_settled(record, "conv_block")
+    assert "throughput_rerun_low" not in gpu["metrics"]
     # --rerun-sd fixes the spread: nothing to settle
     fixed = SittingsCombiner(tmp_path, RunPolicy(rerun_sd=0.01)).single_settled(record, "x")
     assert fixed is record
