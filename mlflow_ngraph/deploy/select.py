@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlflow_ngraph.errors import NgraphError
+from mlflow_ngraph.measure.verdict import NO_RERUN, RERUN, SITTING, noise_text
 from mlflow_ngraph.tracking import schema as S
 
 #: why an UNSTABLE candidate is set aside (``--allow-unstable`` keeps it)
@@ -270,6 +271,11 @@ def describe(selection: Selection, top: int = 5) -> str:
     ]
     headers = ["#", "cell", metric, "95% CI", "re-run CI", "status", "stable", "signed by"]
     lines.append(format_table(headers, rows) if rows else "  none")
+    if rows and all(r[4] == "-" for r in rows):
+        lines.append(f"re-run CI: {NO_RERUN}")
+    said = lead(selection)
+    if said:
+        lines.append(visible(said))
     unstable = sum(c.reason == UNSTABLE_REASON for c in selection.excluded)
     if unstable:
         lines.append(
@@ -283,6 +289,43 @@ def describe(selection: Selection, top: int = 5) -> str:
         if len(selection.excluded) > 12:
             lines.append(f"  ... and {len(selection.excluded) - 12} more")
     return "\n".join(lines)
+
+
+def lead(selection: Selection) -> str | None:
+    """One line: the first candidate's lead over the second, judged as the winners are
+    (:func:`mlflow_ngraph.measure.verdict.noise_text`): on the throughputs' re-run intervals
+    where both have one (a lead a re-run keeps), else on their 95% intervals of the runs
+    that measured them; not judged where either is UNSTABLE. ``None`` with fewer than two
+    candidates."""
+    if len(selection.ranked) < 2:
+        return None
+    first, second = selection.ranked[:2]
+    metric = selection.metric
+    a, b = first.value(metric), second.value(metric)
+    ratio = a / b if METRICS[metric] else b / a
+    head = f"#1 leads #2 ({second.label}) by {ratio:.2f}x in {metric}"
+    if metric != S.M_THROUGHPUT:
+        return f"{head}: not judged (no interval of {metric} is kept with the results)"
+    beyond, on = None, None
+    for low, high, which in (
+        (S.M_THROUGHPUT_RERUN_LOW, S.M_THROUGHPUT_RERUN_HIGH, RERUN),
+        (S.M_THROUGHPUT_CI_LOW, S.M_THROUGHPUT_CI_HIGH, SITTING),
+    ):
+        ends = (first.value(low), first.value(high), second.value(low), second.value(high))
+        if not any(math.isnan(v) for v in ends):
+            beyond, on = ends[0] > ends[3], which
+            break
+    unstable = [
+        role
+        for role, c in (("own", first), ("next", second))
+        if c.stability == S.STABILITY_UNSTABLE
+    ]
+    words = noise_text(beyond, unstable, on)
+    if beyond is None and not unstable:
+        words = "noise unknown (no interval of the throughput is kept with the results)"
+    if beyond is False and not unstable:
+        words += ": a re-run may rank #2 first"
+    return f"{head}: {words}"
 
 
 def _interval(c: Candidate, low_name=S.M_THROUGHPUT_CI_LOW, high_name=S.M_THROUGHPUT_CI_HIGH):

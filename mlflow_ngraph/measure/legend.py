@@ -35,8 +35,8 @@ COLUMNS = {
     "speedup CI": "95% interval of the speedup: the paired rounds' where it holds the "
     "speedup, else the two throughputs' intervals combined (the same rule in compare)",
     "re-run CI": "where a re-run on this host is expected to land, 95%, from the spread "
-    "between sittings this host has shown (the speedup's where the row has one, else the "
-    "throughput's)",
+    "between sittings this host has shown (the speedup's; eager's row, and a row without a "
+    "speedup, the throughput's)",
     "throughput re-run": "where a re-run's throughput is expected to land, 95%, samples/s",
     "speedup re-run": "where a re-run's speedup is expected to land, 95%, x",
     "drift %": "how much eager's rate moved from round to round while this was measured "
@@ -80,10 +80,12 @@ COLUMNS = {
     "tau_ci_low": "95% interval of tau under the measurements' own noise, low end",
     "tau_ci_high": "95% interval of tau under the measurements' own noise, high end",
     "swapped": "pairs the compiler orders the other way from eager",
-    "beyond_noise": "swapped pairs beyond noise: both rankings' intervals separate and no "
-    "figure of the pair is UNSTABLE",
-    "swapped_pairs": "each swapped pair (in eager's order) and its verdict: beyond noise, "
-    "within noise, noise unknown, or not judged: UNSTABLE",
+    "beyond_noise": "swapped pairs beyond noise: both rankings' intervals separate (their "
+    "re-run intervals where the host has them, else this run's) and no figure of the pair "
+    "is UNSTABLE",
+    "swapped_pairs": "each swapped pair (in eager's order) and its verdict: beyond noise (on "
+    "re-run intervals), beyond this run's noise (a side judged on this run's intervals "
+    "alone), within noise, noise unknown, or not judged: UNSTABLE",
     "identity_order": "the models by eager throughput",
     "compiler_order": "the models by compiled throughput",
 }

@@ -46,6 +46,27 @@ RERUN, SITTING = "re-run", "sitting"
 #: beyond the noise this run saw, not yet known to be beyond a re-run's
 BEYOND_RUN = "beyond this run's noise"
 
+#: why a figure has no re-run interval (the host has measured no spread between sittings
+#: yet), said once under every table that shows the column empty
+NO_RERUN = (
+    "none yet: this host's spread needs measuring: mlflow-ngraph calibrate, a second run "
+    "of the same engines, or --sittings 2; until then an order of two figures is judged "
+    "on their 95% intervals alone"
+)
+
+
+def shown_rerun(row) -> tuple[float | None, float | None, bool]:
+    """A row's re-run interval as every table's ``re-run CI`` column shows it: its
+    speedup's (True); eager's row, and a row without a speedup, its throughput's (False),
+    never a throughput's beside a speedup; ``(None, None, ...)`` where the host has no
+    measured spread."""
+    low, high = _rerun(row)
+    if low is not None and high is not None:
+        return low, high, True
+    if row.compiler != "identity" and getattr(row, "speedup", None) is not None:
+        return None, None, True
+    return getattr(row, "rerun_low", None), getattr(row, "rerun_high", None), False
+
 
 def winners(rows) -> list[dict[str, Any]]:
     """Per model and batch size, the fastest valid (status OK) row that is not the baseline,

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from mlflow_ngraph.measure.legend import legend
+from mlflow_ngraph.measure.verdict import NO_RERUN
 from mlflow_ngraph.text import visible
 
 FORMATS = ("terminal", "csv", "markdown", "json")
@@ -137,6 +138,19 @@ def _text_columns(frame: pd.DataFrame, hidden: Sequence[str] = ()) -> dict[str, 
     return shown
 
 
+def _no_rerun(frame: pd.DataFrame) -> list[str]:
+    """The legend's line where the table has room for a re-run interval but no row has one
+    (``X re-run`` is then left out): why, in one line."""
+    pairs = [
+        (f"{c}_rerun_low", f"{c}_rerun_high")
+        for c in frame.columns
+        if f"{c}_rerun_low" in frame and f"{c}_rerun_high" in frame
+    ]
+    if not pairs or len(frame) == 0 or any(frame[low].notna().any() for low, _ in pairs):
+        return []
+    return [f"  re-run: {NO_RERUN}"]
+
+
 def for_people(frame: pd.DataFrame, hidden: Sequence[str] = ()) -> pd.DataFrame:
     """Strings to show: ``X ± std`` pairs merged, numbers rounded, hidden columns dropped."""
     shown = _text_columns(frame, hidden)
@@ -173,6 +187,7 @@ def to_terminal(
     headers = [SHORT.get(c, c) for c in shown]
     table = format_table(headers, _rows(shown), numeric, width=width, keep=keep)
     lines = legend(headers)
+    lines += _no_rerun(frame) if lines else []
     if width:
         lines = [
             textwrap.fill(line, width, subsequent_indent="    ", break_on_hyphens=False)
@@ -224,7 +239,7 @@ def to_markdown(frame: pd.DataFrame, hidden: Sequence[str] = ()) -> str:
     lines = ["| " + " | ".join(_escape(c) for c in shown) + " |"]
     lines.append("|" + "|".join(" --- " for _ in shown) + "|")
     lines += ["| " + " | ".join(_escape(v) for v in row) + " |" for row in _rows(shown)]
-    explained = [_legend_markdown(line) for line in legend(shown)[1:]]
+    explained = [_legend_markdown(line) for line in [*legend(shown), *_no_rerun(frame)][1:]]
     return "\n".join(lines) + ("\n\n" + "  \n".join(explained) if explained else "")
 
 

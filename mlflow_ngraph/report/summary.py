@@ -7,7 +7,7 @@ import textwrap
 from typing import Any
 
 from mlflow_ngraph.measure.legend import legend
-from mlflow_ngraph.measure.verdict import PARTED_REASON, settle, winners
+from mlflow_ngraph.measure.verdict import NO_RERUN, PARTED_REASON, settle, shown_rerun, winners
 from mlflow_ngraph.plan.cells import compiler_label, differing_flags
 from mlflow_ngraph.table import format_table
 
@@ -155,11 +155,7 @@ def _summary_legend(rows, paper: bool) -> list[str]:
         if line.startswith("  speedup:") and any(getattr(r, "ratio_parted", None) for r in rows):
             lines[i] = line + "; *: the ratio of the throughputs parts from it (see above)"
         if line.startswith("  re-run CI:") and not any(_rerun(r) != "-" for r in rows):
-            lines[i] = line + (
-                " (none yet: this host's spread needs measuring: mlflow-ngraph calibrate, a "
-                "second run of the same engines, or --sittings 2; until then a lead is judged "
-                "on this run's intervals)"
-            )
+            lines[i] = f"{line} ({NO_RERUN})"
     return lines
 
 
@@ -233,12 +229,10 @@ def payback_text(value: float | None) -> str:
 
 
 def _rerun(r) -> str:
-    """Where a re-run on this host is expected to land: the speedup's interval, identity's
-    (and an unpaired engine's) throughput's; ``-`` where the host has no measured spread."""
-    low, high = getattr(r, "speedup_rerun_low", None), getattr(r, "speedup_rerun_high", None)
-    if low is not None and high is not None:
-        return _interval(low, high, 2)
-    return _interval(getattr(r, "rerun_low", None), getattr(r, "rerun_high", None))
+    """Where a re-run on this host is expected to land (:func:`shown_rerun`); ``-`` where
+    the host has no measured spread."""
+    low, high, speedup = shown_rerun(r)
+    return _interval(low, high, 2) if speedup else _interval(low, high)
 
 
 def _summary_row(r) -> list[Any]:

@@ -19,7 +19,12 @@ import numpy as np
 import pandas as pd
 
 from mlflow_ngraph.measure import metrics
-from mlflow_ngraph.measure.verdict import parted, speedup_interval, throughputs_interval
+from mlflow_ngraph.measure.verdict import (
+    BEYOND_RUN,
+    parted,
+    speedup_interval,
+    throughputs_interval,
+)
 from mlflow_ngraph.models.registry import family_of
 from mlflow_ngraph.tracking import schema
 
@@ -282,7 +287,13 @@ def add_intervals(frame: pd.DataFrame, baseline: dict[str, str]) -> pd.DataFrame
     for i, (run, b) in enumerate(zip(_list(out["run_id"]), _list(out["batch_size"]), strict=True)):
         if not pd.isna(b):
             key_of[(run, int(b))] = i
-    ident = np.full((2, len(out)), np.nan)
+    ident = np.full((4, len(out)), np.nan)  # identity's interval, then its re-run interval
+    rerun = [
+        out[name].to_numpy(dtype=float, na_value=np.nan)
+        if name in out
+        else np.full(len(out), np.nan)
+        for name in (schema.M_THROUGHPUT_RERUN_LOW, schema.M_THROUGHPUT_RERUN_HIGH)
+    ]
     stability = _list(out["stability"])
     ident_stability = [""] * len(out)
     shown = np.full((2, len(out)), np.nan)
@@ -292,13 +303,14 @@ def add_intervals(frame: pd.DataFrame, baseline: dict[str, str]) -> pd.DataFrame
         j = key_of.get((baseline.get(key, ""), int(b))) if not pd.isna(b) else None
         if j is None:
             continue
-        ident[:, i] = low[j], high[j]
+        ident[:, i] = low[j], high[j], rerun[0][j], rerun[1][j]
         ident_stability[i] = stability[j]
         if compiler != IDENTITY:
             shown[:, i], ratio[:, i] = _speedup_figures(
                 out.iloc[i], tput[i], _pair(low[i], high[i]), tput[j], _pair(low[j], high[j])
             )
-    out["identity_ci_low"], out["identity_ci_high"] = ident
+    out["identity_ci_low"], out["identity_ci_high"] = ident[:2]
+    out["identity_rerun_low"], out["identity_rerun_high"] = ident[2:]
     out["identity_stability"] = ident_stability
     out["speedup_ci_low"], out["speedup_ci_high"] = shown
     out[RATIO], out[f"{RATIO}_ci_low"], out[f"{RATIO}_ci_high"] = ratio
@@ -740,12 +752,29 @@ def _separate(low: Sequence[float], high: Sequence[float], i: int, j: int) -> bo
     return high[i] < low[j] or high[j] < low[i]
 
 
-def _noise_verdict(beyond: list[bool | None]) -> str:
-    """``beyond noise`` when both rankings' intervals separate, ``within noise`` when either
-    overlaps, ``noise unknown`` when an interval is missing."""
+def _judged(group: dict[str, list], i: int, j: int, pairs) -> tuple[bool | None, bool]:
+    """(whether items ``i`` and ``j`` separate, on re-run intervals): judged on the first
+    of ``pairs`` (low and high column names, whether they are re-run intervals) that holds
+    both items' intervals; ``(None, False)`` where none does."""
+    for low, high, rerun in pairs:
+        found = _separate(group[low], group[high], i, j)
+        if found is not None:
+            return found, rerun
+    return None, False
+
+
+def _noise_verdict(sides: list[tuple[bool | None, bool]]) -> str:
+    """The words of :func:`mlflow_ngraph.measure.verdict.noise_text` for both rankings'
+    sides, each (separate, on re-run intervals): ``beyond noise`` where both separate on
+    re-run intervals, ``beyond this run's noise`` where a side was judged on this run's
+    alone, ``within noise`` when either overlaps, ``noise unknown`` when an interval is
+    missing."""
+    beyond = [b for b, _ in sides]
     if any(b is False for b in beyond):
         return "within noise"
-    return "noise unknown" if any(b is None for b in beyond) else "beyond noise"
+    if any(b is None for b in beyond):
+        return "noise unknown"
+    return "beyond noise" if all(on for _, on in sides) else BEYOND_RUN
 
 
 def _order(names: Sequence[str], scores: Sequence[float]) -> str:
@@ -806,9 +835,13 @@ def _rankings(part: pd.DataFrame, keys: list[str], column: str) -> dict[tuple, d
         "identity_throughput",
         "identity_ci_low",
         "identity_ci_high",
+        "identity_rerun_low",
+        "identity_rerun_high",
         schema.M_THROUGHPUT,
         "ci_low",
         "ci_high",
+        schema.M_THROUGHPUT_RERUN_LOW,
+        schema.M_THROUGHPUT_RERUN_HIGH,
         "speedup_ci_low",
         "speedup_ci_high",
         schema.M_SPEEDUP_RERUN_LOW,
@@ -817,7 +850,11 @@ def _rankings(part: pd.DataFrame, keys: list[str], column: str) -> dict[tuple, d
         "identity_unstable",
     ]
     low, high = _bounds(part)
+    rerun = ["identity_rerun_low", "identity_rerun_high"]
+    rerun += [schema.M_THROUGHPUT_RERUN_LOW, schema.M_THROUGHPUT_RERUN_HIGH]
+    missing = [v for v in rerun if v not in part]  # a frame without re-run intervals
     part = part.assign(
+        **{name: np.nan for name in missing},
         ci_low=low,
         ci_high=high,
         unstable=(part["stability"] == UNSTABLE).astype(float),
@@ -854,22 +891,24 @@ def _flip_row(group: dict[str, list]) -> dict | None:
     # model that overtakes must have the larger speedup, beyond the speedups' intervals
     # (paired with identity in their rounds, so the host's drift between models cancels):
     # their re-run intervals where the host has measured its spread between sittings, else
-    # this run's; the compiler throughputs' intervals where a speedup has none
+    # this run's; the compiler throughputs' intervals where a speedup has none. The eager
+    # order is judged on eager's re-run intervals where they exist, else on this run's.
     verdicts = []
     for i, j in pairs:
         noise = _unstable_sides(group, i, j)
         if noise:  # an order of two figures is judged only where both are STABLE
             verdicts.append(f"not judged: {noise} UNSTABLE")
             continue
-        second = _separate(
-            group[schema.M_SPEEDUP_RERUN_LOW], group[schema.M_SPEEDUP_RERUN_HIGH], i, j
-        )
-        if second is None:
-            second = _separate(group["speedup_ci_low"], group["speedup_ci_high"], i, j)
-        if second is None:
-            second = _separate(group["ci_low"], group["ci_high"], i, j)
-        ident_side = _separate(group["identity_ci_low"], group["identity_ci_high"], i, j)
-        verdicts.append(_noise_verdict([ident_side, second]))
+        compiled = _judged(group, i, j, (
+            (schema.M_SPEEDUP_RERUN_LOW, schema.M_SPEEDUP_RERUN_HIGH, True),
+            (schema.M_THROUGHPUT_RERUN_LOW, schema.M_THROUGHPUT_RERUN_HIGH, True),
+            ("speedup_ci_low", "speedup_ci_high", False), ("ci_low", "ci_high", False),
+        ))  # fmt: skip
+        ident_side = _judged(group, i, j, (
+            ("identity_rerun_low", "identity_rerun_high", True),
+            ("identity_ci_low", "identity_ci_high", False),
+        ))  # fmt: skip
+        verdicts.append(_noise_verdict([ident_side, compiled]))
     sd = {
         side: [(h - lo) / (2 * Z95) for lo, h in zip(group[f"{p}ci_low"], group[f"{p}ci_high"])]
         for side, p in (("identity", "identity_"), ("compiler", ""))
@@ -881,7 +920,7 @@ def _flip_row(group: dict[str, list]) -> dict | None:
         "tau_ci_low": interval[0] if interval else None,
         "tau_ci_high": interval[1] if interval else None,
         "swapped": len(pairs),
-        "beyond_noise": sum(v == "beyond noise" for v in verdicts),
+        "beyond_noise": sum(v in ("beyond noise", BEYOND_RUN) for v in verdicts),
         "swapped_pairs": "; ".join(
             f"{names[i]} > {names[j]} ({v})" for (i, j), v in zip(pairs, verdicts, strict=True)
         ),

@@ -39,7 +39,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from mlflow_ngraph.measure.legend import meaning
-from mlflow_ngraph.measure.verdict import winners
+from mlflow_ngraph.measure.verdict import NO_RERUN, shown_rerun, winners
 from mlflow_ngraph.plan.cells import cell_run_name, compiler_label, differing_flags
 from mlflow_ngraph.tracking import schema as S
 
@@ -92,7 +92,7 @@ MODEL_TAG = "model"
 FASTEST_TAG = "fastest at"
 #: a cell run's figures per batch size as the table shows them, rounded (MLflow 3.17's runs
 #: table shows a metric as logged, ``1.76828984...``): tags ``bs8 samples/s``, ...
-FIGURES = ("samples/s", "speedup", "speedup CI", "lead", "stable")
+FIGURES = ("samples/s", "speedup", "speedup CI", "re-run CI", "lead", "stable")
 
 
 def model_title(label: str) -> str:
@@ -119,8 +119,9 @@ def _column(kind: str, key: str) -> str:
 def columns(batch_sizes: Sequence[int]) -> list[str]:
     """The runs table's columns, in this order: the model (as the summary names it), the
     compiler, where it is the fastest, then per batch size (smallest first) its throughput,
-    speedup, the speedup's 95% interval, its lead over the next-fastest row and its own
-    stability, all rounded; the status and the device last."""
+    speedup, the speedup's 95% interval (this run's), where a re-run is expected to land,
+    its lead over the next-fastest row and its own stability, all rounded; the status and
+    the device last."""
     out = [_column("tags", MODEL_TAG), _column("params", S.P_COMPILER)]
     out.append(_column("tags", FASTEST_TAG))
     for b in sorted(batch_sizes):
@@ -138,7 +139,7 @@ WIDTHS = {
 }
 NAME_COLUMN = "attributes.`Run Name`"
 NAME_WIDTH, FIGURE_WIDTH = 230, 95
-FIGURE_WIDTHS = {"speedup CI": 110, "stable": 90, "lead": 75}
+FIGURE_WIDTHS = {"speedup CI": 110, "re-run CI": 110, "stable": 90, "lead": 75}
 
 
 def widths(selected: Sequence[str]) -> dict[str, int]:
@@ -202,15 +203,32 @@ def figure_tags(own: Sequence[Any], lead: dict[int, float], won: Sequence[int]) 
     tags = {MODEL_TAG: model_title(own[0].model)} if own else {}
     tags[FASTEST_TAG] = ", ".join(f"bs{b}" for b in sorted(won)) or "-"
     for r in own:
-        low, high = getattr(r, "speedup_ci_low", None), getattr(r, "speedup_ci_high", None)
-        ci = "-" if low is None or high is None else f"{low:.2f}-{high:.2f}"
         stable = {True: "STABLE", False: "UNSTABLE", None: "-"}[getattr(r, "stable", None)]
-        values = [_rate(r.throughput), _fmt(r.speedup, 2, "x"), ci]
-        values += [_fmt(lead.get(id(r)), 2, "x"), stable]
+        values = [_rate(r.throughput), _fmt(r.speedup, 2, "x"), _ends(_speedup_ci(r), True)]
+        low, high, speedup = shown_rerun(r)
+        values += [_ends((low, high), speedup), _fmt(lead.get(id(r)), 2, "x"), stable]
         if r.status != S.STATUS_OK:
-            values = [r.status, "-", "-", "-", "-"]
+            values = [r.status] + ["-"] * (len(FIGURES) - 1)
         tags.update({figure_tag(r.batch_size, f): v for f, v in zip(FIGURES, values)})
     return tags
+
+
+def _speedup_ci(r: Any) -> tuple[float | None, float | None]:
+    """A row's speedup interval as the summary shows it (the one rule of
+    :func:`mlflow_ngraph.measure.verdict.speedup_interval`, set by ``settle``), the paired
+    rounds' where the row was not settled."""
+    if hasattr(r, "speedup_interval"):
+        return r.speedup_interval or (None, None)
+    return getattr(r, "speedup_ci_low", None), getattr(r, "speedup_ci_high", None)
+
+
+def _ends(interval: tuple[float | None, float | None] | None, speedup: bool) -> str:
+    """``1.80-1.95`` (a speedup's, two decimals) or a throughput's ends rounded as
+    :func:`_rate` rounds them; ``-`` where either end is missing."""
+    low, high = interval or (None, None)
+    if low is None or high is None:
+        return "-"
+    return f"{low:.2f}-{high:.2f}" if speedup else f"{_rate(low)}-{_rate(high)}"
 
 
 def view_points(own: Sequence[Any]) -> list[tuple[str, float, int]]:
@@ -508,7 +526,8 @@ def verdicts(best: Sequence[dict[str, Any]]) -> list[str]:
 WINNER_COLUMNS = ("model", "batch", "fastest", "samples/s", "speedup", "next", "lead", "noise",
                   "stable")  # fmt: skip
 #: a cell run's table of its batch sizes
-CELL_COLUMNS = ("batch", "samples/s", "95% CI", "re-run CI", "speedup", "status", "stable")
+CELL_COLUMNS = ("batch", "samples/s", "95% CI", "throughput re-run", "speedup", "speedup CI",
+                "speedup re-run", "status", "stable")  # fmt: skip
 
 
 def legend_markdown(columns: Sequence[str]) -> str:
@@ -601,27 +620,27 @@ def description(
 def cell_note(rows: Sequence[Any], best: Sequence[dict[str, Any]], view: str) -> str:
     """A cell run's description: its figures per batch size, where it is the fastest, and
     the way to the view of all cells."""
-    lines = [_row(CELL_COLUMNS), "|---:|---:|---|---|---:|---|---|"]
+    lines = [_row(CELL_COLUMNS), "|---:|---:|---|---|---:|---|---|---|---|"]
+    rerun = False
     for r in sorted(rows, key=lambda r: r.batch_size):
-        low, high = getattr(r, "ci_low", None), getattr(r, "ci_high", None)
-        ci = "-" if low is None or high is None else f"{low:.1f}-{high:.1f}"
-        low, high = getattr(r, "rerun_low", None), getattr(r, "rerun_high", None)
-        rerun = "-" if low is None or high is None else f"{low:.1f}-{high:.1f}"
         stable = {True: "yes", False: "**UNSTABLE**", None: "-"}[getattr(r, "stable", None)]
-        cells = [
-            r.batch_size,
-            _fmt(r.throughput, 1),
-            ci,
-            rerun,
-            _fmt(r.speedup, 2, "x"),
-            r.status,
-            stable,
-        ]
+        low, high = getattr(r, "speedup_rerun_low", None), getattr(r, "speedup_rerun_high", None)
+        ends = {
+            "ci": (getattr(r, "ci_low", None), getattr(r, "ci_high", None)),
+            "rerun": (getattr(r, "rerun_low", None), getattr(r, "rerun_high", None)),
+        }
+        rerun = rerun or None not in ends["rerun"] or None not in (low, high)
+        cells = [r.batch_size, _fmt(r.throughput, 1), _ends(ends["ci"], False)]
+        cells += [_ends(ends["rerun"], False), _fmt(r.speedup, 2, "x")]
+        cells += [_ends(_speedup_ci(r), True), _ends((low, high), True), r.status, stable]
         lines.append(_row(cells))
     won = [str(w["batch_size"]) for w in best]
     verdict = f"Fastest for its model at batch {', '.join(won)}. " if won else ""
     head = f"{verdict}[All cells, winner first]({view})"
-    return "\n".join([head, "", *lines, "", legend_markdown(CELL_COLUMNS)])[:MAX_RUN_TAG]
+    legend = legend_markdown(CELL_COLUMNS)
+    if not rerun and rows:
+        legend += f"  \n*re-run*: {NO_RERUN}"
+    return "\n".join([head, "", *lines, "", legend])[:MAX_RUN_TAG]
 
 
 def merge_sections(existing: str, key: str, section: str, limit: int) -> str:

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from mlflow_ngraph.measure.verdict import NO_RERUN
 from mlflow_ngraph.table import format_table, terminal_width
 from mlflow_ngraph.tracking import schema as S
 from mlflow_ngraph.tune.choose import Verdict, best_per_compiler, flag_text, pareto_front
@@ -51,6 +52,12 @@ def _speedup(t: Trial) -> str:
     if t.interval:
         text += f" [{t.interval[0]:.2f}-{t.interval[1]:.2f}]"
     return text
+
+
+def _rerun(t: Trial) -> str:
+    """Where a re-run of the trial's speedup on this host is expected to land."""
+    ends = t.rerun_interval
+    return "-" if t.speedup is None or not ends else f"[{ends[0]:.2f}-{ends[1]:.2f}]"
 
 
 def stability(t: Trial) -> str:
@@ -100,6 +107,7 @@ def best_table(tune: Tune, width: int | None = None) -> str:
                 t.compiler,
                 flag_text(t),
                 _speedup(t),
+                _rerun(t),
                 stability(t),
                 _num(t.metrics.get(S.M_THROUGHPUT), ".1f"),
                 _num(t.metrics.get(S.M_LATENCY_P99), ".3g"),
@@ -111,10 +119,13 @@ def best_table(tune: Tune, width: int | None = None) -> str:
             ]
         )
     headers = [
-        "bs", "compiler", "flags", "speedup [95%]", "stability", "throughput", "p99_ms",
+        "bs", "compiler", "flags", "speedup [95%]", "re-run", "stability", "throughput", "p99_ms",
         "compile_s", "payback", "trials", "phase", "note",
     ]  # fmt: skip
-    return format_table(headers, rows, width=width or terminal_width(), keep=2)
+    table = format_table(headers, rows, width=width or terminal_width(), keep=2)
+    if rows and all(r[4] == "-" for r in rows):
+        table += f"\nre-run: {NO_RERUN}"
+    return table
 
 
 def failures_table(tune: Tune) -> str | None:
@@ -341,6 +352,7 @@ def _trial_record(tune: Tune, t: Trial) -> dict[str, Any]:
         "values": t.values,
         "speedup": t.speedup,
         "speedup_interval": t.interval,
+        "speedup_rerun_interval": t.rerun_interval,
         "throughput": t.metrics.get(S.M_THROUGHPUT),
         "latency_p99_ms": t.metrics.get(S.M_LATENCY_P99),
         "compile_s": t.metrics.get(S.M_COMPILE),

@@ -105,3 +105,49 @@ def test_unknown_metric_is_an_error(hand_made):
     client, uri = hand_made
     with pytest.raises(NgraphError, match="unknown metric"):
         _pick(client, uri, metric="accuracy")
+
+
+def _ranked(*figures, metric=S.M_THROUGHPUT):
+    """Candidates best first: (compiler, throughput, its interval, its re-run interval or
+    None, stability)."""
+    from mlflow_ngraph.deploy.select import Candidate, Selection
+
+    out = []
+    for compiler, value, (low, high), rerun, stability in figures:
+        metrics = {
+            S.M_THROUGHPUT: value, S.M_THROUGHPUT_CI_LOW: low, S.M_THROUGHPUT_CI_HIGH: high,
+            S.M_LATENCY_P50: 1000 / value,
+        }  # fmt: skip
+        if rerun:
+            metrics[S.M_THROUGHPUT_RERUN_LOW], metrics[S.M_THROUGHPUT_RERUN_HIGH] = rerun
+        where = ("r-" + compiler, "1", "cpu", "resnet18", compiler, "", 1)
+        out.append(Candidate(*where, metrics, status="OK", stability=stability))
+    return Selection(metric, out, [])
+
+
+def test_the_pick_says_whether_its_lead_is_one_a_re_run_keeps():
+    from mlflow_ngraph.deploy.select import describe, lead
+
+    # this run's intervals separate, the re-run intervals (the host's spread) overlap
+    both = [
+        ("onnxruntime", 110.0, (108.0, 112.0), (99.0, 122.0), "STABLE"),
+        ("openvino", 100.0, (98.0, 102.0), (90.0, 111.0), "STABLE"),
+    ]
+    said = lead(_ranked(*both))
+    assert said.startswith("#1 leads #2 (resnet18 openvino bs1) by 1.10x in throughput")
+    assert said.endswith(": within noise: a re-run may rank #2 first")
+    # without a measured spread, this run's intervals judge it, and the words say so
+    alone = [(c, v, ci, None, s) for c, v, ci, _, s in both]
+    assert lead(_ranked(*alone)).endswith(": beyond this run's noise")
+    listing = describe(_ranked(*alone))
+    assert "re-run CI: none yet: this host's spread needs measuring" in listing
+    assert "re-run CI: none yet" not in describe(_ranked(*both))
+    # re-run intervals that separate: a lead a re-run keeps
+    apart = [(*both[0][:3], (105.0, 116.0), "STABLE"), (*both[1][:3], (90.0, 104.0), "STABLE")]
+    assert lead(_ranked(*apart)).endswith(": beyond noise")
+    # an UNSTABLE side (--allow-unstable) is not judged; nor is a latency ranking
+    noisy = [both[0], (*both[1][:4], "UNSTABLE")]
+    assert lead(_ranked(*noisy)).endswith(": not judged: next UNSTABLE")
+    by_latency = lead(_ranked(*both, metric=S.M_LATENCY_P50))
+    assert "by 1.10x in latency_p50_ms: not judged" in by_latency
+    assert lead(_ranked(both[0])) is None

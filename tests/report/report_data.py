@@ -55,6 +55,8 @@ class Cell:
     speedup_ci: dict[int, tuple[float, float]] = field(default_factory=dict)
     #: logged re-run intervals of the speedup, by batch size
     speedup_rerun: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: logged re-run intervals of the throughput, by batch size
+    rerun: dict[int, tuple[float, float]] = field(default_factory=dict)
     #: logged paired speedups (measured in rounds with identity), by batch size
     speedup_paired: dict[int, float] = field(default_factory=dict)
     #: further tags of the cell's run (``ngraph.moved.bs<b>``: the guard's word)
@@ -89,6 +91,9 @@ def _per_batch(cell: Cell) -> dict[str, dict[int, float]]:
     if cell.speedup_rerun:
         values[S.M_SPEEDUP_RERUN_LOW] = {b: lo for b, (lo, _) in cell.speedup_rerun.items()}
         values[S.M_SPEEDUP_RERUN_HIGH] = {b: hi for b, (_, hi) in cell.speedup_rerun.items()}
+    if cell.rerun:
+        values[S.M_THROUGHPUT_RERUN_LOW] = {b: lo for b, (lo, _) in cell.rerun.items()}
+        values[S.M_THROUGHPUT_RERUN_HIGH] = {b: hi for b, (_, hi) in cell.rerun.items()}
     if cell.compile_s:
         values[S.M_CACHE_HIT] = {b: float(cell.cache_hit) for b in cell.compile_s}
     return values

@@ -105,14 +105,25 @@ def test_compare_says_the_figures_the_guard_said_moved(noisy_store):
     assert row["moved"].startswith("the throughput moved 3.18x lower")
 
 
+def test_compare_says_why_no_re_run_interval_is_shown(noisy_store):
+    """The store holds no re-run interval (no spread measured on the host): compare leaves
+    the column out and says why in one line, on the terminal and in markdown."""
+    for fmt, line in (("terminal", "re-run: none yet"), ("markdown", "`re-run`: none yet")):
+        shown = CliRunner().invoke(compare, ["--tracking-uri", noisy_store, "--format", fmt])
+        text = " ".join(shown.output.split())
+        assert shown.exit_code == 0 and f"{line}: this host's spread needs measuring" in text
+        assert "throughput re-run" not in text
+
+
 def test_flips_say_which_are_beyond_noise(noisy_store):
     flips = _json(noisy_store, "--table", "flips")
     row = one(flips, compiler="onnxruntime", level="model")
     assert row["swapped"] == 3 and row["beyond_noise"] == 2
     pairs = dict(p.rsplit(" (", 1) for p in row["swapped_pairs"].split("; "))
     assert pairs[f"{A} > {B}"] == "within noise)"  # identity intervals overlap
-    assert pairs[f"{A} > {C}"] == "beyond noise)"
-    assert pairs[f"{B} > {C}"] == "beyond noise)"
+    # no re-run intervals (no spread measured): judged on this run's, and said so
+    assert pairs[f"{A} > {C}"] == "beyond this run's noise)"
+    assert pairs[f"{B} > {C}"] == "beyond this run's noise)"
     # the same figures with C's openvino figure UNSTABLE: no order built on it is judged
     row = one(flips, compiler="openvino", level="model")
     assert row["swapped"] == 3 and row["beyond_noise"] == 0
@@ -246,6 +257,7 @@ def test_a_flip_is_beyond_noise_only_where_the_re_run_intervals_separate(tmp_pat
     shown = CliRunner().invoke(compare, ["--tracking-uri", uri, "--model", B])
     assert shown.exit_code == 0, shown.output
     assert "re-run" in shown.output and "[2.2-2.6]" in shown.output, shown.output
+    assert "re-run: none yet" not in shown.output  # the why-line only where none has one
 
 
 def test_the_moves_within_a_run_are_counted_apart():
@@ -277,3 +289,39 @@ def test_the_moves_within_a_run_are_counted_apart():
     assert said.endswith("1 of them moved only between their own run's sittings (the host "
                          "drifted during that run; no other run had measured them)")  # fmt: skip
     assert "moved only between" not in moved_note(frame.iloc[1:3])
+
+
+def test_a_flip_beyond_noise_is_one_both_rankings_re_run_intervals_keep(tmp_path):
+    """A flip is "beyond noise" only where eager's order and the speedups' both separate on
+    their re-run intervals; where eager's figures have none, its order was judged on this
+    run's intervals alone, and the words say so."""
+    uri, client, _ = new_store(tmp_path, "both")
+    compiled = [
+        Cell("cpu", A, "resnet", "openvino", {1: 150}, ci={1: (147, 153)},
+             speedup_ci={1: (1.48, 1.52)}, speedup_rerun={1: (1.4, 1.6)}),
+        Cell("cpu", B, "resnet", "openvino", {1: 200}, ci={1: (196, 204)},
+             speedup_ci={1: (3.9, 4.1)}, speedup_rerun={1: (3.7, 4.3)}),
+    ]  # fmt: skip
+    eager = {  # experiment: B's eager figure and its re-run interval (A's: 100, 94-106)
+        "both": (50, (47, 53)),  # eager's re-run intervals separate: beyond noise
+        "eager-overlaps": (90, (80, 101)),  # a re-run of eager may order them the other way
+        "sitting": (50, None),  # no re-run interval for eager: this run's judge its order
+    }
+    for name, (value, rerun) in eager.items():
+        cells = [
+            Cell("cpu", A, "resnet", "identity", {1: 100}, ci={1: (98, 102)},
+                 rerun={1: (94, 106)} if rerun else {}),
+            Cell("cpu", B, "resnet", "identity", {1: value}, ci={1: (value - 1, value + 1)},
+                 rerun={1: rerun} if rerun else {}),
+        ]  # fmt: skip
+        exp = client.get_experiment_by_name(name) or client.create_experiment(name)
+        log_benchmark(client, getattr(exp, "experiment_id", exp), "cpu", [*cells, *compiled])
+    said = {}
+    for name in eager:
+        flip = one(_json(uri, "-e", name, "--table", "flips"), compiler="openvino", level="model")
+        said[name] = (flip["swapped_pairs"], flip["beyond_noise"])
+    assert said == {
+        "both": (f"{A} > {B} (beyond noise)", 1),
+        "eager-overlaps": (f"{A} > {B} (within noise)", 0),
+        "sitting": (f"{A} > {B} (beyond this run's noise)", 1),
+    }

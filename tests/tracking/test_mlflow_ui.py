@@ -80,7 +80,8 @@ def test_the_printed_address_opens_the_designed_view(viewed):
     # who, where it wins, then each batch size's rounded figures with their own stability
     expected = ["tags.`model`", "params.`compiler`", "tags.`fastest at`"]
     for b in BATCH_SIZES:
-        expected += [f"tags.`bs{b} {f}`" for f in ("samples/s", "speedup", "speedup CI")]
+        figures = ("samples/s", "speedup", "speedup CI", "re-run CI")
+        expected += [f"tags.`bs{b} {f}`" for f in figures]
         expected += [f"tags.`bs{b} lead`", f"tags.`bs{b} stable`"]
     expected += ["tags.`ngraph.status`", "params.`device`"]
     assert state["selectedColumns"] == expected == state["columnOrder"]
@@ -331,7 +332,7 @@ def test_rounded_figures_lead_and_stability_per_batch_size():
     tags = ui.figure_tags(onnx, lead, [1])
     assert tags[ui.MODEL_TAG] == "mha_block d3 w256" and tags[ui.FASTEST_TAG] == "bs1"
     # batch 1: fastest, 2.0 over openvino's 1.5; batch 8: third of four, behind noise
-    expected = ["2.00", "2.00x", "1.80-2.20", "1.33x", "STABLE"]
+    expected = ["2.00", "2.00x", "1.80-2.20", "-", "1.33x", "STABLE"]
     assert [tags[f"bs1 {f}"] for f in ui.FIGURES] == expected
     assert tags["bs8 samples/s"] == "12.0" and tags["bs8 lead"] == "1.50x"
     noise = ui.figure_tags([large[-1]], lead, [])
@@ -344,6 +345,39 @@ def test_rounded_figures_lead_and_stability_per_batch_size():
 
     for key in tags:
         _validate_tag_name(key)
+
+
+def test_the_view_shows_both_intervals_of_a_figure_as_the_summary_does():
+    from mlflow_ngraph.measure.verdict import settle
+    from mlflow_ngraph.tracking.sink import Row
+
+    model = "conv_block:depth=1,width=8"
+    eager = Row(model, "identity", 1, "OK", throughput=100.0, ci_low=98.0, ci_high=102.0,
+                rerun_low=90.0, rerun_high=111.0, stable=True)  # fmt: skip
+    paired = Row(model, "onnxruntime", 1, "OK", throughput=200.0, speedup=2.0,
+                 speedup_ci_low=1.9, speedup_ci_high=2.1, speedup_rerun_low=1.7,
+                 speedup_rerun_high=2.3, stable=True)  # fmt: skip
+    # measured apart from eager: no paired interval; the summary shows the one the two
+    # throughputs' intervals give, and so must the view (it showed "-")
+    apart = Row(model, "tvm", 1, "OK", throughput=150.0, ci_low=147.0, ci_high=153.0,
+                speedup=1.5, stable=True)  # fmt: skip
+    rows = [eager, paired, apart]
+    settle(rows)
+    lead = ui.leads(rows)
+    figures = {r.compiler: ui.figure_tags([r], lead, []) for r in rows}
+    assert figures["onnxruntime"]["bs1 re-run CI"] == "1.70-2.30"  # the speedup's
+    assert figures["identity"]["bs1 re-run CI"] == "90.0-111.0"  # eager's throughput's
+    tvm = figures["tvm"]
+    assert (tvm["bs1 speedup CI"], tvm["bs1 re-run CI"]) == ("1.46-1.54", "-")
+    note = ui.cell_note([paired], [], "v")
+    header = cells_of(note.splitlines()[2])
+    assert header == list(ui.CELL_COLUMNS)
+    cells = dict(zip(header, cells_of(note.splitlines()[4]), strict=True))
+    assert (cells["speedup CI"], cells["speedup re-run"]) == ("1.90-2.10", "1.70-2.30")
+    assert "*re-run*: none yet" not in note
+    # no row has a re-run interval: the note says why, in one line
+    alone = ui.cell_note([apart], [], "v")
+    assert "*re-run*: none yet: this host's spread needs measuring" in alone
 
 
 def test_the_winners_table_is_padded_and_links_the_model_training_view():

@@ -203,7 +203,14 @@ def test_no_lead_is_judged_between_unstable_figures(tmp_path):
     assert "the winner's figures are UNSTABLE" in line and "measure again" in line
     text = description(tune, result, None)
     assert "beyond noise" not in text and "UNSTABLE" in text.splitlines()[2]
-    assert row(best_table(tune, width=400), "onnxruntime")[5] == "UNSTABLE"
+    table = best_table(tune, width=400)
+    assert row(table, "onnxruntime")[5:7] == ["-", "UNSTABLE"]
+    assert "re-run: none yet: this host's spread needs measuring" in table  # and why
+    # the re-run interval where the host has measured its spread, beside this run's
+    ort.metrics.update({S.M_SPEEDUP_RERUN_LOW: 1.91, S.M_SPEEDUP_RERUN_HIGH: 2.26})
+    table = best_table(tune, width=400)
+    assert row(table, "onnxruntime")[3:6] == ["2.08x", "[2.03-2.13]", "[1.91-2.26]"]
+    assert "re-run: none yet" not in table
     # a runner-up's UNSTABLE figures leave the lead unjudged too, and no tie is called
     ort.stable, ov.stable = True, False
     ov.metrics.update({S.M_SPEEDUP_CI_LOW: 2.0, S.M_SPEEDUP_CI_HIGH: 2.2})
