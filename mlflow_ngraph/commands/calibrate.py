@@ -116,7 +116,7 @@ def report(home: Path, occasions: set[str] | None = None, kind: str = "cpu") -> 
         pooled = history.spread(home, what, None, kind)
         said = pooled.words() if pooled else "not yet (too few engines measured in two sittings)"
         lines.append(f"  {what}: {said}")
-        left_out = _left_out(home, what, occasions, pooled, kind) if occasions else None
+        left_out = _left_out(home, what, occasions, pooled is not None, kind) if occasions else None
         if left_out:
             lines.append(f"    {left_out}")
         if pooled is None:
@@ -132,7 +132,7 @@ def report(home: Path, occasions: set[str] | None = None, kind: str = "cpu") -> 
     return "\n".join(lines)
 
 
-def _left_out(home: Path, what: str, occasions: set[str], spread, kind: str) -> str | None:
+def _left_out(home: Path, what: str, occasions: set[str], spread: bool, kind: str) -> str | None:
     """One line: how many of the ``what`` figures this calibrate's sittings (``occasions``)
     measured the ``spread`` rests on (where there is none: how many could enter one), why
     the rest were left out, and what to do; None where every one is in it."""

@@ -850,9 +850,7 @@ def _rankings(part: pd.DataFrame, keys: list[str], column: str) -> dict[tuple, d
         "identity_unstable",
     ]
     low, high = _bounds(part)
-    rerun = ["identity_rerun_low", "identity_rerun_high"]
-    rerun += [schema.M_THROUGHPUT_RERUN_LOW, schema.M_THROUGHPUT_RERUN_HIGH]
-    missing = [v for v in rerun if v not in part]  # a frame without re-run intervals
+    missing = [v for v in values if "rerun" in v and v not in part]  # none logged
     part = part.assign(
         **{name: np.nan for name in missing},
         ci_low=low,
