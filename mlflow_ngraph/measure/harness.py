@@ -444,8 +444,10 @@ P99_MIN_SAMPLES = 299
 def quantile_interval(sorted_values, q: float, confidence: float = 0.95):
     """The distribution-free ``confidence`` interval of the ``q`` quantile: two order
     statistics of the sorted values, chosen from the binomial law of how many fall below
-    it (each side at most (1 - confidence) / 2). ``None`` where the values are too few for
-    one (the interval would reach past the smallest or largest)."""
+    it (each side at most (1 - confidence) / 2). Where equal sides would reach past the
+    largest value (a high quantile of few values: p99 of 299-366), the largest is the upper
+    end and the lower end is as high as the rest of the ``confidence`` allows
+    (:func:`_up_to_the_largest`). ``None`` where the values are too few for any."""
     from scipy import stats
 
     n = len(sorted_values)
@@ -454,9 +456,30 @@ def quantile_interval(sorted_values, q: float, confidence: float = 0.95):
     alpha = (1 - confidence) / 2
     lower = int(stats.binom.ppf(alpha, n, q))  # P(B <= lower - 1) < alpha
     upper = int(stats.binom.ppf(1 - alpha, n, q))
+    if lower >= 1 and upper >= n:
+        return _up_to_the_largest(sorted_values, q, confidence)
     if lower < 1 or upper >= n:
         return None
     return float(sorted_values[lower - 1]), float(sorted_values[upper])
+
+
+def _up_to_the_largest(sorted_values, q: float, confidence: float):
+    """[the r-th smallest, the largest] of ``sorted_values`` with the highest r whose
+    interval holds the ``q`` quantile with probability ``confidence``: it misses where
+    every value lies below the quantile (q**n) or fewer than r do; ``None`` where the first
+    alone exceeds 1 - ``confidence``."""
+    from scipy import stats
+
+    n = len(sorted_values)
+    room = (1 - confidence) - q**n  # what the lower side may miss
+    if room <= 0:
+        return None
+    below = int(stats.binom.ppf(room, n, q))  # the most values below r: P(B <= r - 1)
+    if stats.binom.cdf(below, n, q) > room:  # ... at most room
+        below -= 1
+    if below < 0:
+        return None
+    return float(sorted_values[below]), float(sorted_values[-1])
 
 
 def percentile_intervals(latencies_ms: list[float]) -> dict[str, float | None]:

@@ -216,6 +216,24 @@ def test_a_percentile_interval_holds_95_percent_and_needs_enough_values():
     assert quantile_interval(np.sort(rng.exponential(1.0, 1000)), 0.99) is not None
 
 
+def test_a_p99_of_too_few_values_for_equal_sides_reaches_the_largest_and_holds_95_percent():
+    """From 299 values (where p99 is first reported) to 366 the equal-sided interval would
+    reach past the largest value: the largest is its upper end, its lower end as high as
+    95% allows, and it holds the true p99 at least 95% of the time."""
+    rng = np.random.default_rng(5)
+    true_p99 = -math.log(0.01)
+    for n in (299, 330, 366):
+        held, trials = 0, 2000
+        for _ in range(trials):
+            values = np.sort(rng.exponential(1.0, n))
+            low, high = quantile_interval(values, 0.99)
+            assert high == values[-1] and low < high
+            held += low <= true_p99 <= high
+        assert held / trials >= 0.94, n
+    low, _ = quantile_interval(np.arange(1.0, 300.0), 0.99)  # 299 values
+    assert 285 <= low <= 292  # about the tenth largest: exact, not the smallest
+
+
 def test_overlapping_requests_have_no_percentiles(model):
     """Several requests in flight without a per-request timer: no latency is reported
     rather than the inverse throughput under its name."""
