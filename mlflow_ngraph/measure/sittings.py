@@ -20,11 +20,12 @@ each engine and batch size:
 - the **re-run interval** is the prediction interval of where another run with N sittings
   lands: t with the spread's degrees of freedom, over the variance of the difference of two
   such means, 2 (sd^2 + own^2) / N;
-- the figure is STABLE when its combined interval is within ``--max-interval`` and no
-  sitting was UNSTABLE for what the host did (contention, drift, a move against the
-  history); a sitting that was only too wide on its own counts through the mean, and the
-  last one is measured again for that only where a re-measure can change the mean's
-  verdict (:func:`remeasure_settles`).
+- the figure is STABLE when its combined interval is within ``--max-interval``, the
+  screen did not move the mean beyond that interval, and no sitting was UNSTABLE for what
+  the host did (contention, drift, a move against the history); a sitting UNSTABLE only
+  for its own interval or its own screen's move counts through the mean, and a sitting is
+  measured again for that only where a re-measure can change the mean's verdict, the
+  sittings still to come counted at their target (:func:`mean_settles`).
 
 Each sitting's figures also enter the host's history as they are measured, so later runs
 with one sitting get a spread from them too. Pure: records in, a record out.
@@ -35,10 +36,10 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from mlflow_ngraph.measure.history import MIN_DF, Z95, Spread, pooled_spread, rerun_interval
-from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER
+from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER, screen_move
 
 #: (figure, its interval's ends, its relative half-width, its re-run interval's ends) in a
 #: record's metrics, per kind of figure
@@ -156,7 +157,7 @@ def combine(
         got = [figure(r, what) for r in records]
         if any(g is None for g in got):
             continue
-        value, h = _mean_of_sittings(metrics, what, got)
+        value, h = _mean_of_sittings(metrics, what, got, [r.get("metrics") or {} for r in records])
         halfwidths[what] = h
         unit = "/s" if what == "throughput" else "x"
         said.append(f"{what} " + ", ".join(f"{v:.4g}{unit}" for v, _ in got))
@@ -171,16 +172,21 @@ def combine(
     compared = "speedup" if paired else "throughput"
     _rerun_source(out, spreads.get(compared))
     limit = max_interval if paired else THROUGHPUT_WIDER * max_interval
-    out["stability"] = _stability(records, halfwidths.get(compared), limit, compared)
+    out["stability"] = _stability(records, limit, compared)
     return out
 
 
 def _mean_of_sittings(
-    metrics: dict, what: str, got: list[tuple[float, float | None]]
+    metrics: dict,
+    what: str,
+    got: list[tuple[float, float | None]],
+    sittings_metrics: Sequence[Mapping],
 ) -> tuple[float, float | None]:
     """(value, log half-width or None) of the geometric mean of the sittings' figures
     ``got`` of ``what`` (each its value and log half-width), written into ``metrics`` with
-    its sitting interval: the sittings' own half-widths in quadrature, over their number."""
+    its sitting interval: the sittings' own half-widths in quadrature, over their number;
+    and the mean of their unscreened figures (``sittings_metrics``: each sitting's), the
+    screen's change to the mean, where every sitting has one."""
     n = len(got)
     name, (low_name, high_name), half_name, _ = FIELDS[what]
     centre = sum(math.log(v) for v, _ in got) / n
@@ -192,7 +198,18 @@ def _mean_of_sittings(
     metrics[low_name] = value * math.exp(-h) if h is not None else None
     metrics[high_name] = value * math.exp(h) if h is not None else None
     metrics[half_name] = math.expm1(h) if h is not None else None
+    unscreened = [_unscreened(m, what) for m in sittings_metrics]
+    if all(u is not None for u in unscreened):  # the mean with every window in it
+        metrics[f"{what}_unscreened"] = math.exp(sum(math.log(u) for u in unscreened) / n)
+    else:
+        metrics.pop(f"{what}_unscreened", None)
     return value, h
+
+
+def _unscreened(metrics: Mapping, what: str) -> float | None:
+    """A sitting's figure of ``what`` with every window in it (the screen's work undone)."""
+    value = metrics.get(f"{what}_unscreened")
+    return value if value and value > 0 and math.isfinite(value) else None
 
 
 def _rerun_of_mean(
@@ -224,22 +241,16 @@ def _rerun_source(out: dict, chosen: Spread | None) -> None:
         )
 
 
-def _stability(records: Sequence[Mapping], h: float | None, limit: float, what: str) -> dict:
-    """STABLE when the combined interval is within ``limit`` and no sitting was UNSTABLE for
-    what the host did (a sitting only too wide on its own counts through the mean)."""
+def _stability(records: Sequence[Mapping], limit: float, what: str) -> dict:
+    """STABLE when the mean of the sittings is (:func:`mean_causes`) and no sitting was
+    UNSTABLE for what the host did (a sitting UNSTABLE only for its own interval or its own
+    screen's move counts through the mean)."""
     causes = []
     for i, record in enumerate(records, 1):
         stability = record.get("stability") or {}
-        if stability.get("stable") is False and not stability.get("width_only"):
+        if stability.get("stable") is False and not stability.get("own_only"):
             causes.append(f"sitting {i}: {stability.get('reason', '')}".rstrip(": "))
-    width = math.expm1(h) if h is not None else None
-    if width is None:
-        causes.append(f"too few windows for a {what} interval")
-    elif width > limit:
-        causes.append(
-            f"the {len(records)} sittings' {what} interval +-{100 * width:.1f}% is wider "
-            f"than +-{100 * limit:.3g}%: measure on a quiet host"
-        )
+    causes += mean_causes([Sitting.of(r, what) for r in records], limit, what)
     return {
         "stable": not causes,
         "reason": "; ".join(causes),
@@ -247,34 +258,97 @@ def _stability(records: Sequence[Mapping], h: float | None, limit: float, what: 
     }
 
 
-def remeasure_settles(
-    earlier: Sequence[float | None] | None, now: float | None, limit: float, best: float
+@dataclass(frozen=True)
+class Sitting:
+    """One sitting's figure as the mean of several judges it."""
+
+    #: the log half-width of its sitting interval (None: too few windows for one)
+    h: float | None
+    #: the log of the figure over the same figure with every window in it (the screen's
+    #: change to it; 0 where not known)
+    screened: float = 0.0
+    #: windows left out as disturbed, and windows measured
+    disturbed: int = 0
+    windows: int = 0
+
+    @classmethod
+    def of(cls, record: Mapping, what: str) -> Sitting:
+        """The sitting of ``record`` (a sitting's record) for the figure ``what``."""
+        metrics = record.get("metrics") or {}
+        got = figure(record, what)
+        value, h = got if got is not None else (None, None)
+        unscreened = _unscreened(metrics, what)
+        return cls(
+            h,
+            math.log(value / unscreened) if value and unscreened else 0.0,
+            int(metrics.get("windows_disturbed") or 0),
+            int(metrics.get("windows") or 0),
+        )
+
+
+def mean_causes(sittings: Sequence[Sitting], limit: float, what: str) -> list[str]:
+    """What makes the mean of ``sittings`` (of ``what``) UNSTABLE on its own: its interval
+    (the sittings' log half-widths in quadrature, over their number) missing or wider than
+    ``limit``, or the screen's change to it (the mean of theirs) beyond that interval with
+    :data:`~mlflow_ngraph.measure.stability.SCREEN_DECIDES` of all their windows left out."""
+    n = len(sittings)
+    if any(s.h is None for s in sittings):
+        return [f"too few windows for a {what} interval"]
+    h = math.sqrt(sum(s.h * s.h for s in sittings)) / n
+    causes = []
+    if math.expm1(h) > limit:
+        causes.append(
+            f"the {n} sittings' {what} interval +-{100 * math.expm1(h):.1f}% is wider "
+            f"than +-{100 * limit:.3g}%: measure on a quiet host"
+        )
+    shift = sum(s.screened for s in sittings) / n
+    moved = screen_move(
+        shift, h, sum(s.disturbed for s in sittings), sum(s.windows for s in sittings)
+    )
+    if moved is not None:
+        causes.append(
+            f"leaving out the disturbed windows moved the {what} {100 * moved:+.1f}% over "
+            f"the {n} sittings, more than its interval: measure on a quiet host"
+        )
+    return causes
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """What a sitting of several is judged with (:func:`mean_settles`): per kind of figure,
+    the earlier sittings' (in order), and how many sittings are still to come."""
+
+    figures: dict[str, list[Sitting]] = field(default_factory=dict)
+    to_come: int = 0
+
+
+def mean_settles(
+    earlier: Sequence[Sitting], now: Sitting, to_come: int, limit: float, best: float, what: str
 ) -> bool:
-    """Whether measuring the last of several sittings again can settle its figure, when
-    this sitting's own interval was too wide: not where the sittings together are within
-    ``limit`` already (the mean's interval, log half-widths in quadrature over their
-    number, is what is judged), nor where a re-measure at ``best`` (this sitting's own
-    target) would still leave them wider. ``earlier``: the earlier sittings' log
-    half-widths (``None``: not known, measure again); ``now``: this sitting's; ``limit``
-    and ``best`` relative half-widths. Where this sitting has no interval a re-measure may
-    give one; where an earlier one had none, their mean has none whatever this one does."""
-    if now is None or not earlier:
+    """Whether measuring a sitting of several again can settle the verdict on their mean,
+    when this sitting alone was UNSTABLE only for its own interval or its screen's move:
+    not where the mean is STABLE with it as it is (:func:`mean_causes`), nor where this
+    sitting measured again at ``best`` (its own target, nothing left out) would still leave
+    the mean UNSTABLE. ``earlier``: the earlier sittings; ``to_come``: the sittings still to
+    come, each counted at ``best``, as long as this one, nothing left out; ``limit`` and
+    ``best`` relative half-widths. Where this sitting has no interval a re-measure may give
+    one; where an earlier one had none, their mean has none whatever this one does."""
+    if now.h is None:
         return True
-    if any(h is None for h in earlier):
+    if any(s.h is None for s in earlier):
         return False
-    n = len(earlier) + 1
-    base = sum(h * h for h in earlier)
-    together = math.sqrt(base + now * now) / n
-    at_best = math.sqrt(base + math.log1p(best) ** 2) / n
-    return not (math.expm1(together) <= limit or math.expm1(at_best) > limit)
+    at_best = Sitting(math.log1p(best), 0.0, 0, now.windows)  # as long as this one
+    ahead = [at_best] * to_come
+    if not mean_causes([*earlier, now, *ahead], limit, what):
+        return False
+    return not mean_causes([*earlier, at_best, *ahead], limit, what)
 
 
-def earlier_halfwidths(records: Sequence[Mapping]) -> dict[str, list[float | None]]:
-    """Per kind of figure, the log half-widths of the sittings' ``records`` (None where a
-    sitting had no interval), in order; a kind some sitting has no figure of is left out."""
-    out = {}
+def earlier_sittings(records: Sequence[Mapping], to_come: int) -> Earlier:
+    """What a sitting is judged with: the earlier sittings' ``records`` (in order), per kind
+    of figure (a kind some sitting has no figure of is left out), and the ``to_come``."""
+    figures = {}
     for what in FIELDS:
-        got = [figure(r, what) for r in records]
-        if records and all(g is not None for g in got):
-            out[what] = [g[1] for g in got]
-    return out
+        if all(figure(r, what) is not None for r in records):
+            figures[what] = [Sitting.of(r, what) for r in records]
+    return Earlier(figures, to_come)

@@ -56,10 +56,11 @@ class Stability:
     #: too wide after the rounds already went past the cap to narrow it (more of the same
     #: host gives the same spread)
     retry: bool = True
-    #: unstable only because its interval is too wide (or missing), nothing the host did:
-    #: one of several sittings so marked may still give a mean known well enough
-    #: (measure/sittings.py)
-    width_only: bool = False
+    #: unstable only for what the mean of several sittings judges again, nothing the host
+    #: did: its interval too wide (or missing), or the change leaving its disturbed windows
+    #: out made to it. One of several sittings so marked may still give a mean known well
+    #: enough (measure/sittings.py)
+    own_only: bool = False
     #: what a gross move against the same engine measured earlier on this host said, where
     #: that marked it, and the move (now over then): a baseline's, the speedups paired with
     #: it rest on it
@@ -93,7 +94,7 @@ def assess(
     disturbed windows out made to the figure, where it exceeds the figure's interval. A
     host quantity that was not measured (None/NaN) is not held against it."""
     causes = _width_causes(halfwidth, max_interval, what)
-    width = len(causes)
+    own = len(causes) + _given(screen_moved)
     causes += _contention_causes(other_cpu_percent, other_cpu_threshold, disturbed)
     causes += _move_causes(moved, screen_moved, what)
     if history:
@@ -105,9 +106,31 @@ def assess(
         False,
         "; ".join(causes) + ": measure on a quiet host",
         not (wide_only and stretched),
-        width_only=len(causes) == width,
+        own_only=len(causes) == own,
         history=history,
     )
+
+
+#: the share of its windows the screen must have left out before the change it made marks a
+#: figure (:func:`screen_move`)
+SCREEN_DECIDES = 0.25
+
+
+def screen_move(
+    log_change: float | None, log_halfwidth: float | None, disturbed: int, windows: int
+) -> float | None:
+    """The relative change the screen made to a figure (``log_change``: the log of the figure
+    over the one with every window in it) where the figure rests on its judgement: the
+    change exceeds the figure's own interval (``log_halfwidth``) and at least
+    :data:`SCREEN_DECIDES` of the ``windows`` were left out as ``disturbed``. One window
+    left out (the first after a pause, whose threads woke on cold cores: seen at half the
+    rate of the rest on an idle host) moves a narrow figure more than its interval without
+    the figure resting on the screen; else None."""
+    if log_change is None or log_halfwidth is None or windows <= 0:
+        return None
+    if disturbed < SCREEN_DECIDES * windows or abs(log_change) <= log_halfwidth:
+        return None
+    return math.expm1(log_change)
 
 
 def _width_causes(halfwidth: float | None, max_interval: float, what: str) -> list[str]:

@@ -69,7 +69,7 @@ class GroupDispatch:
         index = next(i for i, m in enumerate(models) if m is cells[0].model)
         following = self.resume.model_cells(models[index + 1]) if index + 1 < len(models) else []
         _say_group(jobs)
-        members = self._sitting(jobs, {}, True, _ahead(following))
+        members = self._sitting(jobs, {}, 0, _ahead(following))
         self._end_group(jobs, members)
 
     def run_sittings(self) -> None:
@@ -94,7 +94,7 @@ class GroupDispatch:
         for i, (sitting, jobs) in enumerate(order):
             after = [cell for cell, *_ in order[i + 1][1]] if i + 1 < len(order) else []
             _say_group(jobs, f", sitting {sitting} of {sittings}")
-            members = self._sitting(jobs, earlier, sitting == sittings, _ahead(after))
+            members = self._sitting(jobs, earlier, sittings - sitting, _ahead(after))
             if sitting == sittings:
                 self._end_group(jobs, members)
 
@@ -121,19 +121,20 @@ class GroupDispatch:
             outcome.death = member.death
             self.work.end(cell, pending, outcome)
 
-    def _sitting(self, jobs, earlier, last: bool, ahead) -> list:
-        """One sitting of a group's ``jobs``: fresh workers, measured together. A sitting
-        before the ``last`` keeps its results in ``earlier`` (cell key -> batch size ->
-        records); the last one's are combined with them, journaled and logged. Returns the
-        members, the cells' first (their ``death`` says why a worker ended early)."""
+    def _sitting(self, jobs, earlier, to_come: int, ahead) -> list:
+        """One sitting of a group's ``jobs``: fresh workers, measured together, ``to_come``
+        sittings still after it. A sitting before the last keeps its results in
+        ``earlier`` (cell key -> batch size -> records); the last one's are combined with
+        them, journaled and logged. A retry of any of them is judged with the earlier ones
+        and the number to come. Returns the members, the cells' first (their ``death`` says
+        why a worker ended early)."""
         from mlflow_ngraph.run.isolation import GroupCell, run_group
 
         members = []
         for cell, _, outcome, task in jobs:
             kept = earlier[cell.key] if self.policy.sittings > 1 else None
-            member = GroupCell(cell.key, task, self.work.events(cell, outcome, kept, last))
-            member.earlier = kept if last else None  # a retry of the last is judged with them
-            members.append(member)
+            events = self.work.events(cell, outcome, kept, not to_come)
+            members.append(GroupCell(cell.key, task, events, earlier=kept, to_come=to_come))
         baseline = next((c.key for c, *_ in jobs if c.compiler.name == "identity"), None)
         if baseline is None and self.reference:
             sizes = sorted({b for _, pending, *_ in jobs for b in pending})

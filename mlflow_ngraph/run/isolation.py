@@ -378,9 +378,11 @@ class GroupCell:
     state: str = "starting"  # starting, busy, gate, ready, done, dead
     at: int | None = None  # the batch size of its gate or readiness
     deadline: float = 0.0
-    #: the last of several sittings (``--sittings N``): batch size -> the earlier sittings'
-    #: records, whose intervals a retry of this one is judged with; None: any other
+    #: a sitting of several (``--sittings N``): batch size -> the earlier sittings'
+    #: records, whose figures a retry of this one is judged with; None: a single sitting
     earlier: dict[int, list[dict]] | None = None
+    #: the sittings of this group still to come after this one
+    to_come: int = 0
 
     @property
     def title(self) -> str:
@@ -723,10 +725,10 @@ def _warm(group: _Group, ready: list[GroupCell]) -> list[GroupCell]:
 
 def _judge(group: _Group, names: dict[str, GroupCell], figures: dict, base: str | None, b: int):
     """Each worker's verdict on its figures of the rounds at batch size ``b`` (paired with
-    ``base``'s where it is not ``base``; in the last of several sittings, with the earlier
-    sittings' intervals). Returns the cells judged, and (cell, reason, whether a retry may
-    help) of each UNSTABLE one."""
-    from mlflow_ngraph.measure.sittings import earlier_halfwidths
+    ``base``'s where it is not ``base``; in a sitting of several, with the earlier
+    sittings' figures and the number still to come). Returns the cells judged, and (cell,
+    reason, whether a retry may help) of each UNSTABLE one."""
+    from mlflow_ngraph.measure.sittings import earlier_sittings
 
     judged, unstable, baseline_moved = [], [], None
     # the baseline first: a gross move of its figure marks the speedups paired with it
@@ -735,7 +737,11 @@ def _judge(group: _Group, names: dict[str, GroupCell], figures: dict, base: str 
             cell.state = "busy"
             continue
         paired = base is not None and name != base
-        earlier = earlier_halfwidths(cell.earlier.get(b, [])) if cell.earlier else None
+        earlier = (
+            None
+            if cell.earlier is None
+            else earlier_sittings(cell.earlier.get(b, []), cell.to_come)
+        )
         asked = (figures[name], paired, baseline_moved, earlier)
         kind, verdict = group.ask(cell, ("judge", asked), ("judged",))
         if kind != "judged":

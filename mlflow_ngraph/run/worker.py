@@ -232,7 +232,7 @@ def _stability_record(stability, attempts: int) -> dict[str, Any]:
         "stable": stability.stable,
         "reason": stability.reason,
         "attempts": attempts,
-        "width_only": getattr(stability, "width_only", False),
+        "own_only": getattr(stability, "own_only", False),
         "history": getattr(stability, "history", None),
         "history_ratio": getattr(stability, "history_ratio", None),
     }
@@ -282,40 +282,50 @@ def judge(task: CellTask, result, baseline_paired: bool, baseline_moved=None):
 
 
 def remeasure_if_it_settles(task: CellTask, result, paired: bool, stability, earlier):
-    """The verdict of the last of several sittings (``--sittings N``) whose own interval
-    alone was too wide, with its retry kept only where measuring this sitting again can
-    change what is judged: the mean of the sittings (:mod:`mlflow_ngraph.measure.sittings`).
-    Not when the sittings together are within the run's limit already, nor when even this
-    sitting at its own target would leave them wider. ``earlier``: per kind of figure, the
-    earlier sittings' log half-widths (``None``: not the last of several sittings)."""
-    from mlflow_ngraph.measure.sittings import log_halfwidth, remeasure_settles
+    """The verdict of a sitting of several (``--sittings N``) that was UNSTABLE only for its
+    own interval or its own screen's move, with its retry kept only where measuring it
+    again can change what is judged: the mean of the sittings
+    (:mod:`mlflow_ngraph.measure.sittings`). Not when the mean is STABLE with this sitting
+    as it is, the sittings to come counted at their target, nor when even this sitting at
+    its own target would leave the mean UNSTABLE. ``earlier``: the earlier sittings and the
+    number to come (:class:`~mlflow_ngraph.measure.sittings.Earlier`; ``None``: a single
+    sitting)."""
+    from mlflow_ngraph.measure.sittings import Sitting, mean_settles
     from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER
 
-    if not earlier or stability.stable or not stability.retry or not stability.width_only:
+    if earlier is None or stability.stable or not stability.retry or not stability.own_only:
         return stability
     # the figure the sittings' mean is judged on (measure/sittings.py: combine): a speedup
     # without an interval has none in the mean either, which a re-measure may give
     what = "speedup" if paired and result.speedup_paired else "throughput"
-    if what not in earlier:
+    if what not in earlier.figures:
         return stability
-    low, high, value = (
-        (result.speedup_ci_low, result.speedup_ci_high, result.speedup_paired)
-        if what == "speedup"
-        else (result.throughput_ci_low, result.throughput_ci_high, result.throughput)
-    )
-    now = log_halfwidth(value, low, high)
+    now = Sitting.of({"metrics": _figures_of(result, what)}, what)
     wider = 1.0 if what == "speedup" else THROUGHPUT_WIDER
     limit = wider * task.run.max_interval / math.sqrt(task.run.sittings)
     best = wider * task.run.precision
-    if remeasure_settles(earlier[what], now, limit, best):
+    if mean_settles(earlier.figures[what], now, earlier.to_come, limit, best, what):
         return stability
+    n = len(earlier.figures[what]) + 1 + earlier.to_come
     log.log(
         DETAIL,
-        "%s bs%d: this sitting's %s interval alone is too wide, but measuring it again cannot "
-        "change the verdict on the %d sittings' mean: not measured again",
-        task.name, result.batch_size, what, len(earlier[what]) + 1,
+        "%s bs%d: this sitting alone is UNSTABLE (%s), but measuring it again cannot change "
+        "the verdict on the %d sittings' mean: not measured again",
+        task.name, result.batch_size, stability.reason.removesuffix(": measure on a quiet host"),
+        n,
     )  # fmt: skip
     return replace(stability, retry=False)
+
+
+def _figures_of(result, what: str) -> dict[str, Any]:
+    """The metrics of ``result`` a sitting's ``what`` is judged on, by their record names."""
+    from mlflow_ngraph.measure.sittings import FIELDS
+
+    name, ends, _, _ = FIELDS[what]
+    return {
+        key: getattr(result, key, None)
+        for key in (name, *ends, f"{what}_unscreened", S.M_WINDOWS, S.M_WINDOWS_DISTURBED)
+    }
 
 
 def baseline_move(label: str, said: str, ratio: float) -> tuple[str, float]:
@@ -340,25 +350,18 @@ def _in_step(task: CellTask, result, baseline_ratio: float | None) -> bool:
 
 def _screen_moved(result, paired: bool) -> float | None:
     """The relative change the screen made to the figure the user compares (the disturbed
-    windows left out) where the figure rests on its judgement: the change exceeds the
-    figure's own interval and at least :data:`SCREEN_DECIDES` of the windows were left out.
-    One window left out (the first after a pause, whose threads woke on cold cores: seen at
-    half the rate of the rest on an idle host) moves a narrow figure more than its interval
-    without the figure resting on the screen; else None."""
+    windows left out) where the figure rests on its judgement
+    (:func:`mlflow_ngraph.measure.stability.screen_move`); else None."""
+    from mlflow_ngraph.measure.stability import screen_move
+
     what = "speedup" if paired else "throughput"
     value = getattr(result, "speedup_paired" if paired else "throughput", None)
     unscreened = getattr(result, f"{what}_unscreened", None)
     h = getattr(result, f"{what}_halfwidth", None)
-    disturbed, windows = getattr(result, "windows_disturbed", 0), getattr(result, "windows", 0)
-    if not value or not unscreened or h is None or disturbed < SCREEN_DECIDES * windows:
+    if not value or not unscreened or h is None:
         return None
-    change = value / unscreened - 1
-    return change if abs(math.log1p(change)) > math.log1p(h) else None
-
-
-#: the share of its windows the screen must have left out before the change it made marks a
-#: figure (:func:`_screen_moved`)
-SCREEN_DECIDES = 0.25
+    disturbed, windows = getattr(result, "windows_disturbed", 0), getattr(result, "windows", 0)
+    return screen_move(math.log(value / unscreened), math.log1p(h), disturbed, windows)
 
 
 def _history_entry(task: CellTask, result, paired: bool, stability=None):

@@ -229,11 +229,14 @@ def test_stability_is_judged_on_the_interval_and_names_its_cause():
     few = assess(None, 1.0)
     assert not few.stable and "too few windows" in few.reason
     assert assess(math.nan, None).stable is False
-    # whether the interval's width alone made it UNSTABLE (what a sitting may be, and still
-    # count through the mean of several)
-    assert wide.width_only and few.width_only
-    assert not busy.width_only and not drifted.width_only
-    assert not assess(0.1036, 40.0, None, what="speedup").width_only
+    # whether its own interval, or its own screen's move, alone made it UNSTABLE (what a
+    # sitting may be, and still count through the mean of several)
+    assert wide.own_only and few.own_only
+    assert not busy.own_only and not drifted.own_only
+    assert not assess(0.1036, 40.0, None, what="speedup").own_only
+    screened = assess(0.03, 1.0, screen_moved=0.08)
+    assert not screened.stable and screened.own_only
+    assert not assess(0.03, 40.0, screen_moved=0.08).own_only
 
 
 def test_a_stray_window_does_not_move_the_paired_speedup_or_widen_its_interval():

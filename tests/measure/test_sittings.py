@@ -115,7 +115,7 @@ def test_stable_only_when_every_sitting_was_and_the_mean_is_known_well_enough():
     assert not got["stable"] and got["reason"] == "sitting 2: busy"
     # a sitting only too wide on its own: the mean of the two is what is judged
     wide_one = [record(100.0, 0.02, 2.0, 0.02), record(101.0, 0.02, 2.0, 0.06, False, "wide")]
-    wide_one[1]["stability"]["width_only"] = True
+    wide_one[1]["stability"]["own_only"] = True
     assert combine(wide_one, {}, 0.05)["stability"]["stable"]
     # each sitting passed its looser limit; their mean is still wider than --max-interval
     wide = [record(100.0, 0.02, 2.0, 0.09), record(101.0, 0.02, 2.0, 0.09)]
@@ -139,7 +139,7 @@ def test_the_run_spread_pools_its_engines_as_the_history_does():
     sittings = [engine_sittings(e, "throughput") for e in engines]
     assert sittings[2] is None
     wide = record(10.3, 0.09, stable=False)
-    wide["stability"]["width_only"] = True  # only too wide: still out (docs/measurement.md)
+    wide["stability"]["own_only"] = True  # only too wide: still out (docs/measurement.md)
     assert engine_sittings([engines[2][0], wide], "throughput") is None
     by_family = {"cnn": [s for s in sittings if s is not None]}
     var, df = variance_components(by_family["cnn"])
@@ -208,30 +208,76 @@ def test_a_rerun_interval_on_a_runs_own_sittings_says_it_leaves_the_runs_spread_
 def test_the_last_sitting_is_measured_again_only_where_that_can_change_the_mean():
     """The last of two sittings, too wide alone (against the run's +-5%, +-7.07% a
     sitting): its retry is spent only where the mean's verdict can turn on it."""
-    from mlflow_ngraph.measure.sittings import remeasure_settles
+    from mlflow_ngraph.measure.sittings import Sitting, mean_settles
+
+    def settles(earlier, now, to_come=0):
+        return mean_settles(
+            [Sitting(h) for h in earlier], Sitting(now), to_come, 0.05, 0.0283, "speedup"
+        )
 
     log = math.log1p
     # +-7.7% alone, but the mean with a +-3% first sitting is +-4.1%: STABLE as it is
-    assert not remeasure_settles([log(0.03)], log(0.077), 0.05, 0.0283)
+    assert not settles([log(0.03)], log(0.077))
     # the first sitting +-12%: even this one at its +-2.83% target leaves the mean +-6.0%
-    assert not remeasure_settles([log(0.12)], log(0.09), 0.05, 0.0283)
+    assert not settles([log(0.12)], log(0.09))
     # +-8% and +-8.5%: the mean +-5.8%; this one at +-2.83% would give +-4.2%
-    assert remeasure_settles([log(0.08)], log(0.085), 0.05, 0.0283)
+    assert settles([log(0.08)], log(0.085))
     # an earlier sitting without an interval: the mean has none whatever this one gives
-    assert not remeasure_settles([None], log(0.09), 0.05, 0.0283)
-    # this sitting without one, or no earlier sitting known: measure again, as before
-    assert remeasure_settles([log(0.03)], None, 0.05, 0.0283)
-    assert remeasure_settles([], log(0.09), 0.05, 0.0283)
+    assert not settles([None], log(0.09))
+    # this sitting without one: measure again, as before
+    assert settles([log(0.03)], None)
+    # the first of two: the sitting to come, at its target, can still make the mean
+    assert not settles([], log(0.09), to_come=1)  # the mean +-4.5% with one at +-2.83%
+    assert settles([], log(0.11), to_come=1)  # +-5.7%; this one at its target: +-2.0%
+    # the only sitting there will be (its earlier one failed): judged on its own
+    assert settles([], log(0.09))
+
+
+def test_the_screens_move_is_judged_on_the_mean_of_the_sittings():
+    """A sitting whose screen moved its figure past its own interval counts through the
+    mean: the mean carries the sittings' unscreened figures, and it is UNSTABLE where the
+    screen moved the mean past the mean's interval, not where one sitting's move is
+    diluted within it."""
+    from mlflow_ngraph.measure.sittings import Sitting, mean_settles
+
+    def sat(speedup, unscreened, disturbed, moved=False):
+        got = record(100.0, 0.02, speedup, 0.02, speedup_unscreened=unscreened,
+                     windows=12, windows_disturbed=disturbed)  # fmt: skip
+        if moved:
+            got["stability"] = {"stable": False, "reason": "screen", "own_only": True}
+        return got
+
+    clean, moved = sat(2.0, 2.0, 0), sat(2.1, 2.0, 5, moved=True)  # +5%, 5 of 12 out
+    out = combine([clean, moved], {}, 0.05)
+    assert out["metrics"]["speedup_unscreened"] == pytest.approx(2.0)
+    # the mean moved +2.5% against its +-1.4%, but on 5 of 24 windows: it does not rest on
+    # the screen
+    assert out["stability"]["stable"]
+    both = combine([moved, sat(2.1, 2.0, 4, moved=True)], {}, 0.05)
+    assert not both["stability"]["stable"]
+    assert (
+        "disturbed windows moved the speedup +5.0% over the 2 sittings"
+        in (both["stability"]["reason"])
+    )
+    # the first sitting's screen moved it +5% (5 of 12 out): the sitting to come, as long
+    # and clean, leaves the mean's move +2.5% on 5 of 24 windows: not a mark, no retry
+    first = Sitting.of(moved, "speedup")
+    assert first.screened == pytest.approx(math.log(1.05)) and first.windows == 12
+    assert not mean_settles([], first, 1, 0.05, 0.0283, "speedup")
+    # the last sitting moved the same way as a first that did too: measure it again
+    earlier = [Sitting.of(sat(2.1, 2.0, 4), "speedup")]
+    assert mean_settles(earlier, first, 0, 0.05, 0.0283, "speedup")
 
 
 def test_the_last_sittings_verdict_keeps_its_retry_only_where_it_can_settle(caplog):
-    """The worker's verdict on the last sitting: the retry of a width-only UNSTABLE figure
-    is dropped where the sittings' mean is known well enough already (said in the log), and
-    kept where a re-measure can settle it, for any other cause, and in a single sitting."""
+    """The worker's verdict on a sitting of several: the retry of a figure UNSTABLE only on
+    its own is dropped where the sittings' mean is known well enough already (said in the
+    log), and kept where a re-measure can settle it, for any other cause, and in a single
+    sitting."""
     import logging
     from types import SimpleNamespace
 
-    from mlflow_ngraph.measure.sittings import earlier_halfwidths
+    from mlflow_ngraph.measure.sittings import earlier_sittings
     from mlflow_ngraph.measure.stability import Stability
     from mlflow_ngraph.run.worker import remeasure_if_it_settles
 
@@ -241,18 +287,23 @@ def test_the_last_sittings_verdict_keeps_its_retry_only_where_it_can_settle(capl
         speedup_ci_low=2.0 / 1.077, speedup_ci_high=2.0 * 1.077,
         throughput=50.0, throughput_ci_low=49.0, throughput_ci_high=51.0,
     )  # fmt: skip
-    wide = Stability(False, "speedup interval +-7.7% is wider than +-7.07%", True, True)
-    narrow = earlier_halfwidths([record(48.0, 0.01, speedup=2.1, hs=0.03)])
-    assert narrow["speedup"] == [pytest.approx(0.03)]
+    reason = "speedup interval +-7.7% is wider than +-7.07%: measure on a quiet host"
+    wide = Stability(False, reason, True, True)
+    narrow = earlier_sittings([record(48.0, 0.01, speedup=2.1, hs=0.03)], 0)
+    assert narrow.figures["speedup"][0].h == pytest.approx(0.03)
     with caplog.at_level(logging.DEBUG, logger="mlflow_ngraph"):
         kept = remeasure_if_it_settles(task, result, True, wide, narrow)
     assert kept.retry is False and kept.stable is False and kept.reason == wide.reason
     assert "cannot change the verdict on the 2 sittings' mean" in caplog.text
-    as_wide = earlier_halfwidths([record(48.0, 0.01, speedup=2.1, hs=0.08)])
+    assert "(speedup interval +-7.7% is wider than +-7.07%)" in caplog.text
+    as_wide = earlier_sittings([record(48.0, 0.01, speedup=2.1, hs=0.08)], 0)
     assert remeasure_if_it_settles(task, result, True, wide, as_wide).retry is True
     host = Stability(False, "the host was contended: ...", True, False)
     assert remeasure_if_it_settles(task, result, True, host, narrow).retry is True
     assert remeasure_if_it_settles(task, result, True, wide, None).retry is True
+    # the first of two sittings, +-7.7%: the one to come at its target makes the mean
+    first = remeasure_if_it_settles(task, result, True, wide, earlier_sittings([], 1))
+    assert first.retry is False
     # a speedup without an interval (too few paired rounds) leaves the mean without one: a
     # re-measure may give it, however narrow the throughputs are together
     bare = SimpleNamespace(**{**vars(result), "speedup_halfwidth": None,
@@ -261,10 +312,10 @@ def test_the_last_sittings_verdict_keeps_its_retry_only_where_it_can_settle(capl
     assert remeasure_if_it_settles(task, bare, True, too_wide, narrow).retry is True
 
 
-def test_only_the_last_sitting_is_judged_with_the_earlier_sittings(monkeypatch):
-    """The groups hand the last sitting's members the earlier sittings' records, and the
-    coordinator asks each worker's verdict with their half-widths at the batch size (a
-    member of an earlier sitting, or of a single one, is asked without)."""
+def test_each_sitting_is_judged_with_the_earlier_ones_and_those_to_come(monkeypatch):
+    """The groups hand each sitting's members the earlier sittings' records and the number
+    of sittings still to come, and the coordinator asks each worker's verdict with their
+    figures at the batch size (a member of a single sitting is asked without)."""
     from types import SimpleNamespace
 
     from mlflow_ngraph.run import groups, isolation
@@ -279,9 +330,12 @@ def test_only_the_last_sitting_is_judged_with_the_earlier_sittings(monkeypatch):
     dispatch.policy = RunPolicy(sittings=2)
     dispatch.work = SimpleNamespace(events=lambda *args: None)
     dispatch.reference, dispatch.cell_timeout_s = False, 60.0
-    for last in (False, True):
-        dispatch._sitting([(cell, [4], None, task)], {"k": kept}, last, [])
-    assert [m[0].earlier for m in members] == [None, kept]
+    for to_come in (1, 0):
+        dispatch._sitting([(cell, [4], None, task)], {"k": kept}, to_come, [])
+    assert [(m[0].earlier, m[0].to_come) for m in members] == [(kept, 1), (kept, 0)]
+    dispatch.policy = RunPolicy()
+    dispatch._sitting([(cell, [4], None, task)], {}, 0, [])
+    assert members[-1][0].earlier is None
 
     asked = {}
 
@@ -291,10 +345,11 @@ def test_only_the_last_sitting_is_judged_with_the_earlier_sittings(monkeypatch):
             return "judged", (True, "", True, None)
 
     first = isolation.GroupCell("id", task, None)
-    last = isolation.GroupCell("ts", task, None, earlier=kept)
+    last = isolation.GroupCell("ts", task, None, earlier=kept, to_come=1)
     figures = {"id": "id's rounds", "ts": "ts's rounds"}
     isolation._judge(Group(), {"id": first, "ts": last}, figures, "id", 4)
     assert asked["id"] == ("id's rounds", False, None, None)
     said = asked["ts"][3]
-    assert asked["ts"][:2] == ("ts's rounds", True) and said["speedup"] == [pytest.approx(0.03)]
-    assert said["throughput"] == [pytest.approx(0.01)]
+    assert asked["ts"][:2] == ("ts's rounds", True) and said.to_come == 1
+    assert [s.h for s in said.figures["speedup"]] == [pytest.approx(0.03)]
+    assert [s.h for s in said.figures["throughput"]] == [pytest.approx(0.01)]
