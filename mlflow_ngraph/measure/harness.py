@@ -445,7 +445,7 @@ def quantile_interval(sorted_values, q: float, confidence: float = 0.95):
     """The distribution-free ``confidence`` interval of the ``q`` quantile: two order
     statistics of the sorted values, chosen from the binomial law of how many fall below
     it (each side at most (1 - confidence) / 2). Where equal sides would reach past the
-    largest value (a high quantile of few values: p99 of 299-366), the largest is the upper
+    largest value (a high quantile of few values: p99 of 299-367), the largest is the upper
     end and the lower end is as high as the rest of the ``confidence`` allows
     (:func:`_up_to_the_largest`). ``None`` where the values are too few for any."""
     from scipy import stats

@@ -198,9 +198,12 @@ def _mean_of_sittings(
     metrics[low_name] = value * math.exp(-h) if h is not None else None
     metrics[high_name] = value * math.exp(h) if h is not None else None
     metrics[half_name] = math.expm1(h) if h is not None else None
+    # the mean with every window in it: a sitting without an unscreened figure had nothing
+    # left out (its figure is its unscreened one); none left out anything: none is logged
     unscreened = [_unscreened(m, what) for m in sittings_metrics]
-    if all(u is not None for u in unscreened):  # the mean with every window in it
-        metrics[f"{what}_unscreened"] = math.exp(sum(math.log(u) for u in unscreened) / n)
+    if any(u is not None for u in unscreened):
+        logs = [math.log(u) if u is not None else math.log(v) for u, (v, _) in zip(unscreened, got)]
+        metrics[f"{what}_unscreened"] = math.exp(sum(logs) / n)
     else:
         metrics.pop(f"{what}_unscreened", None)
     return value, h

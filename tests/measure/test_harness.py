@@ -217,12 +217,12 @@ def test_a_percentile_interval_holds_95_percent_and_needs_enough_values():
 
 
 def test_a_p99_of_too_few_values_for_equal_sides_reaches_the_largest_and_holds_95_percent():
-    """From 299 values (where p99 is first reported) to 366 the equal-sided interval would
+    """From 299 values (where p99 is first reported) to 367 the equal-sided interval would
     reach past the largest value: the largest is its upper end, its lower end as high as
     95% allows, and it holds the true p99 at least 95% of the time."""
     rng = np.random.default_rng(5)
     true_p99 = -math.log(0.01)
-    for n in (299, 330, 366):
+    for n in (299, 330, 367):
         held, trials = 0, 2000
         for _ in range(trials):
             values = np.sort(rng.exponential(1.0, n))
