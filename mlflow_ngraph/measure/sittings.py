@@ -185,8 +185,8 @@ def _mean_of_sittings(
     """(value, log half-width or None) of the geometric mean of the sittings' figures
     ``got`` of ``what`` (each its value and log half-width), written into ``metrics`` with
     its sitting interval: the sittings' own half-widths in quadrature, over their number;
-    and the mean of their unscreened figures (``sittings_metrics``: each sitting's), the
-    screen's change to the mean, where every sitting has one."""
+    and the mean of their unscreened figures (``sittings_metrics``: each sitting's; a
+    sitting that left nothing out counts with its own figure), where any left one out."""
     n = len(got)
     name, (low_name, high_name), half_name, _ = FIELDS[what]
     centre = sum(math.log(v) for v, _ in got) / n
@@ -198,12 +198,10 @@ def _mean_of_sittings(
     metrics[low_name] = value * math.exp(-h) if h is not None else None
     metrics[high_name] = value * math.exp(h) if h is not None else None
     metrics[half_name] = math.expm1(h) if h is not None else None
-    # the mean with every window in it: a sitting without an unscreened figure had nothing
-    # left out (its figure is its unscreened one); none left out anything: none is logged
-    unscreened = [_unscreened(m, what) for m in sittings_metrics]
-    if any(u is not None for u in unscreened):
-        logs = [math.log(u) if u is not None else math.log(v) for u, (v, _) in zip(unscreened, got)]
-        metrics[f"{what}_unscreened"] = math.exp(sum(logs) / n)
+    # the mean with every window in it, each sitting's screen undone (Sitting.screened)
+    if any(_unscreened(m, what) for m in sittings_metrics):
+        screened = sum(Sitting.of({"metrics": m}, what).screened for m in sittings_metrics)
+        metrics[f"{what}_unscreened"] = math.exp(centre - screened / n)
     else:
         metrics.pop(f"{what}_unscreened", None)
     return value, h
