@@ -1,6 +1,6 @@
 # `make run`: set up .venv with the CPU compilers and benchmark the default experiment here.
 # `make test`: set up .venv with every extra the tests need and run the whole suite (two
-# pytest-xdist workers; tests marked serial run alone); `make test-fast`: what needs no
+# pytest-xdist workers, then the tests marked serial alone); `make test-fast`: what needs no
 # compile, server, cluster or benchmark run, for the edit-test loop (under 3 minutes);
 # `make coverage`: the whole suite under coverage.py, subprocesses included.
 # `make gpu-check`: on a host with an NVIDIA GPU, the GPU paths end to end (docs/gpu.md).
@@ -30,20 +30,29 @@ run: setup
 	$(BIN)/mlflow-ngraph benchmark --spec default --device cpu
 
 # --dist loadscope: a test file's tests stay on one worker, so its module fixtures are built
-# once; the slowest files start first (tests/conftest.py SLOW_FILES)
-PYTEST_PARALLEL = -n 2 --dist loadscope
+# once; --no-loadscope-reorder: the slowest files start first (tests/conftest.py SLOW_FILES),
+# not the files with the most tests. The tests marked serial (they measure time or CPU, or
+# load it on purpose) run after the others, alone in one process: beside the workers each
+# one waited for the other worker's test to end, and left it idle while it ran. Both phases
+# run; the target fails where either did.
+PYTEST_PARALLEL = -n 2 --dist loadscope --no-loadscope-reorder
+PYTEST = $(BIN)/python -m pytest -q
 
 test: setup-all
-	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=20
+	$(PYTEST) $(PYTEST_PARALLEL) -m "not serial" --durations=20; a=$$?; \
+	$(PYTEST) -p no:xdist -m serial --durations=5; b=$$?; test $$a -eq 0 && test $$b -eq 0
 
 test-fast: setup-all
-	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not e2e" --durations=10
+	$(PYTEST) $(PYTEST_PARALLEL) -m "not e2e and not serial" --durations=10; a=$$?; \
+	$(PYTEST) -p no:xdist -m "serial and not e2e"; b=$$?; test $$a -eq 0 && test $$b -eq 0
 
 # line and branch coverage of mlflow_ngraph/, in every Python process the tests start
+COVERAGE = NGRAPH_COV_DATA=$(CURDIR)/.coverage-data/.coverage $(BIN)/python -m coverage
+COVERAGE_RUN = $(COVERAGE) run --rcfile=tests/coveragerc -m pytest -q -p no:cacheprovider
 coverage: setup-all
 	rm -rf .coverage-data && mkdir .coverage-data
-	NGRAPH_COV_DATA=$(CURDIR)/.coverage-data/.coverage $(BIN)/python -m coverage run \
-		--rcfile=tests/coveragerc -m pytest -q $(PYTEST_PARALLEL) -p no:cacheprovider
+	$(COVERAGE_RUN) $(PYTEST_PARALLEL) -m "not serial"; a=$$?; \
+	$(COVERAGE_RUN) -p no:xdist -m serial; b=$$?; test $$a -eq 0 && test $$b -eq 0
 	$(BIN)/python -m coverage combine --rcfile=tests/coveragerc --data-file=.coverage-data/.coverage -q
 	$(BIN)/python -m coverage report --rcfile=tests/coveragerc --data-file=.coverage-data/.coverage | tail -1
 

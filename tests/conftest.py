@@ -209,7 +209,8 @@ def _untracked(root: Path) -> set[str]:
 
 
 def pytest_sessionstart(session) -> None:
-    session.config._ngraph_untracked = _untracked(REPO)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the main process alone compares
+        session.config._ngraph_untracked = _untracked(REPO)
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

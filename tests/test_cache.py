@@ -17,8 +17,10 @@ def _benchmark(run_cli, tracking_uri) -> None:
     assert code == 0, err
 
 
-def test_cache_shows_the_size_of_each_part(run_cli, tracking_uri, home):
-    _benchmark(run_cli, tracking_uri)
+def test_cache_shows_each_part_then_prune_keeps_the_journals_and_the_most_recently_used(
+    run_cli, tracking_uri, home
+):
+    _benchmark(run_cli, tracking_uri)  # one benchmark's home: what cache shows, then a prune
     code, out, err = run_cli("cache")
     assert code == 0, err
     assert f"caches in {home}:" in out
@@ -28,9 +30,6 @@ def test_cache_shows_the_size_of_each_part(run_cli, tracking_uri, home):
     assert re.search(r"\d+(\.\d)? [KMG]?B", engines)
     assert "mlflow-ngraph cache --prune" in out
 
-
-def test_prune_keeps_the_journals_and_the_most_recently_used(run_cli, tracking_uri, home):
-    _benchmark(run_cli, tracking_uri)
     found = sorted(entries(home), key=lambda e: e.bytes)
     old, recent = found[0], found[-1]
     past = time.time() - 30 * 86400

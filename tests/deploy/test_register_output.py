@@ -4,12 +4,11 @@ model whose ``predict`` MLflow inspects)."""
 
 from __future__ import annotations
 
-from deploy_support import benchmark, cli
+from deploy_support import cli
 
 
-def test_register_prints_no_escape_codes_and_no_type_hint_warning(tmp_path, tracking_uri):
-    uri = tracking_uri
-    benchmark(uri, tmp_path / "home", compilers=["identity", "onnxruntime"])
+def test_register_prints_no_escape_codes_and_no_type_hint_warning(tmp_path, fresh_store):
+    uri = fresh_store  # the shared tiny benchmark's store, a copy of this test's own
     done = cli("register", "-e", "deploy", "--device", "cpu", "--model", "conv_block",
                "--compiler", "onnxruntime", "--allow-unstable", "--tracking-uri", uri,
                env={"PYTHONWARNINGS": "always"}, cwd=tmp_path)  # fmt: skip
