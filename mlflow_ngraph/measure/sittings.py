@@ -246,11 +246,7 @@ def _stability(records: Sequence[Mapping], limit: float, what: str) -> dict:
     """STABLE when the mean of the sittings is (:func:`mean_causes`) and no sitting was
     UNSTABLE for what the host did (a sitting UNSTABLE only for its own interval or its own
     screen's move counts through the mean)."""
-    causes = []
-    for i, record in enumerate(records, 1):
-        stability = record.get("stability") or {}
-        if stability.get("stable") is False and not stability.get("own_only"):
-            causes.append(f"sitting {i}: {stability.get('reason', '')}".rstrip(": "))
+    causes = _host_causes(records)
     causes += mean_causes([Sitting.of(r, what) for r in records], limit, what)
     return {
         "stable": not causes,
@@ -317,10 +313,13 @@ def mean_causes(sittings: Sequence[Sitting], limit: float, what: str) -> list[st
 @dataclass(frozen=True)
 class Earlier:
     """What a sitting of several is judged with (:func:`mean_settles`): per kind of figure,
-    the earlier sittings' (in order), and how many sittings are still to come."""
+    the earlier sittings' (in order), how many sittings are still to come, and what made an
+    earlier sitting UNSTABLE for what the host did (``""``: none was), which makes their
+    combined verdict UNSTABLE whatever this sitting gives (:func:`combine`)."""
 
     figures: dict[str, list[Sitting]] = field(default_factory=dict)
     to_come: int = 0
+    host_unstable: str = ""
 
 
 def mean_settles(
@@ -347,9 +346,22 @@ def mean_settles(
 
 def earlier_sittings(records: Sequence[Mapping], to_come: int) -> Earlier:
     """What a sitting is judged with: the earlier sittings' ``records`` (in order), per kind
-    of figure (a kind some sitting has no figure of is left out), and the ``to_come``."""
+    of figure (a kind some sitting has no figure of is left out), the ``to_come``, and the
+    earlier sittings UNSTABLE for what the host did, as the combined verdict says them."""
     figures = {}
     for what in FIELDS:
         if all(figure(r, what) is not None for r in records):
             figures[what] = [Sitting.of(r, what) for r in records]
-    return Earlier(figures, to_come)
+    return Earlier(figures, to_come, "; ".join(_host_causes(records)))
+
+
+def _host_causes(records: Sequence[Mapping]) -> list[str]:
+    """Each of the sittings' ``records`` UNSTABLE for what the host did (not only for its
+    own interval or its own screen's move, which count through the mean), as
+    ``sitting i: reason``."""
+    causes = []
+    for i, record in enumerate(records, 1):
+        stability = record.get("stability") or {}
+        if stability.get("stable") is False and not stability.get("own_only"):
+            causes.append(f"sitting {i}: {stability.get('reason', '')}".rstrip(": "))
+    return causes

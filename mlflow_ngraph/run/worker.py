@@ -282,18 +282,24 @@ def judge(task: CellTask, result, baseline_paired: bool, baseline_moved=None):
 
 
 def remeasure_if_it_settles(task: CellTask, result, paired: bool, stability, earlier):
-    """The verdict of a sitting of several (``--sittings N``) that was UNSTABLE only for its
-    own interval or its own screen's move, with its retry kept only where measuring it
-    again can change what is judged: the mean of the sittings
-    (:mod:`mlflow_ngraph.measure.sittings`). Not when the mean is STABLE with this sitting
-    as it is, the sittings to come counted at their target, nor when even this sitting at
-    its own target would leave the mean UNSTABLE. ``earlier``: the earlier sittings and the
-    number to come (:class:`~mlflow_ngraph.measure.sittings.Earlier`; ``None``: a single
-    sitting)."""
+    """The verdict of an UNSTABLE sitting of several (``--sittings N``), with its retry kept
+    only where measuring it again can change what is judged: the sittings' combined verdict
+    (:mod:`mlflow_ngraph.measure.sittings`). Not when an earlier sitting was UNSTABLE for
+    what the host did (the combined verdict is UNSTABLE whatever this one gives); and for a
+    sitting UNSTABLE only for its own interval or its own screen's move, not when the mean
+    is STABLE with this sitting as it is, the sittings to come counted at their target, nor
+    when even this sitting at its own target would leave the mean UNSTABLE. ``earlier``:
+    the earlier sittings and the number to come
+    (:class:`~mlflow_ngraph.measure.sittings.Earlier`; ``None``: a single sitting)."""
     from mlflow_ngraph.measure.sittings import Sitting, mean_settles
     from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER
 
-    if earlier is None or stability.stable or not stability.retry or not stability.own_only:
+    if earlier is None or stability.stable or not stability.retry:
+        return stability
+    if earlier.host_unstable:
+        said = f"the sittings' combined verdict, UNSTABLE for {earlier.host_unstable}"
+        return _not_again(task, result, stability, said)
+    if not stability.own_only:
         return stability
     # the figure the sittings' mean is judged on (measure/sittings.py: combine): a speedup
     # without an interval has none in the mean either, which a re-measure may give
@@ -307,12 +313,18 @@ def remeasure_if_it_settles(task: CellTask, result, paired: bool, stability, ear
     if mean_settles(earlier.figures[what], now, earlier.to_come, limit, best, what):
         return stability
     n = len(earlier.figures[what]) + 1 + earlier.to_come
+    return _not_again(task, result, stability, f"the verdict on the {n} sittings' mean")
+
+
+def _not_again(task: CellTask, result, stability, why: str):
+    """``stability`` without its retry, the log saying ``why`` measuring this sitting
+    again cannot change the combined verdict."""
     log.log(
         DETAIL,
         "%s bs%d: this sitting alone is UNSTABLE (%s), but measuring it again cannot change "
-        "the verdict on the %d sittings' mean: not measured again",
+        "%s: not measured again",
         task.name, result.batch_size, stability.reason.removesuffix(": measure on a quiet host"),
-        n,
+        why,
     )  # fmt: skip
     return replace(stability, retry=False)
 

@@ -271,6 +271,20 @@ def test_the_screens_move_is_judged_on_the_mean_of_the_sittings():
     assert mean_settles(earlier, first, 0, 0.05, 0.0283, "speedup")
 
 
+def _sitting_of(sittings: int, hs: float):
+    """(task, result) of a worker's sitting of ``sittings``: a speedup of 2.0x at +-``hs``
+    (relative) paired at batch size 4, the throughput 50/s [49-51]."""
+    from types import SimpleNamespace
+
+    task = SimpleNamespace(name="cell", run=RunPolicy(sittings=sittings).per_sitting())
+    result = SimpleNamespace(
+        batch_size=4, speedup_paired=2.0, speedup_halfwidth=hs,
+        speedup_ci_low=2.0 / (1 + hs), speedup_ci_high=2.0 * (1 + hs),
+        throughput=50.0, throughput_ci_low=49.0, throughput_ci_high=51.0,
+    )  # fmt: skip
+    return task, result
+
+
 def test_the_last_sittings_verdict_keeps_its_retry_only_where_it_can_settle(caplog):
     """The worker's verdict on a sitting of several: the retry of a figure UNSTABLE only on
     its own is dropped where the sittings' mean is known well enough already (said in the
@@ -283,12 +297,7 @@ def test_the_last_sittings_verdict_keeps_its_retry_only_where_it_can_settle(capl
     from mlflow_ngraph.measure.stability import Stability
     from mlflow_ngraph.run.worker import remeasure_if_it_settles
 
-    task = SimpleNamespace(name="cell", run=RunPolicy(sittings=2).per_sitting())
-    result = SimpleNamespace(
-        batch_size=4, speedup_paired=2.0, speedup_halfwidth=0.077,
-        speedup_ci_low=2.0 / 1.077, speedup_ci_high=2.0 * 1.077,
-        throughput=50.0, throughput_ci_low=49.0, throughput_ci_high=51.0,
-    )  # fmt: skip
+    task, result = _sitting_of(2, 0.077)
     reason = "speedup interval +-7.7% is wider than +-7.07%: measure on a quiet host"
     wide = Stability(False, reason, True, True)
     narrow = earlier_sittings([record(48.0, 0.01, speedup=2.1, hs=0.03)], 0)
@@ -312,6 +321,42 @@ def test_the_last_sittings_verdict_keeps_its_retry_only_where_it_can_settle(capl
                               "speedup_ci_low": None, "speedup_ci_high": None})  # fmt: skip
     too_wide = Stability(False, "throughput interval +-15% is wider than +-14.1%", True, True)
     assert remeasure_if_it_settles(task, bare, True, too_wide, narrow).retry is True
+
+
+def test_no_sitting_is_measured_again_after_an_earlier_one_was_unstable_for_the_host(caplog):
+    """An earlier sitting UNSTABLE for what the host did (a gross move against the history,
+    contention) makes the combined verdict UNSTABLE whatever a later one gives: a later
+    sitting UNSTABLE for any cause is not measured again (said in the log); an earlier one
+    UNSTABLE only for its own interval leaves the retry to the rules of the mean."""
+    import logging
+
+    from mlflow_ngraph.measure.sittings import earlier_sittings
+    from mlflow_ngraph.measure.stability import Stability
+    from mlflow_ngraph.run.worker import remeasure_if_it_settles
+
+    task, result = _sitting_of(3, 0.02)
+    moved = "the throughput moved +38.3% against this engine measured on this host at 03:40"
+    gross = record(48.0, 0.01, speedup=2.1, hs=0.03, stable=False, reason=moved)
+    own = record(48.0, 0.01, speedup=2.1, hs=0.09, stable=False, reason="wide")
+    gross["stability"]["own_only"] = False
+    own["stability"]["own_only"] = True
+    host = Stability(False, "the host was contended: 40% other CPU", True, False)
+    after_gross = earlier_sittings([record(48.0, 0.01, speedup=2.1, hs=0.03), gross], 0)
+    assert after_gross.host_unstable == f"sitting 2: {moved}"
+    with caplog.at_level(logging.DEBUG, logger="mlflow_ngraph"):
+        kept = remeasure_if_it_settles(task, result, True, host, after_gross)
+    assert kept.retry is False and kept.stable is False and kept.reason == host.reason
+    assert f"cannot change the sittings' combined verdict, UNSTABLE for sitting 2: {moved}" in (
+        caplog.text
+    )
+    # the same sitting after one UNSTABLE only for its own interval: measured again
+    after_own = earlier_sittings([own], 1)
+    assert after_own.host_unstable == ""
+    assert remeasure_if_it_settles(task, result, True, host, after_own).retry is True
+    # and the combined verdict says the earlier sitting's cause as the retry's rule read it
+    out = combine([gross, record(50.0, 0.01, 2.0, 0.02)], {}, 0.0707)
+    assert out["stability"]["stable"] is False
+    assert out["stability"]["reason"].startswith(f"sitting 1: {moved}")
 
 
 def test_each_sitting_is_judged_with_the_earlier_ones_and_those_to_come(monkeypatch):
