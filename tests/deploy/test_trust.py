@@ -141,35 +141,14 @@ def _register_onnx(uri, name="tiny-ort"):
     return name
 
 
-@pytest.fixture(scope="module")
-def registered(pristine, tmp_path_factory):
-    """The folder of a copy of the store with its ONNX Runtime engine at batch size 1
-    registered (``tiny-ort``, alias ``cpu``) by the command, once for the file's tests."""
-    root = tmp_path_factory.mktemp("registered") / "store"
-    _register_onnx(clone_store(pristine, root, skip_home=True))
-    return root
-
-
-@pytest.fixture
-def registered_store(registered, tmp_path):
-    """(tracking URI, client, registered model name) of this test's own copy of the store
-    with the engine registered: a test that changes the registered model changes its copy."""
-    from mlflow.tracking._tracking_service import utils
-
-    uri = clone_store(registered, tmp_path / "store")
-    yield uri, mlflow.tracking.MlflowClient(uri), "tiny-ort"
-    utils._artifact_repos_cache.clear()
-
-
 def _logged_model(client, name):
     version = client.get_model_version_by_alias(name, "cpu")
     return version, client.get_logged_model(version.source.removeprefix("models:/"))
 
 
-def test_the_registered_model_holds_data_only_and_its_code_is_the_installed_one(
-    registered_store, tmp_path
-):
-    uri, client, name = registered_store
+def test_the_registered_model_holds_data_only_and_its_code_is_the_installed_one(store, tmp_path):
+    uri, client = store
+    name = _register_onnx(uri)
     version, logged = _logged_model(client, name)
     local = Path(
         mlflow.artifacts.download_artifacts(logged.artifact_location, dst_path=str(tmp_path))
@@ -220,7 +199,7 @@ def _tamper_logged_model(client, logged, tmp_path, how):
     return marker
 
 
-def test_serve_serves_the_checked_registered_engine(registered_store, tmp_path):
+def test_serve_serves_the_checked_registered_engine(store, tmp_path):
     import subprocess
     import urllib.request
 
@@ -228,7 +207,8 @@ def test_serve_serves_the_checked_registered_engine(registered_store, tmp_path):
 
     from tests._support import free_port, wait_http
 
-    uri, _, name = registered_store
+    uri, _ = store
+    name = _register_onnx(uri)
     port = free_port()
     env = {**os.environ, **SAFE, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     serve = subprocess.Popen(
@@ -267,8 +247,9 @@ REFUSED = {
 
 
 @pytest.mark.parametrize("how", list(REFUSED))
-def test_a_changed_registered_model_is_refused(registered_store, tmp_path, how):
-    uri, client, name = registered_store
+def test_a_changed_registered_model_is_refused(store, tmp_path, how):
+    uri, client = store
+    name = _register_onnx(uri)
     _, logged = _logged_model(client, name)
     marker = _tamper_logged_model(client, logged, tmp_path, how)
     with _tracking(uri):
@@ -282,10 +263,11 @@ def test_a_changed_registered_model_is_refused(registered_store, tmp_path, how):
     assert "checked" not in served.stdout and not marker.exists()
 
 
-def test_the_registered_version_pins_the_engine(registered_store, tmp_path):
+def test_the_registered_version_pins_the_engine(store, tmp_path):
     """The loader compares the engine against the hash its MLmodel records (a changed engine
     under an intact MLmodel is refused, with MLflow's own load_model too)."""
-    uri, client, name = registered_store
+    uri, client = store
+    name = _register_onnx(uri)
     _, logged = _logged_model(client, name)
     local = Path(
         mlflow.artifacts.download_artifacts(logged.artifact_location, dst_path=str(tmp_path))
