@@ -130,6 +130,12 @@ NO_RUNS = (
 #: consistent with the others (compare's fallback interval reads throughput_std beside
 #: windows); ``sittings`` says how many there were.
 COUNTED = ("rounds", "speedup_rounds")
+#: what each sitting's interval was widened for (the lag-1 autocorrelation of its rounds): the
+#: combined record keeps the largest, the sitting whose rounds said least about its centre
+WIDENED = ("throughput_autocorr", "speedup_autocorr")
+#: whether the drift between a sitting's halves could be judged (1) or not (0): the combined
+#: figure's drift was checked only where every sitting's was
+CHECKED = ("drift_checked",)
 
 
 def combine(
@@ -146,10 +152,7 @@ def combine(
     out = copy.deepcopy(dict(records[-1]))
     metrics = out.setdefault("metrics", {})
     metrics["sittings"] = float(n)
-    for key in COUNTED:  # what the combined figure rests on: every sitting's rounds
-        counts = [(r.get("metrics") or {}).get(key) for r in records]
-        if all(c is not None for c in counts):
-            metrics[key] = float(sum(counts))
+    _rests_on(metrics, [r.get("metrics") or {} for r in records])
     said, halfwidths = [], {}
     for what, (_, _, _, rerun_names) in FIELDS.items():
         for key in rerun_names:
@@ -174,6 +177,21 @@ def combine(
     limit = max_interval if paired else THROUGHPUT_WIDER * max_interval
     out["stability"] = _stability(records, limit, compared)
     return out
+
+
+def _rests_on(metrics: dict, sittings_metrics: Sequence[Mapping]) -> None:
+    """Write into ``metrics`` what the combined intervals rest on, from every sitting's
+    (the last sitting's alone said less than was so): the rounds summed, the largest
+    autocorrelation, and the drift checked only where every sitting's was (a sitting that
+    did not say is taken as not checked)."""
+    for keys, fold in ((COUNTED, sum), (WIDENED, max), (CHECKED, min)):
+        for key in keys:
+            got = [m.get(key) for m in sittings_metrics]
+            known = [float(v) for v in got if v is not None and math.isfinite(v)]
+            if key in CHECKED and known and len(known) < len(got):
+                known.append(0.0)
+            if known and (key not in COUNTED or len(known) == len(got)):
+                metrics[key] = float(fold(known))
 
 
 def _mean_of_sittings(

@@ -88,6 +88,22 @@ def test_the_combined_figure_says_every_sittings_rounds_it_rests_on():
     assert cost["request_s"] == pytest.approx(1.25 / 70, abs=1e-4)
 
 
+def test_the_combined_interval_says_the_largest_autocorrelation_and_an_unchecked_drift():
+    """The combined record said the last sitting's autocorrelation and drift check: a first
+    sitting whose rounds were autocorrelated, or too few to judge its drift, was hidden
+    behind a last one that was neither."""
+    a = record(100.0, 0.02, 2.0, 0.01, throughput_autocorr=0.45, speedup_autocorr=0.3)
+    b = record(101.0, 0.02, 2.1, 0.01, throughput_autocorr=0.05, speedup_autocorr=0.4)
+    a["metrics"]["drift_checked"], b["metrics"]["drift_checked"] = 0.0, 1.0
+    m = combine([a, b], {"throughput": None, "speedup": None}, 0.05)["metrics"]
+    assert (m["throughput_autocorr"], m["speedup_autocorr"]) == (0.45, 0.4)
+    assert m["drift_checked"] == 0.0
+    a["metrics"]["drift_checked"] = 1.0
+    assert combine([a, b], {}, 0.05)["metrics"]["drift_checked"] == 1.0
+    del a["metrics"]["drift_checked"]  # a sitting that did not say was not checked
+    assert combine([a, b], {}, 0.05)["metrics"]["drift_checked"] == 0.0
+
+
 def test_the_rerun_interval_is_a_prediction_for_another_mean_of_n_sittings():
     sittings = [record(100.0, 0.02, 1.5, 0.02), record(104.0, 0.02, 1.55, 0.02)]
     spread = Spread(0.03, 12, "this run's 2 sittings (every engine: 12 measured in 24 sittings)")
