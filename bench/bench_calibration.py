@@ -16,6 +16,12 @@ Five figures, each printed with the 1-minute load average beside it:
 5. ``paper``: one OpenVINO cell under the paper's protocol (100 repetitions, 10 warm-up, a
    1 s floor; conv block w64 d2, batch 1 and 8), this checkout against ``--before``.
 
+Each ``repeat`` run also prints the screen's bias twice: its median change to the figures
+(``3. screen bias``: screened against every window kept, the issue's measure, which holds a
+quiet host to +-0.5%), and against a signal the screen does not use (``3b``: the windows in
+which no other process took any CPU), which says whether the screen stopped short of the
+undisturbed figure or went past it on a host that is not quiet.
+
 And a check of the intervals themselves, ``aa``: each engine measured against a second copy
 of itself, each copy in its own worker, in the tool's rounds with its default stop rule and
 UNSTABLE limit (no re-measure). The true speedup is 1: the share of 95% intervals that hold
@@ -201,6 +207,8 @@ def repeat(args) -> None:
     coverage(runs)
     for i in range(1, args.runs + 1):
         screen_bias(uri, f"{label}-{i}")
+        rest = label.removeprefix("calibration").strip("-")
+        screen_check(work / f"windows-{rest + '-' if rest else ''}{i}.jsonl")
     if len(runs) < 2:  # one run (--runs 1 beside an earlier repeat): its marks alone
         flagged = sum(r.get("stability") == "UNSTABLE" for r in runs[0].values())
         print(f"1. UNSTABLE: {flagged} of {len(runs[0])} (one run)")
@@ -374,6 +382,54 @@ def screen_bias(uri: str, experiment: str) -> None:
             f" over {len(changes)} ({len(moved)} screened), largest {100 * worst:+.2f}%"
             f"  (load {load()})"
         )
+
+
+def screen_check(path: Path) -> None:
+    """3b. The screen against a signal it does not use: each engine's throughput over the
+    windows in which no other process (nor the hypervisor) took any CPU (``other_s`` 0, the
+    machine's /proc/stat less the worker's own), against the screened figure and the one
+    with every window kept. Where the screen left windows out it should move the figure
+    toward the clean windows' and no further: past them it picked the engine's fast windows
+    (an upward bias); short of them, disturbed windows stayed in. Per attempt of each
+    engine and batch size in the windows log ``path``, where the screen left windows out
+    and at least 3 windows were clean."""
+    from mlflow_ngraph.measure import rounds as R
+    from mlflow_ngraph.measure.harness import Window
+
+    def rate(ws):
+        ws = [w for w in ws if w is not None and w.seconds > 0]
+        total = sum(w.seconds for w in ws)
+        return sum(w.samples for w in ws) / total if total > 0 else None
+
+    screened_to_clean, kept_to_clean, counts = [], [], []
+    for text in path.read_text().splitlines() if path.exists() else []:
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError:  # a line torn by a kill
+            continue
+        for engine in line["engines"].values():
+            ws = [Window(*w) for w in engine["windows"] if w]
+            left = R.screened(ws)
+            clean = [w for w in ws if w.other_s is not None and w.other_s <= 0]
+            if len(clean) < 3 or all(w is not None for w in left):
+                continue
+            every, screened, undisturbed = rate(ws), rate(left), rate(clean)
+            if every and screened and undisturbed:
+                screened_to_clean.append(screened / undisturbed - 1)
+                kept_to_clean.append(every / undisturbed - 1)
+                counts.append((len(ws), sum(w is None for w in left), len(clean)))
+    if not counts:
+        print(f"3b. screen against clean windows, {path.name}: no engine to judge it on")
+        return
+    print(
+        f"3b. screen against clean windows, {path.name}: over {len(counts)} engine attempts"
+        f" with windows left out, the screened throughput"
+        f" {100 * statistics.median(screened_to_clean):+.2f}% (median) from the clean windows',"
+        f" every window kept {100 * statistics.median(kept_to_clean):+.2f}%"
+        f" (windows {statistics.median(c[0] for c in counts):.0f}, left out"
+        f" {statistics.median(c[1] for c in counts):.0f}, clean"
+        f" {statistics.median(c[2] for c in counts):.0f}, medians)"
+    )
 
 
 def rerun_spread(first, second, keys, figure, low, high, rerun_sd) -> float | None:
