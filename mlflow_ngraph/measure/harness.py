@@ -162,6 +162,9 @@ class Window:
     #: CPU seconds other processes and the hypervisor (steal) took during the window, from
     #: /proc/stat less this process's own (tick-grained: 10 ms); ``None`` where not readable
     other_s: float | None = None
+    #: the wall clock (seconds since the epoch) at its start: to set it beside what the host
+    #: logged at that time (the windows log, ``MLFLOW_NGRAPH_WINDOWS_LOG``)
+    began: float | None = None
 
     @property
     def rate(self) -> float:
@@ -211,6 +214,7 @@ class Meter:
         self.sampler.begin()
         wait0 = run_delay_s()
         cpu0 = time.process_time()
+        wall = time.time()
         began = last = clock()
         calls = 0
         while True:
@@ -238,6 +242,7 @@ class Meter:
             cpu_s,
             wait_s,
             self.sampler.last_other_s,
+            wall,
         )
         self.windows.append(window)
         self.window_latencies.append(list(plan.latencies(began, steps) or ()))

@@ -428,7 +428,7 @@ def _log_windows(proxies: dict[str, _Proxy], b: int, baseline: str | None, attem
                 "compiler": p.cell.task.compiler,
                 "flags": p.cell.task.flags,
                 "windows": [
-                    [w.requests, w.samples, w.seconds, w.cpu_s, w.wait_s, w.other_s]
+                    [w.requests, w.samples, w.seconds, w.cpu_s, w.wait_s, w.other_s, w.began]
                     for w in p.taken
                 ],
             }

@@ -134,11 +134,13 @@ def test_a_group_measures_its_engines_interleaved_and_pairs_the_speedup(tmp_path
 
     isolation._Group.ask = ask
     monkeypatch.setenv(isolation.WINDOWS_LOG_ENV, str(tmp_path / "windows.jsonl"))
+    started = time.time()
     try:
         records, deaths = _group(tmp_path, tasks, baseline="id")
     finally:
         isolation._Group.ask = real
         isolation.shutdown()
+    ended = time.time()
     assert deaths == {"id": None, "ts": None}
     assert others and set(others) == {psutil.STATUS_STOPPED}
     assert verdicts and psutil.STATUS_STOPPED not in verdicts
@@ -161,6 +163,11 @@ def test_a_group_measures_its_engines_interleaved_and_pairs_the_speedup(tmp_path
         len(logged["ts"]["windows"]) == m["windows"] and logged["ts"]["compiler"] == "torchscript"
     )
     assert all(w[3] > 0 for w in logged["id"]["windows"])  # the CPU seconds of each window
+    # when each window began (to set beside what the host logged then): one engine's windows
+    # in turn, none while the other engine's ran
+    spans = sorted((w[6], w[6] + w[2]) for e in logged.values() for w in e["windows"])
+    assert started < spans[0][0] and spans[-1][1] < ended
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
 
 
 def test_an_unstable_group_is_measured_again_with_its_baseline(tmp_path):
