@@ -642,6 +642,17 @@ def _reopen(client, run, role: dict[str, str]) -> None:
     client.update_run(run.info.run_id, status="RUNNING")
 
 
+#: a result's words as its run holds them (``<tag>.bs<b>``), read back into its record: a
+#: result read from the store says what it said when measured (the recorder writes them)
+STORED_WORDS = {
+    "note": "ngraph.note",
+    "stop_reason": S.T_STOP_REASON,
+    "moved": S.T_MOVED,
+    "rerun": S.T_RERUN,
+    "sittings_text": S.T_SITTINGS,
+}
+
+
 def stored_results(
     client, run_id: str, batch_sizes: list[int]
 ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
@@ -650,7 +661,8 @@ def stored_results(
     note and stability), failed when its status tag is FAILED (with its error). A result
     whose status tag is missing (a writer killed between the store's commit of the metrics
     and of the tags) takes its status from its ``valid`` metric and is marked ``torn``: its
-    metrics stand, only its tags are to be written."""
+    metrics stand, only its tags are to be written. The result's words come back with it
+    (:data:`STORED_WORDS`: the guard's word on a move, the re-run interval's source)."""
     data = client.get_run(run_id).data
     relative = {S.M_SPEEDUP, S.M_RTR, S.M_ASE, S.M_BSR, S.M_PAYBACK}
     measured: dict[int, dict[str, Any]] = {}
@@ -674,8 +686,9 @@ def stored_results(
         record: dict[str, Any] = {"metrics": metrics, "status": status, "from_store": run_id}
         if torn:
             record["torn"] = True
-        if data.tags.get(f"ngraph.note.bs{b}"):
-            record["note"] = data.tags[f"ngraph.note.bs{b}"]
+        for key, tag in STORED_WORDS.items():  # what the run said of it (the guard's move)
+            if data.tags.get(f"{tag}.bs{b}"):
+                record[key] = data.tags[f"{tag}.bs{b}"]
         stability = data.tags.get(f"{S.T_STABILITY}.bs{b}")
         if stability:
             record["stability"] = {

@@ -102,3 +102,29 @@ def test_a_result_whose_tags_never_landed_is_not_measured_again(run_cli, tmp_pat
     assert "bs1: compiling" not in last_log(tmp_path / "b") and out.count("(resumed)") == 2
     for run in _cells_once(tracking_uri):  # every metric still once per batch size
         assert run.data.tags[f"{S.T_STATUS}.bs1"] == "OK"
+
+
+def test_a_result_read_back_from_the_store_says_what_it_said_when_logged(tracking_uri):
+    """A result taken from the store (a fresh home, another machine's run) lost the guard's
+    word on a move, the re-run interval's source, the sittings and the stop reason: the
+    recorder writes them as tags, the read-back took the note and stability alone."""
+    from mlflow_ngraph.tracking.mlflow_log import stored_results
+    from mlflow_ngraph.tracking.recorder import CellRecorder
+
+    client = MlflowClient(tracking_uri)
+    run_id = client.create_run("0").info.run_id
+    said = {
+        "note": "cache hit",
+        "stop_reason": "precision",
+        "moved": "the throughput moved +31.0% against this engine measured at 09:20",
+        "rerun": "measured: 1.2% between sittings over 14 df",
+        "sittings_text": "throughput 100/s, 121/s",
+    }
+    stability = {"stable": True, "reason": "", "attempts": 2}
+    record = {"metrics": {"throughput": 110.0}, "status": S.STATUS_OK, "stability": stability}
+    CellRecorder(client, "0", "", log_engines=False).record(run_id, 4, record | said)
+    measured, failed = stored_results(client, run_id, [1, 4])
+    assert failed == {} and list(measured) == [4]
+    back = measured[4]
+    assert {k: back.get(k) for k in said} == said
+    assert back["stability"] == stability and back["metrics"]["throughput"] == 110.0
