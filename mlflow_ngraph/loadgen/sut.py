@@ -174,18 +174,41 @@ def run_scenario(
     pace: tuple[float, float],
     qps: float | None = None,
 ) -> ScenarioResult:
-    """One LoadGen run of ``scenario`` on ``runner``; its logs in ``outdir``. An Offline run
-    that ended before its minimum duration (its one query sized from a pace the runner beat:
-    LoadGen's advice is to raise the expected rate) runs once more, sized from the rate
-    LoadGen measured."""
+    """One LoadGen run of ``scenario`` on ``runner``; its logs in ``outdir``. A run that
+    ended before its minimum duration because the runner beat the pace its queries were
+    generated for (measured a moment before, on a host that may have been busier then)
+    runs once more, sized from what LoadGen measured: LoadGen's advice, to raise Offline's
+    expected rate or lower a stream's expected latency (:func:`_measured_pace`)."""
     result = _run_once(runner, scenario, settings, outdir, pace, qps)
-    rate = float(result.details.get("result_samples_per_second") or 0)
     short = result.details.get("result_min_duration_met") is False
-    if scenario == "offline" and not result.valid and short and rate > pace[1]:
-        log.info("offline ended before its minimum duration at %.1f samples/s: once more, "
-                 "sized from that rate", rate)  # fmt: skip
-        result = _run_once(runner, scenario, settings, outdir, (pace[0], rate), qps)
+    measured = _measured_pace(scenario, result.details, settings, pace)
+    if not result.valid and short and measured is not None:
+        log.info("%s ended before its minimum duration, its queries generated for %.3f ms a "
+                 "batch and %.1f samples/s where it ran at %.3f ms and %.1f: once more, sized "
+                 "from what it measured", scenario, 1000 * pace[0], pace[1],
+                 1000 * measured[0], measured[1])  # fmt: skip
+        result = _run_once(runner, scenario, settings, outdir, measured, qps)
     return result
+
+
+def _measured_pace(
+    scenario: str, details: dict, settings: LoadgenSettings, pace: tuple[float, float]
+) -> tuple[float, float] | None:
+    """The pace (seconds a batch, samples per second) LoadGen measured in a run of
+    ``scenario`` that was generated for ``pace``, where the runner beat it (None: it did
+    not, or there is no such figure: the Server's pace is its target, searched for)."""
+    latency_s, rate = pace
+    if scenario == "offline":
+        got = float(details.get("result_samples_per_second") or 0)
+        return (latency_s, got) if got > rate else None
+    if scenario == "singlestream":
+        got = float(details.get("result_mean_latency_ns") or 0) / 1e9
+    elif scenario == "multistream":  # a query is the batches of its 8 samples, in turn
+        batches = -(-MULTISTREAM_SAMPLES // settings.max_batch)
+        got = float(details.get("result_mean_query_latency_ns") or 0) / 1e9 / batches
+    else:
+        return None
+    return (got, rate) if 0 < got < latency_s else None
 
 
 def _run_once(runner: Runner, scenario: str, settings: LoadgenSettings, outdir: Path,
