@@ -184,14 +184,20 @@ def _rests_on(metrics: dict, sittings_metrics: Sequence[Mapping]) -> None:
     (the last sitting's alone said less than was so): the rounds summed, the largest
     autocorrelation, and the drift checked only where every sitting's was (a sitting that
     did not say is taken as not checked)."""
-    for keys, fold in ((COUNTED, sum), (WIDENED, max), (CHECKED, min)):
-        for key in keys:
-            got = [m.get(key) for m in sittings_metrics]
-            known = [float(v) for v in got if v is not None and math.isfinite(v)]
-            if key in CHECKED and known and len(known) < len(got):
-                known.append(0.0)
-            if known and (key not in COUNTED or len(known) == len(got)):
-                metrics[key] = float(fold(known))
+
+    def of(key: str) -> list:
+        return [m.get(key) for m in sittings_metrics]
+
+    for key in COUNTED:
+        if all(v is not None for v in of(key)):
+            metrics[key] = float(sum(of(key)))
+    for key in WIDENED:
+        known = [v for v in of(key) if v is not None and math.isfinite(v)]
+        if known:
+            metrics[key] = float(max(known))
+    for key in CHECKED:
+        if any(v is not None for v in of(key)):
+            metrics[key] = float(min(0.0 if v is None else v for v in of(key)))
 
 
 def _mean_of_sittings(

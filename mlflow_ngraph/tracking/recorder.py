@@ -23,8 +23,7 @@ from mlflow_ngraph.tracking.journal import CellState, Journal
 from mlflow_ngraph.tracking.provenance import Producer
 
 #: the tags of a batch size that a result sets only where it has them
-_PER_BATCH_TAGS = ("ngraph.note", S.T_STOP_REASON, S.T_MOVED, S.T_RERUN, S.T_SITTINGS,
-                   S.T_STABILITY_REASON, S.T_ERROR)  # fmt: skip
+_PER_BATCH_TAGS = (*ml.STORED_WORDS.values(), S.T_STABILITY_REASON, S.T_ERROR)
 
 
 class CellRecorder:
@@ -62,18 +61,11 @@ class CellRecorder:
         tags = {f"{S.T_STATUS}.bs{b}": record["status"]}
         if self.parent_id:
             tags[S.T_LAST_PARENT] = self.parent_id
-        if record.get("note"):
-            tags[f"ngraph.note.bs{b}"] = record["note"]
         if record.get("reference"):
             tags[S.T_REFERENCE] = record["reference"]
-        if record.get("stop_reason"):
-            tags[f"{S.T_STOP_REASON}.bs{b}"] = record["stop_reason"]
-        if record.get("moved"):
-            tags[f"{S.T_MOVED}.bs{b}"] = record["moved"][:5000]
-        if record.get("rerun"):
-            tags[f"{S.T_RERUN}.bs{b}"] = record["rerun"][:5000]
-        if record.get("sittings_text"):
-            tags[f"{S.T_SITTINGS}.bs{b}"] = record["sittings_text"][:5000]
+        for key, tag in ml.STORED_WORDS.items():  # read back as they are (stored_results)
+            if record.get(key):
+                tags[f"{tag}.bs{b}"] = str(record[key])[:5000]
         stability = record.get("stability")
         if stability:
             tags[f"{S.T_STABILITY}.bs{b}"] = (
