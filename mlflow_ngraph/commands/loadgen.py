@@ -42,8 +42,8 @@ def _loadgen_options(command):
                      "hold."),
         click.option("--min-duration", type=float, default=30.0, show_default=True,
                      metavar="S", help="LoadGen's minimum duration of each run, in seconds "
-                     "(600 for a submission; a Server run also lasts until early stopping at "
-                     "p99 can pass: 459 queries)."),
+                     "(600 for a submission; a run also lasts until early stopping can "
+                     "pass: 459 Server, 64 SingleStream, 662 MultiStream queries)."),
         click.option("--min-queries", type=int, default=64, show_default=True,
                      help="LoadGen's minimum query count of each run (early stopping may ask "
                      "more)."),

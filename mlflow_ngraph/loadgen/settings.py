@@ -31,6 +31,9 @@ QSL_SAMPLES = 16
 DEFAULT_MIN_DURATION_S = 30.0
 #: Server: LoadGen's early stopping judges the 99th percentile with 99% confidence
 SERVER_PERCENTILE = 0.99
+#: the percentile LoadGen's early stopping judges a stream scenario on (its defaults: a
+#: SingleStream query's p90, a MultiStream query's p99), with one query allowed over it
+STREAM_PERCENTILES = {"singlestream": 0.90, "multistream": 0.99}
 EARLY_STOPPING_CONFIDENCE = 0.99
 #: queries a run needs at least (LoadGen's own defaults are submission sizes: 270,336 for
 #: Server); early stopping still asks for what its percentile needs, and says so
@@ -40,12 +43,29 @@ DEFAULT_SERVER_STEPS = 7
 
 
 def early_stopping_floor(
-    percentile: float = SERVER_PERCENTILE, confidence: float = EARLY_STOPPING_CONFIDENCE
+    percentile: float = SERVER_PERCENTILE,
+    confidence: float = EARLY_STOPPING_CONFIDENCE,
+    over: int = 0,
 ) -> int:
-    """The fewest queries with which LoadGen's early stopping can pass at ``percentile``:
-    every one under the bound (459 at p99). A Server run asks LoadGen for at least this many,
-    so a short duration at a low rate is not INVALID for its count alone."""
-    return math.ceil(math.log(1 - confidence) / math.log(percentile))
+    """The fewest queries with which LoadGen's early stopping can pass at ``percentile``
+    with ``over`` of them over it (LoadGen's ``MinPassingQueriesFinder``: the fewest passing
+    ones ``h`` whose binomial odds of ``over`` or fewer failures fall under 1 - confidence,
+    plus ``over``). A Server run, judged on the queries over its bound, needs 459 at p99 with
+    none over; SingleStream and MultiStream runs, judged with one allowed, need 64 at p90 and
+    662 at p99 (MLPerf's own MultiStream minimum). Each run asks LoadGen for at least this
+    many, so a short duration is not INVALID for its count alone."""
+    passing = math.ceil(math.log(1 - confidence) / math.log(percentile))
+    while _odds(passing + over, over, percentile) >= 1 - confidence:
+        passing += 1
+    return passing + over
+
+
+def _odds(queries: int, over: int, percentile: float) -> float:
+    """P(at most ``over`` of ``queries`` exceed ``percentile``): the binomial CDF."""
+    return sum(
+        math.comb(queries, k) * (1 - percentile) ** k * percentile ** (queries - k)
+        for k in range(over + 1)
+    )
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from mlflow_ngraph.loadgen.settings import (
     QSL_SAMPLES,
     SCENARIOS,
     SERVER_PERCENTILE,
+    STREAM_PERCENTILES,
     LoadgenSettings,
     early_stopping_floor,
 )
@@ -149,14 +150,21 @@ def test_settings(
     s.mode = mod.TestMode.PerformanceOnly
     s.min_duration_ms = int(settings.min_duration_s * 1000)
     s.min_query_count = settings.min_queries
-    if scenario == "server":  # fewer could never pass early stopping, at any rate
+    # fewer could never pass early stopping, however fast the runner: where the duration
+    # ends first (a slow engine, a busy host) the run goes on to this count, not INVALID
+    if scenario == "server":
         s.min_query_count = max(settings.min_queries, early_stopping_floor())
+    elif scenario in STREAM_PERCENTILES:
+        floor = early_stopping_floor(STREAM_PERCENTILES[scenario], over=1)
+        s.min_query_count = max(settings.min_queries, floor)
     # expectations on the fast side: LoadGen pre-generates more queries than it needs and
     # stops once both minimums are met; on the slow side it would run out early
     s.single_stream_expected_latency_ns = max(1000, int(latency_s * 0.5e9))
     batches = -(-MULTISTREAM_SAMPLES // settings.max_batch)
     s.multi_stream_expected_latency_ns = max(1000, int(latency_s * batches * 0.5e9))
     s.multi_stream_samples_per_query = MULTISTREAM_SAMPLES
+    s.single_stream_target_latency_percentile = STREAM_PERCENTILES["singlestream"]
+    s.multi_stream_target_latency_percentile = STREAM_PERCENTILES["multistream"]
     # Offline issues expected rate x duration samples in one query: too few ends the run
     # before its minimum duration (INVALID), so the larger of the two paces, and a margin
     s.offline_expected_qps = max(1.0, rate, settings.max_batch / latency_s) * OFFLINE_MARGIN

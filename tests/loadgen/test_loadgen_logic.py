@@ -108,6 +108,9 @@ def test_a_server_run_too_short_for_early_stopping_names_the_duration_it_needs(t
     from mlflow_ngraph.loadgen.settings import early_stopping_floor
 
     assert early_stopping_floor() == 459  # LoadGen: 93 processed + 366 more, none over
+    # a stream's early stopping allows one over: LoadGen asks "at least 64 / 662 queries"
+    assert early_stopping_floor(0.90, over=1) == 64
+    assert early_stopping_floor(0.99, over=1) == 662
     advice = (" * Run unsuccessful.  * Processed 120 queries.  * Would need to run at least "
               "542 more queries,  with the run being successful if every additional  query "
               "were under latency.")  # fmt: skip
@@ -315,3 +318,28 @@ def test_a_stream_generated_for_a_slower_pace_runs_once_more_at_the_pace_it_meas
     assert result.valid, result.reason
     assert result.details["result_min_duration_met"] is True
     assert f"{scenario} ended before its minimum duration" in caplog.text
+
+
+class _Sleep:
+    """A runner of one slot whose batch takes 0.4 ms (a MultiStream query: 3 ms or more)."""
+
+    batch, slots = 1, 1
+
+    def run(self, slot, indices):
+        time.sleep(4e-4)
+
+
+def test_a_stream_whose_minimum_duration_ends_before_early_stopping_can_pass_runs_on_to_it(
+    tmp_path,
+):
+    """A MultiStream query of 8 batches at 3 ms or more fills 1 s with about 300 queries;
+    LoadGen's early stopping judges p99 only from 662 (a loaded CI host's conv block at
+    --min-duration 1 was INVALID for it). The run asks LoadGen for that many."""
+    from mlflow_ngraph.loadgen.sut import run_scenario
+
+    settings = LoadgenSettings(scenarios=("multistream",), min_duration_s=1.0)
+    result = run_scenario(_Sleep(), "multistream", settings, tmp_path, (4e-4, 2500.0))
+    assert result.valid, result.reason
+    assert result.details["early_stopping_met"] is True
+    assert result.details["result_query_count"] >= 662
+    assert result.figures["multistream.p99_ms"] >= 8 * 0.4
