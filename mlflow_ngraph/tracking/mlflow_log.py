@@ -472,9 +472,20 @@ def experiment_mismatch(name: str, project_experiment: str) -> NgraphError:
 
 
 def _find_runs(client, experiment_id: str, tags: dict[str, str]) -> list:
+    """The runs tagged ``tags``, in the order every client ranks them (:func:`_rank`)."""
     clauses = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
     runs = client.search_runs([experiment_id], filter_string=clauses, max_results=100)
-    return sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id))
+    return sorted(runs, key=_rank)
+
+
+def _rank(run) -> tuple[float, int, str]:
+    """Runs of one key, first the one to keep: the earliest landed (:data:`S.T_LANDED`),
+    then (runs made before that tag, or by a creator killed before it) the earliest start."""
+    try:
+        landed = float(run.data.tags.get(S.T_LANDED) or math.inf)
+    except ValueError:
+        landed = math.inf
+    return landed, run.info.start_time or 0, run.info.run_id
 
 
 def _find_run(client, experiment_id: str, tags: dict[str, str]) -> str | None:
@@ -482,9 +493,12 @@ def _find_run(client, experiment_id: str, tags: dict[str, str]) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
-#: how long a client that created a run waits before checking no other client created the
-#: same one (longer than a create request takes to land in the store)
+#: how long a client that created a run waits before ranking the runs of its key: the most
+#: two clients' clocks may differ by (a run that lands after the ranking says a later time)
 SETTLE_S = 0.3
+#: how long a client ranking the runs of its key waits for another creator's landed time
+#: (its create seen, its tag not yet): a creator killed in between is passed over after this
+LANDED_WAIT_S = 10.0
 
 
 def find_or_create_run(
@@ -494,10 +508,14 @@ def find_or_create_run(
     run_name: str,
     more_tags: dict[str, str] | None = None,
 ) -> str:
-    """The run tagged ``tags``: the earliest one if any, else a new one created with
-    ``tags`` and ``more_tags`` at once (a kill never leaves it half-tagged). Safe when several
-    clients ask at once: each creator waits :data:`SETTLE_S`, every client then agrees on the
-    earliest run by (start time, id), and the others delete the run they made."""
+    """The run tagged ``tags``: the first one if any (:func:`_rank`), else a new one created
+    with ``tags`` and ``more_tags`` at once (a kill never leaves it half-tagged). Safe when
+    several clients ask at once: each creator tags its run with the time the create came
+    back (:data:`S.T_LANDED`), waits :data:`SETTLE_S`, and ranks the runs of the key once
+    every one it sees has that time; the others delete the run they made. A run that was not
+    there when a client ranked landed after it, so it ranks later for every client, however
+    long its create took to land (a start time, set when a create is sent, did not: a create
+    slow to land on a busy server displaced a run another client had settled on)."""
     with _creators_in_turn(client):
         found = _find_run(client, experiment_id, tags)
         if found:
@@ -505,14 +523,34 @@ def find_or_create_run(
         # the creator, as ``pull`` names it
         every = {**tags, **(more_tags or {}), "mlflow.user": run_user()}
         mine = client.create_run(experiment_id, tags=every, run_name=run_name).info.run_id
+        landed = time.time()
         if S.T_CELL_KEY in tags:
             faultpoint.point("cell_run_created")
+        client.set_tag(mine, S.T_LANDED, repr(landed))
     time.sleep(SETTLE_S)
-    winner = _find_run(client, experiment_id, tags) or mine
+    winner = _ranked_first(client, experiment_id, tags, mine)
     if winner != mine:
         log.debug("run %s of %s was created twice: keeping %s", mine, tags, winner)
         client.delete_run(mine)
     return winner
+
+
+def _ranked_first(client, experiment_id: str, tags: dict[str, str], mine: str) -> str:
+    """The first run of ``tags`` once every other run of it made in the last minute has its
+    landed time (at most :data:`LANDED_WAIT_S`: a creator killed before tagging is passed
+    over, ranked after every landed run)."""
+    deadline = time.monotonic() + LANDED_WAIT_S
+    while True:
+        runs = _find_runs(client, experiment_id, tags)
+        recent = time.time() * 1000 - 60_000
+        pending = [
+            r for r in runs
+            if r.info.run_id != mine and not r.data.tags.get(S.T_LANDED)
+            and (r.info.start_time or 0) > recent
+        ]  # fmt: skip
+        if not pending or time.monotonic() > deadline:
+            return runs[0].info.run_id if runs else mine
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager

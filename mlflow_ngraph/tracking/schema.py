@@ -22,6 +22,10 @@ P_SCENARIO = "scenario"
 # --- tags -------------------------------------------------------------------------------
 T_ROLE = "ngraph.role"  # "benchmark" (parent), "cell" (child), "report", "project" (ngraph-ray)
 T_CELL_KEY = "ngraph.cell_key"
+#: on a run made by find_or_create_run: when its creator saw the create come back (seconds
+#: since the epoch, after the run had landed): clients racing to make one run keep the
+#: earliest landed, so a create that was slow to land never displaces a settled run
+T_LANDED = "ngraph.landed"
 T_SPEC_HASH = "ngraph.spec_hash"
 T_STATUS = "ngraph.status"  # OK, INVALID (output check failed), FAILED
 T_ERROR = "ngraph.error"

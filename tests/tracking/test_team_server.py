@@ -231,3 +231,45 @@ def test_eight_concurrent_benchmark_clients_lose_nothing(server, tmp_path):
             ci = [S.M_THROUGHPUT_CI_LOW] if record["metrics"].get(S.M_THROUGHPUT_CI_LOW) else []
             for metric in (S.M_THROUGHPUT, S.M_CV, S.M_VALID, *ci):
                 assert S.flat_key(metric, b) in run.data.metrics, (run.data.params, metric, b)
+
+
+def test_a_create_slow_to_land_never_displaces_the_run_the_others_settled_on(server, monkeypatch):
+    """A create that reached a busy server late lands with the start time it was sent with,
+    earlier than a run the other clients had already settled on: ranked by start time, both
+    stayed (seen once among four threads beside the suite's other worker). One client's
+    create is held back on its way (a slow request: a fault the server cannot produce on
+    demand), the others' sent after it."""
+    import threading
+
+    from mlflow.store.tracking.rest_store import RestStore
+    from mlflow.tracking import MlflowClient
+
+    from mlflow_ngraph.tracking import mlflow_log as ml
+
+    url, _ = server
+    slow = threading.local()
+    send = RestStore.create_run
+
+    def late(self, *args, **kwargs):
+        if getattr(slow, "on", False):
+            time.sleep(1.5)  # past the others' settle: they have ranked and returned
+        return send(self, *args, **kwargs)
+
+    monkeypatch.setattr(RestStore, "create_run", late)
+
+    def work(i):
+        slow.on = i == 0
+        if i:
+            time.sleep(0.2)  # sent after the slow one: later start times
+        return ml.cell_run(MlflowClient(url), experiment, "parent", "key-late", "cell", None)
+
+    saved = _as_admin()
+    try:
+        experiment = ml.ensure_experiment(MlflowClient(url), "pg-late")
+        runs = in_threads(3, work)
+        assert len(set(runs)) == 1, runs
+        found = MlflowClient(url).search_runs([experiment], "tags.`ngraph.cell_key` = 'key-late'")
+        assert [r.info.run_id for r in found] == [runs[0]]
+        assert float(found[0].data.tags["ngraph.landed"]) > 0
+    finally:
+        _restore(saved)
