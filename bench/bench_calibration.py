@@ -43,6 +43,17 @@ the tool calls "beyond this run's noise", counted apart.
     python bench/bench_calibration.py study --work /tmp/calibration-XXXX
     python bench/bench_calibration.py coverage --work /tmp/calibration-XXXX --sittings 1 --runs 2
 
+``host`` asks whether the host itself runs at more than one speed: fixed workloads in turn,
+in 0.1 s windows, for ``--seconds``: a 256x256 matmul (in cache), and sums over 2 MB (the
+core's L2), 32 MB (the shared L3) and 512 MB (memory). For each: its median rate, the rate of
+its faster and slower halves of windows, the share of windows 15% or more off the median,
+and how long the host stays in its slow state (consecutive windows); then how often a slow
+L3 window is a slow memory window. A host whose memory system is shared with other tenants
+shows it here first: the engines whose work streams memory slow down with it, the ones that
+stay in cache do not, and a speedup between them moves with the host's state.
+
+    python bench/bench_calibration.py host --seconds 120
+
 ``study`` reads the windows a ``repeat`` logged (``MLFLOW_NGRAPH_WINDOWS_LOG``, one file per
 run in the folder ``repeat`` prints) and sets each way of making an interval from one run's
 windows against the other run's figure: the share of intervals that overlap, the share
@@ -825,11 +836,63 @@ def study(args) -> None:
               f"{sum(r[0] for r in narrow) / max(len(narrow), 1):14.0%}")  # fmt: skip
 
 
+def host(args) -> None:
+    """Fixed workloads in turn, 0.1 s windows each (see the module's docstring)."""
+    import itertools
+
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    square = torch.randn(256, 256)
+    sums = {mb: torch.randn(mb * 2**20 // 4) for mb in (2, 32, 512)}
+    work = {"matmul 256 (in cache)": (lambda: square @ square, 2 * 256**3 / 1e9, "GFLOP/s")}
+    for mb, x in sums.items():
+        where = {2: "L2", 32: "L3", 512: "memory"}[mb]
+        work[f"sum {mb} MB ({where})"] = ((lambda x=x: x.sum()), mb * 2**20 / 1e9, "GB/s")
+
+    def window(fn, size):
+        n, began = 0, time.perf_counter()
+        while time.perf_counter() - began < 0.1:
+            fn()
+            n += 1
+        return n * size / (time.perf_counter() - began)
+
+    for fn, size, _ in work.values():  # warm-up
+        window(fn, size)
+    before, rows, end = load(), [], time.monotonic() + args.seconds
+    while time.monotonic() < end:
+        rows.append({name: window(fn, size) for name, (fn, size, _) in work.items()})
+    round_s = args.seconds / len(rows)
+    print(f"host: {len(rows)} rounds of {len(work)} windows of 0.1 s over {args.seconds:.0f} s "
+          f"(load {before} -> {load()})")  # fmt: skip
+    slow_of = {}
+    for name, (_, _, unit) in work.items():
+        rates = [r[name] for r in rows]
+        median = statistics.median(rates)
+        ordered = sorted(rates)
+        low = statistics.median(ordered[: len(ordered) // 2])
+        high = statistics.median(ordered[len(ordered) // 2 :])
+        slow = [x < 0.85 * median for x in rates]
+        slow_of[name] = slow
+        fast_share = sum(x > 1.15 * median for x in rates) / len(rates)
+        stretches = [len(list(g)) for k, g in itertools.groupby(slow) if k]
+        stay = statistics.median(stretches) * round_s if stretches else 0.0
+        print(f"   {name}: median {median:.1f} {unit}; faster half {high:.1f}, slower half "
+              f"{low:.1f} ({high / low:.2f}x); 15% or more under the median "
+              f"{100 * sum(slow) / len(rates):.0f}% of windows, over it "
+              f"{100 * fast_share:.0f}%; a slow stretch lasts {stay:.1f} s (median of "
+              f"{len(stretches)})")  # fmt: skip
+    l3, memory = slow_of["sum 32 MB (L3)"], slow_of["sum 512 MB (memory)"]
+    both = sum(a and b for a, b in zip(l3, memory))
+    print(f"   slow L3 windows that were slow memory windows: {both} of {sum(l3)}; "
+          f"slow memory windows: {sum(memory)} of {len(rows)}")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "what",
-        choices=["repeat", "coverage", "hog", "walltime", "paper", "windows", "aa", "study"],
+        choices=[*"repeat coverage hog walltime paper windows aa study host".split()],
     )
     p.add_argument(
         "--work", help="study: the folder a repeat printed (its windows logs); repeat: runs "
@@ -861,6 +924,7 @@ def main() -> None:
     )
     p.add_argument("--before", default="f3ab2ff", help="the revision to compare against")
     p.add_argument("--rounds", type=int, default=1, help="alternating rounds of before/after")
+    p.add_argument("--seconds", type=float, default=120.0, help="host: how long to probe")
     args = p.parse_args()
     name, _, params = args.model.partition(":")
     args.model_name = name
@@ -869,6 +933,8 @@ def main() -> None:
     )
     if args.what == "windows":
         windows(args)
+    elif args.what == "host":
+        host(args)
     elif args.what == "aa":
         aa(args)
     elif args.what == "study":
