@@ -273,3 +273,50 @@ def test_a_create_slow_to_land_never_displaces_the_run_the_others_settled_on(ser
         assert float(found[0].data.tags["ngraph.landed"]) > 0
     finally:
         _restore(saved)
+
+
+@pytest.mark.parametrize("tagged", [True, False], ids=["tags-late", "killed-before-tagging"])
+def test_a_run_seen_without_its_landed_time_is_waited_for_then_passed_over(
+    server, monkeypatch, tagged
+):
+    """Another creator's run that landed beside ours, its landed time not yet set: the
+    ranking waits for it (it landed first: ours is deleted), or, its creator killed before
+    setting it, passes it over once the wait is spent (ours is kept, ranked first)."""
+    import threading
+
+    from mlflow.store.tracking.rest_store import RestStore
+    from mlflow.tracking import MlflowClient
+
+    from mlflow_ngraph.tracking import mlflow_log as ml
+
+    url, _ = server
+    send, other = RestStore.create_run, {}
+
+    def beside(self, *args, **kwargs):
+        mine = send(self, *args, **kwargs)
+        if "run" not in other:  # another creator's, landed with ours
+            other["run"] = theirs = send(self, *args, **kwargs).info.run_id
+            if tagged:  # it tags its run a second on, with the time its create came back
+                landed = repr(time.time() - 1)
+                threading.Timer(1.0, client.set_tag, (theirs, "ngraph.landed", landed)).start()
+        return mine
+
+    monkeypatch.setattr(RestStore, "create_run", beside)
+    monkeypatch.setattr(ml, "LANDED_WAIT_S", 3.0)
+    key = f"key-pending-{tagged}"
+    saved = _as_admin()
+    try:
+        client = MlflowClient(url)
+        experiment = ml.ensure_experiment(client, "pg-pending")
+        began = time.monotonic()
+        got = ml.find_or_create_run(client, experiment, {"ngraph.cell_key": key}, "cell")
+        waited = time.monotonic() - began
+        found = [r.info.run_id for r in ml._find_runs(client, experiment, {"ngraph.cell_key": key})]
+    finally:
+        _restore(saved)
+    if tagged:
+        assert got == other["run"] and found == [other["run"]]  # ours deleted
+        assert 1.0 <= waited < 3.0
+    else:
+        assert got != other["run"] and found == [got, other["run"]]
+        assert waited >= 3.0
