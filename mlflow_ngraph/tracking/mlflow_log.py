@@ -480,12 +480,14 @@ def _find_runs(client, experiment_id: str, tags: dict[str, str]) -> list:
 
 def _rank(run) -> tuple[float, int, str]:
     """Runs of one key, first the one to keep: the earliest landed (:data:`S.T_LANDED`),
-    then (runs made before that tag, or by a creator killed before it) the earliest start."""
+    then (runs made before that tag, or by a creator killed before it) the earliest start.
+    A tag that is not a finite time (store text is data: "nan" would leave each client's sort
+    an order of its own) ranks as one never set."""
     try:
         landed = float(run.data.tags.get(S.T_LANDED) or math.inf)
     except ValueError:
         landed = math.inf
-    return landed, run.info.start_time or 0, run.info.run_id
+    return landed if math.isfinite(landed) else math.inf, run.info.start_time or 0, run.info.run_id
 
 
 def _find_run(client, experiment_id: str, tags: dict[str, str]) -> str | None:
