@@ -69,6 +69,7 @@ from typing import Protocol
 
 import numpy as np
 
+from mlflow_ngraph.measure.memprobe import states
 from mlflow_ngraph.measure.stability import MAX_DISTURBED, THROUGHPUT_WIDER
 
 #: a window lasts at least this long (pyperf: a value of at least 100 ms); the choice and its
@@ -172,6 +173,17 @@ class Figures:
     speedup_unscreened: float | None = None
     #: the indexes of the windows the figures rest on (the rest were disturbed)
     kept: list[int] | None = None
+    #: the memory's speed around each round (GB/s, :mod:`~mlflow_ngraph.measure.memprobe`;
+    #: the group's, the same for every engine of it), None where it was not read
+    memory_readings: list | None = None
+    #: the median reading over the rounds the figure rests on, those rounds with a reading
+    #: and those of them that met the memory's slow state
+    memory_gbs: float | None = None
+    memory_rounds: int = 0
+    memory_slow_rounds: int = 0
+    #: the figure over the slow rounds against the rest (relative), where their intervals
+    #: part (:func:`moved_with_memory`)
+    memory_moved: float | None = None
 
 
 def _relative(h: float | None) -> float | None:
@@ -332,6 +344,44 @@ def moved_between_halves(windows, base_windows) -> float | None:
     return None
 
 
+def moved_with_memory(windows, base_windows, slow: list) -> float | None:
+    """The relative change of the figure from the rounds that did not meet the memory's
+    slow state to those that did (``slow``: each round's state, None unknown), where each
+    side has :data:`MIN_ROUNDS` rounds and their 95% intervals do not overlap: the paired
+    speedup over ``base_windows``, or the throughput where that is None. Else None."""
+    sides = []
+    for state in (False, True):
+        chosen = [w if s is state else None for w, s in zip(windows, slow)]
+        if base_windows is not None:
+            logs = _log_ratios(chosen, base_windows)
+            enough, figures = len(logs) >= MIN_ROUNDS, _speedup_of(logs)
+        else:
+            own = [w for w in chosen if w is not None]
+            enough, figures = len(own) >= MIN_ROUNDS, throughput_figures(own)
+        if not enough or figures[1] is None:
+            return None
+        sides.append(figures[:2])
+    (fast, a), (slowed, b) = sides
+    if a[1] < b[0] or b[1] < a[0]:
+        return slowed / fast - 1
+    return None
+
+
+def _add_memory(figures: Figures, seen: list, base: list | None, readings: list, slow: list):
+    """Add to ``figures`` what the memory probe read over the rounds its figure rests on."""
+    figures.memory_readings = list(readings)
+    rests = [i for i, w in enumerate(seen) if w is not None and i < len(readings)]
+    if base is not None:
+        rests = [i for i in rests if i < len(base) and base[i] is not None]
+    read = [readings[i] for i in rests if readings[i] is not None]
+    if not read:
+        return
+    figures.memory_gbs = float(np.median(read))
+    figures.memory_rounds = len(read)
+    figures.memory_slow_rounds = sum(1 for i in rests if slow[i])
+    figures.memory_moved = moved_with_memory(seen, base, slow)
+
+
 def cpu_share(window) -> float | None:
     """The process's CPU seconds per wall second over ``window`` (None: not read, or the
     window too short to say: :data:`SCREEN_MIN_WINDOW_S`)."""
@@ -443,17 +493,22 @@ def run_rounds(
     baseline: str | None,
     policy: RoundPolicy,
     on_round=None,
+    probe=None,
 ) -> dict[str, Figures]:
     """Measure ``meters`` (name -> engine) in rounds until every one is done, and return
     each one's figures. ``baseline`` names the engine speedups are paired with (``None``:
     no pairing). An engine whose window raises is dropped from the rounds and left out of
-    the result (the caller reports its failure); the rest go on.
+    the result (the caller reports its failure); the rest go on. ``probe``: a
+    :class:`~mlflow_ngraph.measure.memprobe.MemoryProbe` read before the first round and
+    after each one, where the figures are to say which state of the memory they met.
 
     ``settings`` is the :class:`~mlflow_ngraph.measure.settings.MeasureSettings`: its repetitions
     (requests) and min_duration_s are floors, its max_duration_s caps an engine's seconds.
     """
     cap = _cap(settings, policy)
-    windows, failed, reasons, view = _take_rounds(meters, settings, baseline, policy, cap, on_round)
+    taking = _take_rounds(meters, settings, baseline, policy, cap, on_round, probe)
+    windows, failed, reasons, view, readings = taking
+    slow = states(readings, probe.reference() if probe is not None else None)
     interleaved = len(windows) > 1
     # ``view`` is the last round's: no window has been taken since
     base = view.get(baseline) if baseline and baseline not in failed else None
@@ -471,8 +526,11 @@ def run_rounds(
             interleaved=interleaved,
             drift=drift if name != baseline else drift_of(view[name]),
         )
-        if base is not None and name != baseline:
+        paired = base is not None and name != baseline
+        if paired:
             _add_speedup(figures, view[name], base, windows[name], windows[baseline])
+        if probe is not None:
+            _add_memory(figures, view[name], base if paired else None, readings, slow)
         out[name] = figures
     return out
 
@@ -486,21 +544,31 @@ def _cap(settings, policy: RoundPolicy) -> float:
     return cap
 
 
-def _take_rounds(meters, settings, baseline, policy, cap, on_round):
+def _take_rounds(meters, settings, baseline, policy, cap, on_round, probe=None):
     """Take rounds until every engine is done: (each engine's windows as taken, ``None``
     where it took none; the engines whose window raised; each engine's stop reason; the
-    windows as the figures see them after the last round)."""
+    windows as the figures see them after the last round; each round's memory reading, the
+    lower of ``probe``'s before and after it, None without a probe)."""
     names = list(meters)
     windows: dict[str, list] = {name: [] for name in names}
     failed: dict[str, BaseException] = {}
     reasons: dict[str, str] = {}
     view = _view(windows, failed, policy)
+    readings: list[float | None] = []
+    last = probe.read() if probe is not None else None
     r = 0
     while True:
         live = _taking_turns(names, failed, reasons, baseline)
         if not live:
             break
         _take_round(meters, order(live, r), windows, failed, policy.window_s)
+        if probe is not None:
+            now = probe.read()
+            known = [v for v in (last, now) if v is not None]
+            readings.append(min(known) if known else None)
+            last = now
+        else:
+            readings.append(None)
         r += 1
         _fill_holes(windows, failed, r)
         if on_round is not None:
@@ -509,7 +577,7 @@ def _take_rounds(meters, settings, baseline, policy, cap, on_round):
         for name in names:
             if name not in failed and not reasons.get(name):
                 reasons[name] = _stop(name, view, windows[name], baseline, settings, policy, cap)
-    return windows, failed, reasons, view
+    return windows, failed, reasons, view, readings
 
 
 def _take_round(meters, turn: list[str], windows, failed, seconds: float) -> None:

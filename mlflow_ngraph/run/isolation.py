@@ -407,9 +407,25 @@ WINDOWS_LOG_ENV = "MLFLOW_NGRAPH_WINDOWS_LOG"
 _windows_log_failed: set[str] = set()  # paths already warned about: one warning per path
 
 
-def _log_windows(proxies: dict[str, _Proxy], b: int, baseline: str | None, attempt: int) -> None:
-    """Append the group's windows to the file :data:`WINDOWS_LOG_ENV` names, if any; a file
-    that cannot be written costs a warning, never the measurement."""
+def _probe(policy):
+    """The memory probe the rounds read (measure/memprobe.py): this process's, for engines
+    the screen judges (a GPU engine's speed is the device's); None where it is off."""
+    from mlflow_ngraph.measure.memprobe import coordinator_probe
+
+    return coordinator_probe() if policy.screen else None
+
+
+def _readings(figures: dict) -> list | None:
+    """The group's memory reading of each round (every engine's figures hold the same)."""
+    return next((f.memory_readings for f in figures.values() if f.memory_readings), None)
+
+
+def _log_windows(
+    proxies: dict[str, _Proxy], b: int, baseline: str | None, attempt: int, memory=None
+) -> None:
+    """Append the group's windows to the file :data:`WINDOWS_LOG_ENV` names, if any, with
+    the ``memory`` reading of each round (GB/s); a file that cannot be written costs a
+    warning, never the measurement."""
     path = os.environ.get(WINDOWS_LOG_ENV)
     if not path or not proxies or path in _windows_log_failed:
         return
@@ -423,6 +439,7 @@ def _log_windows(proxies: dict[str, _Proxy], b: int, baseline: str | None, attem
         "batch_size": b,
         "attempt": attempt,
         "baseline": baseline,
+        "memory_gbs": memory,
         "engines": {
             name: {
                 "compiler": p.cell.task.compiler,
@@ -685,11 +702,11 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
                 cell.worker.pause()
         proxies = {n: _Proxy(group, c) for n, c in names.items()}
         try:
-            figures = run_rounds(proxies, settings, base, policy)
+            figures = run_rounds(proxies, settings, base, policy, probe=_probe(policy))
         finally:
             for cell in warmed:
                 cell.worker.resume()
-        _log_windows(proxies, b, base, attempt)
+        _log_windows(proxies, b, base, attempt, _readings(figures))
         _resume_spares()
         ready, unstable = _judge(group, names, figures, base, b)
         if not any(retry for _, _, retry in unstable) or attempt > retries:

@@ -1,0 +1,155 @@
+"""The memory's two speeds: read between rounds, each round's state named against the host's
+fast speed, and a figure that parts between the states marked with that cause.
+
+The host here is arithmetic: each round is in the fast or the slow state of a schedule, an
+engine's window runs at its rate for that state, and the probe reads the state's speed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlflow_ngraph.measure import memprobe
+from mlflow_ngraph.measure.harness import Window
+from mlflow_ngraph.measure.memprobe import MEMORY_SLOW, MemoryProbe, coordinator_probe, states
+from mlflow_ngraph.measure.rounds import RoundPolicy, moved_with_memory, run_rounds
+from mlflow_ngraph.measure.settings import MeasureSettings
+from mlflow_ngraph.measure.stability import assess, short_reason
+from mlflow_ngraph.run.worker import measurement_metrics
+
+FAST_GBS, SLOW_GBS = 32.0, 21.0  # 1.5x apart, as on the host of docs/measurement.md
+
+
+class MemoryHost:
+    """Rounds in ``slow`` met the slow state; the probe's reads move it from round to round."""
+
+    def __init__(self, slow: set[int]) -> None:
+        self.slow, self.round = slow, 0
+
+    def is_slow(self) -> bool:
+        return self.round in self.slow
+
+
+class ScriptedProbe(MemoryProbe):
+    """The real probe's reference over readings the schedule gives: read k is taken before
+    round k (after round k - 1)."""
+
+    def __init__(self, host: MemoryHost) -> None:
+        super().__init__()
+        self.host, self.reads = host, 0
+
+    def read(self) -> float:
+        self.host.round = self.reads
+        self.reads += 1
+        gbs = SLOW_GBS if self.host.is_slow() else FAST_GBS
+        self.readings.append(gbs)
+        return gbs
+
+
+class StateMeter:
+    """An engine whose rate is ``fast`` in the fast state and ``slow`` in the slow one, times
+    a little noise of its own."""
+
+    def __init__(self, host: MemoryHost, fast: float, slow: float, seed: int) -> None:
+        self.host, self.fast, self.slow = host, fast, slow
+        self.rng = np.random.default_rng(seed)
+
+    def window(self, seconds: float) -> Window:
+        rate = (self.slow if self.host.is_slow() else self.fast) * self.rng.lognormal(0, 0.02)
+        samples = max(1, round(rate * seconds))
+        return Window(samples, samples, samples / rate)
+
+
+def _rounds(host, probe, **meters):
+    settings = MeasureSettings(warmup=0, repetitions=1, min_duration_s=0.0)
+    policy = RoundPolicy(precision=1e-9)  # to the cap: 40 rounds of 0.1 s
+    built = {n: StateMeter(host, *rates, seed=i) for i, (n, rates) in enumerate(meters.items())}
+    return run_rounds(built, settings, "identity", policy, probe=probe)
+
+
+# identity (eager) and two compiled engines: ONNX Runtime's speedup is the state's (1.80x
+# fast, 1.46x slow: the attention block's on that host), OpenVINO's is not (2.7x in both)
+ENGINES = {
+    "identity": (100.0, 65.0),
+    "onnxruntime": (180.0, 95.0),
+    "openvino": (270.0, 175.5),
+}
+
+
+def test_a_speedup_that_is_the_memory_states_is_found_and_one_that_is_not_is_left_alone():
+    host = MemoryHost(slow=set(range(12, 28)))
+    figures = _rounds(host, ScriptedProbe(host), **ENGINES)
+    ort, ov, identity = figures["onnxruntime"], figures["openvino"], figures["identity"]
+    assert ort.memory_rounds == len(ort.memory_readings) >= 40
+    # rounds 12-27 met the slow state, and round 11, whose reading after it was slow
+    assert ort.memory_slow_rounds == 17
+    assert ort.memory_gbs == FAST_GBS
+    assert ort.memory_moved == pytest.approx(95 / 65 / 1.8 - 1, abs=0.03)
+    assert ov.memory_moved is None  # the pairing cancels a state both sides slow alike in
+    # the baseline is judged on its throughput, which is the state's
+    assert identity.memory_moved == pytest.approx(65 / 100 - 1, abs=0.03)
+
+
+def test_without_a_probe_the_figures_say_nothing_of_the_memory():
+    host = MemoryHost(slow=set(range(12, 28)))
+    figures = _rounds(host, None, **ENGINES)
+    assert figures["onnxruntime"].memory_rounds == 0
+    assert figures["onnxruntime"].memory_moved is None
+
+
+def test_a_state_is_named_only_against_a_fast_speed_the_process_has_seen():
+    # a first group wholly in the slow state: no faster reading yet, so no round is slow
+    host = MemoryHost(slow=set(range(100)))
+    probe = ScriptedProbe(host)
+    first = _rounds(host, probe, **ENGINES)["onnxruntime"]
+    assert (first.memory_slow_rounds, first.memory_moved) == (0, None)
+    # once the process has read the fast state, the same group's rounds are all slow: one
+    # state met, so the figure is not split
+    probe.readings = [FAST_GBS] * 200
+    host.round, probe.reads = 0, 0
+    again = _rounds(host, probe, **ENGINES)["onnxruntime"]
+    assert again.memory_slow_rounds == again.memory_rounds >= 40
+    assert again.memory_moved is None
+
+
+def test_each_side_needs_the_rounds_of_an_interval():
+    fast = [Window(100, 100, 1.0)] * 30
+    base = [Window(50, 50, 1.0)] * 30
+    few = [True] * 5 + [False] * 25  # 5 slow rounds: no signed-rank interval on that side
+    assert moved_with_memory(fast, base, few) is None
+    assert states([10.0, 30.0, None], None) == [None, None, None]
+    assert states([10.0, 30.0, None], 30.0) == [10.0 < MEMORY_SLOW * 30.0, False, None]
+
+
+def test_a_figure_that_parted_between_the_states_is_unstable_for_the_host_and_says_why():
+    verdict = assess(0.01, None, what="speedup", memory=(-0.19, 17, 40))
+    assert not verdict.stable and verdict.retry and not verdict.own_only
+    assert "memory ran at two speeds" in verdict.reason and "17 of 40 rounds" in verdict.reason
+    assert short_reason(verdict.reason) == "memory slow -19.0%"
+    assert assess(0.01, None, what="speedup", memory=None).stable
+
+
+def test_the_real_probe_reads_a_speed_and_names_the_fast_one_after_enough_readings(monkeypatch):
+    probe = MemoryProbe(mb=1)
+    first = probe.read()
+    assert first is not None and first > 0
+    assert probe.reference() is None
+    for _ in range(memprobe.REFERENCE_MIN):
+        probe.read()
+    assert probe.reference() >= min(probe.readings)
+    monkeypatch.setenv(memprobe.ENV, "0")
+    assert coordinator_probe() is None
+
+
+def test_the_memory_figures_are_logged_with_the_measurement():
+    import dataclasses
+
+    from mlflow_ngraph.measure.harness import Measurement
+
+    required = [f.name for f in dataclasses.fields(Measurement) if f.default is dataclasses.MISSING]
+    result = Measurement(**{k: 0.0 for k in required if k != "gpu"}, gpu={})
+    result.memory_speed_gbs, result.memory_rounds = 30.5, 40
+    result.memory_slow_rounds, result.memory_moved = 17, -0.19
+    metrics = measurement_metrics(result)
+    assert metrics["memory_slow_rounds"] == 17 and metrics["memory_moved"] == -0.19
+    assert metrics["memory_speed_gbs"] == 30.5
