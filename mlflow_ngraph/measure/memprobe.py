@@ -97,4 +97,4 @@ def states(readings: list[float | None], reference: float | None) -> list[bool |
     not, None where it has no reading or no reference is known yet."""
     if reference is None or reference <= 0:
         return [None] * len(readings)
-    return [None if r is None else r < MEMORY_SLOW * reference for r in readings]
+    return [None if r is None else bool(r < MEMORY_SLOW * reference) for r in readings]

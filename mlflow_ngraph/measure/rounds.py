@@ -42,7 +42,11 @@ Figures, each over the rounds (k windows per engine):
   ratio for that engine; the rounds go on until the figure is known without it. The count
   is logged (``windows_disturbed``), and many of them mark the figure UNSTABLE;
 - moved: the rounds' first and second halves give speedups whose intervals do not overlap
-  (the host changed in a way the pairing did not cancel); the relative change, else None.
+  (the host changed in a way the pairing did not cancel); the relative change, else None;
+- the memory's two speeds: given a probe (:mod:`~mlflow_ngraph.measure.memprobe`), its
+  reading around each round names the rounds that met the host memory's slow state, and a
+  figure computed over those rounds and over the rest with intervals that do not overlap
+  is the state's (``memory_moved``: the relative change, else None).
 
 Stop rule (per engine; widths are the sitting's own): the
 floors (``--repetitions`` requests, ``--min-duration`` seconds, :data:`MIN_ROUNDS` rounds

@@ -153,3 +153,38 @@ def test_the_memory_figures_are_logged_with_the_measurement():
     metrics = measurement_metrics(result)
     assert metrics["memory_slow_rounds"] == 17 and metrics["memory_moved"] == -0.19
     assert metrics["memory_speed_gbs"] == 30.5
+
+
+def test_each_round_keeps_its_state_where_an_engine_has_holes():
+    """Holes (rounds an engine did not take, or windows the screen left out) keep their
+    place: the states are the rounds', so a figure's windows are judged by their own
+    round's reading, not shifted onto another's."""
+    rng = np.random.default_rng(3)
+
+    def window(rate):
+        rate *= rng.lognormal(0, 0.02)
+        return Window(round(rate * 10), round(rate * 10), 10.0)
+
+    slow = [False] * 20 + [True] * 20
+    base = [window(100.0 if not s else 65.0) for s in slow]
+    engine = [None] * 10 + [window(180.0) for _ in range(10)] + [window(95.0) for _ in range(20)]
+    assert moved_with_memory(engine, base, slow) == pytest.approx(95 / 65 / 1.8 - 1, abs=0.03)
+    # the throughput of an engine measured alone, with holes in its slow stretch
+    alone = [window(100.0) for _ in range(20)] + [None] * 5 + [window(65.0) for _ in range(15)]
+    assert moved_with_memory(alone, None, slow) == pytest.approx(-0.35, abs=0.03)
+
+
+def test_the_measurement_carries_the_figures_memory_and_none_without_a_reading():
+    from mlflow_ngraph.measure.harness import _memory_of
+    from mlflow_ngraph.measure.rounds import Figures
+
+    figures = Figures(100.0, None, None, 0.0, "precision", 0.1)
+    assert _memory_of(figures) == {}
+    figures.memory_gbs, figures.memory_rounds = 30.0, 40
+    figures.memory_slow_rounds, figures.memory_moved = 17, -0.19
+    assert _memory_of(figures) == {
+        "memory_speed_gbs": 30.0,
+        "memory_rounds": 40,
+        "memory_slow_rounds": 17,
+        "memory_moved": -0.19,
+    }
