@@ -77,6 +77,8 @@ class Entry:
     #: whose engines share a sitting's offset (a speedup's baseline, the host's state):
     #: they count once in the degrees of freedom; "" in older lines (each its own group)
     group: str = ""
+    #: the memory's speed around its rounds (GB/s, measure/memprobe.py); None where unread
+    memory: float | None = None
 
 
 @dataclass(frozen=True)
@@ -407,7 +409,26 @@ def _text(what: str, ratio: float, then: Entry, now: Entry, max_other_cpu: float
             if then.contended
             else ": that earlier measurement was UNSTABLE"
         )
-    return text
+    return text + _memory_words(then, now)
+
+
+def _memory_words(then: Entry, now: Entry) -> str:
+    """What the host's memory did between ``then`` and ``now``, where its speed around
+    their rounds differed as far as its two states do (measure/memprobe.py): a move the
+    host's neighbours made, which no run can pair away; else ""."""
+    from mlflow_ngraph.measure.memprobe import MEMORY_SLOW
+
+    if not then.memory or not now.memory:
+        return ""
+    ratio = now.memory / then.memory
+    if MEMORY_SLOW < ratio < 1 / MEMORY_SLOW:
+        return ""
+    state = "slower" if ratio < 1 else "faster"
+    return (
+        f"; the host's memory read {now.memory:.0f} GB/s around these rounds against "
+        f"{then.memory:.0f} GB/s then, its {state} state (other tenants' traffic on a shared "
+        "cache and memory)"
+    )
 
 
 def _trusted(path: Path, what: str, entries: list[Entry] | None = None) -> list[Entry]:

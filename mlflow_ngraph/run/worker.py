@@ -415,6 +415,7 @@ def _history_entry(task: CellTask, result, paired: bool, stability=None):
         load=result.host_load_avg,
         occasion=task.extra.get("occasion", ""),
         group=_history_key(task, result.batch_size, group=True),
+        memory=getattr(result, "memory_speed_gbs", None),
     )
 
 
