@@ -220,6 +220,7 @@ def repeat(args) -> None:
         screen_bias(uri, f"{label}-{i}")
         rest = label.removeprefix("calibration").strip("-")
         screen_check(work / f"windows-{rest + '-' if rest else ''}{i}.jsonl")
+        memory_check(work / f"windows-{rest + '-' if rest else ''}{i}.jsonl", runs[i - 1])
     if len(runs) < 2:  # one run (--runs 1 beside an earlier repeat): its marks alone
         flagged = sum(r.get("stability") == "UNSTABLE" for r in runs[0].values())
         print(f"1. UNSTABLE: {flagged} of {len(runs[0])} (one run)")
@@ -440,6 +441,39 @@ def screen_check(path: Path) -> None:
         f" (windows {statistics.median(c[0] for c in counts):.0f}, left out"
         f" {statistics.median(c[1] for c in counts):.0f}, clean"
         f" {statistics.median(c[2] for c in counts):.0f}, medians)"
+    )
+
+
+def memory_check(path: Path, rows: dict) -> None:
+    """7. What the host's memory did around the rounds (measure/memprobe.py): the probe's
+    readings in the windows log ``path`` (the share of rounds under 75% of the log's 90th
+    percentile, the rule the runs used against their own process's readings), the group
+    attempts whose rounds met both states (6 rounds or more in each, the fewest a figure is
+    split on), and the figures of ``rows`` (a run's records) marked for it."""
+    from mlflow_ngraph.measure.memprobe import MEMORY_SLOW, REFERENCE_Q
+
+    groups = []
+    for text in path.read_text().splitlines() if path.exists() else []:
+        try:
+            groups.append([g for g in json.loads(text).get("memory_gbs") or [] if g])
+        except json.JSONDecodeError:  # a line torn by a kill
+            continue
+    every = [g for readings in groups for g in readings]
+    if len(every) < 2:
+        print(f"7. memory, {path.name}: too few readings (the probe was off)")
+        return
+    fast = float(
+        statistics.quantiles(every, n=100, method="inclusive")[round(100 * REFERENCE_Q) - 1]
+    )
+    slow = [[g < MEMORY_SLOW * fast for g in readings] for readings in groups]
+    both = sum(sum(s) >= 6 and len(s) - sum(s) >= 6 for s in slow)
+    said = [r.get("stability_reason") or "" for r in rows.values()]
+    marked = sum("memory ran at two speeds" in reason for reason in said)
+    print(
+        f"7. memory, {path.name}: {len(every)} rounds read, median {statistics.median(every):.1f}"
+        f" GB/s, fast {fast:.1f}; slow rounds {sum(map(sum, slow))} "
+        f"({100 * sum(map(sum, slow)) / len(every):.1f}%); group attempts with both states "
+        f"{both} of {len(groups)}; figures marked for it {marked} of {len(rows)}"
     )
 
 
