@@ -20,7 +20,10 @@ Each ``repeat`` run also prints the screen's bias twice: its median change to th
 (``3. screen bias``: screened against every window kept, the issue's measure, which holds a
 quiet host to +-0.5%), and against a signal the screen does not use (``3b``: the windows in
 which no other process took any CPU), which says whether the screen stopped short of the
-undisturbed figure or went past it on a host that is not quiet.
+undisturbed figure or went past it on a host that is not quiet; and what the host's memory
+did around the rounds (``7. memory``: the probe's readings in the windows log, the share of
+rounds in its slow state, the group attempts that met both states with the six rounds a
+figure is split on, and the figures marked for it).
 
 And a check of the intervals themselves, ``aa``: each engine measured against a second copy
 of itself, each copy in its own worker, in the tool's rounds with its default stop rule and
