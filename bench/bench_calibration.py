@@ -129,8 +129,11 @@ def records(uri: str, experiment: str) -> dict[tuple, dict]:
 
 def _said_moves(uri: str, rows: list[dict]) -> None:
     """Each row's ``moved``: the guard's word where it said the figure moved against the
-    engine's history (the ``ngraph.moved.bs<b>`` tag), else ""."""
+    engine's history (the ``ngraph.moved.bs<b>`` tag), else ""; and its
+    ``stability_reason`` (why it is UNSTABLE, else "")."""
     from mlflow import MlflowClient
+
+    from mlflow_ngraph.tracking.schema import T_MOVED, T_STABILITY_REASON
 
     client, tags = MlflowClient(uri), {}
     for r in rows:
@@ -138,7 +141,9 @@ def _said_moves(uri: str, rows: list[dict]) -> None:
         if run_id and run_id not in tags:
             tags[run_id] = client.get_run(run_id).data.tags
         b = r.get("batch_size")
-        r["moved"] = tags.get(run_id, {}).get(f"ngraph.moved.bs{int(b)}", "") if b else ""
+        said = tags.get(run_id, {})
+        r["moved"] = said.get(f"{T_MOVED}.bs{int(b)}", "") if b else ""
+        r["stability_reason"] = said.get(f"{T_STABILITY_REASON}.bs{int(b)}", "") if b else ""
 
 
 def _as_measured(uri: str, rows: list[dict]) -> None:
@@ -879,6 +884,8 @@ def host(args) -> None:
 
     import torch
 
+    from mlflow_ngraph.measure.memprobe import MemoryProbe
+
     torch.set_num_threads(os.cpu_count() or 1)
     square = torch.randn(256, 256)
     sums = {mb: torch.randn(mb * 2**20 // 4) for mb in (2, 32, 512)}
@@ -886,6 +893,24 @@ def host(args) -> None:
     for mb, x in sums.items():
         where = {2: "L2", 32: "L3", 512: "memory"}[mb]
         work[f"sum {mb} MB ({where})"] = ((lambda x=x: x.sum()), mb * 2**20 / 1e9, "GB/s")
+    probe = MemoryProbe()  # the tool's: one thread, 64 MB
+    probe.read()
+    work["probe: sum 64 MB, 1 thread"] = (probe._data.sum, probe._data.nbytes / 1e9, "GB/s")
+    # an add just past ATen's grain size (32,768): two threads meet at its end, so it costs
+    # what the cores take to start and join a parallel region, as every operator of an
+    # eager engine does
+    a, b = torch.randn(65536), torch.randn(65536)
+    work["add 64K floats, threads join"] = ((lambda: torch.add(a, b)), 1e-3, "k ops/s")
+    blocks = torch.nn.Sequential(
+        *[torch.nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True) for _ in range(3)]
+    ).eval()
+    tokens = torch.randn(8, 64, 256)
+
+    def attention():
+        with torch.inference_mode():
+            blocks(tokens)
+
+    work["attention block bs8, eager"] = (attention, 8, "samples/s")
 
     def window(fn, size):
         n, began = 0, time.perf_counter()
@@ -923,6 +948,24 @@ def host(args) -> None:
     both = sum(a and b for a, b in zip(l3, memory))
     print(f"   slow L3 windows that were slow memory windows: {both} of {sum(l3)}; "
           f"slow memory windows: {sum(memory)} of {len(rows)}")  # fmt: skip
+    _beside_the_engine(rows, "attention block bs8, eager")
+
+
+def _beside_the_engine(rows: list[dict], engine: str) -> None:
+    """Each workload's rate in the rounds where ``engine`` ran under 0.8x its median, over
+    its own median, and the correlation of their logs: which reading tracks the engine."""
+    import numpy as np
+
+    own = np.array([r[engine] for r in rows])
+    slow = own < 0.8 * np.median(own)
+    print(f"   rounds where the {engine} ran under 0.8x its median: {int(slow.sum())} of "
+          f"{len(rows)}; there, each workload over its median (elsewhere), correlation:")  # fmt: skip
+    for name in rows[0]:
+        rate = np.array([r[name] for r in rows])
+        there = np.median(rate[slow]) / np.median(rate) if slow.any() else float("nan")
+        corr = float(np.corrcoef(np.log(rate), np.log(own))[0, 1])
+        print(f"     {name}: {there:.2f}x ({np.median(rate[~slow]) / np.median(rate):.2f}x), "
+              f"{corr:+.2f}")  # fmt: skip
 
 
 def main() -> None:
