@@ -20,9 +20,9 @@ Each ``repeat`` run also prints the screen's bias twice: its median change to th
 (``3. screen bias``: screened against every window kept, the issue's measure, which holds a
 quiet host to +-0.5%), and against a signal the screen does not use (``3b``: the windows in
 which no other process took any CPU), which says whether the screen stopped short of the
-undisturbed figure or went past it on a host that is not quiet; and what the host's cores
-did around the rounds (``7. cores``: the sync probe's readings in the windows log, the share
-of rounds in the slow state, the group attempts that met both states with the six rounds a
+undisturbed figure or went past it on a host that is not quiet; and what the host's memory
+did around the rounds (``7. memory``: the probe's readings in the windows log, the share of
+rounds in its slow state, the group attempts that met both states with the six rounds a
 figure is split on, and the figures marked for it).
 
 And a check of the intervals themselves, ``aa``: each engine measured against a second copy
@@ -51,13 +51,13 @@ in 0.1 s windows, for ``--seconds``: a 256x256 matmul (in cache), and sums over 
 core's L2), 32 MB (the shared L3) and 512 MB (memory). For each: its median rate, the rate of
 its faster and slower halves of windows, the share of windows 15% or more off the median,
 and how long the host stays in its slow state (consecutive windows); then how often a slow
-L3 window is a slow memory window. Beside them: a sum over 64 MB in one thread (numpy), an
-add of two 64K-float tensors whose two threads join at its end (what every operator of an
-eager engine does; the tool's sync probe, measure/syncprobe.py) and an eager attention block
-at batch 8; then, in the rounds where the attention block ran under 0.8x its median, each
-workload's rate over its own median and the correlation of their logs: which reading
-tracks the engine. On this host the join tracks it (0.61x there, correlation +0.76-0.87),
-the one-thread sum barely (0.96x, +0.34), and the two-thread sums run faster there.
+L3 window is a slow memory window. Beside them: the tool's memory probe (a sum over 64 MB in
+one thread, measure/memprobe.py), an add of two 64K-float tensors whose two threads join at
+its end (what every operator of an eager engine does) and an eager attention block at batch
+8; then, in the rounds where the attention block ran under 0.8x its median, each workload's
+rate over its own median and the correlation of their logs: which reading tracks the
+engine. On this host the join tracks it (0.61x there, correlation +0.76-0.87), the
+one-thread sum barely (0.96x, +0.34), and the two-thread sums run faster there.
 
     python bench/bench_calibration.py host --seconds 120
 
@@ -232,7 +232,7 @@ def repeat(args) -> None:
         screen_bias(uri, f"{label}-{i}")
         rest = label.removeprefix("calibration").strip("-")
         screen_check(work / f"windows-{rest + '-' if rest else ''}{i}.jsonl")
-        sync_check(work / f"windows-{rest + '-' if rest else ''}{i}.jsonl", runs[i - 1])
+        memory_check(work / f"windows-{rest + '-' if rest else ''}{i}.jsonl", runs[i - 1])
     if len(runs) < 2:  # one run (--runs 1 beside an earlier repeat): its marks alone
         flagged = sum(r.get("stability") == "UNSTABLE" for r in runs[0].values())
         print(f"1. UNSTABLE: {flagged} of {len(runs[0])} (one run)")
@@ -456,34 +456,34 @@ def screen_check(path: Path) -> None:
     )
 
 
-def sync_check(path: Path, rows: dict) -> None:
-    """7. What the host's cores did around the rounds (measure/syncprobe.py): the probe's
+def memory_check(path: Path, rows: dict) -> None:
+    """7. What the host's memory did around the rounds (measure/memprobe.py): the probe's
     readings in the windows log ``path`` (the share of rounds under 75% of the log's 90th
     percentile, the rule the runs used against their own process's readings), the group
     attempts whose rounds met both states (6 rounds or more in each, the fewest a figure is
     split on), and the figures of ``rows`` (a run's records) marked for it."""
-    from mlflow_ngraph.measure.syncprobe import REFERENCE_Q, SYNC_SLOW
+    from mlflow_ngraph.measure.memprobe import MEMORY_SLOW, REFERENCE_Q
 
     groups = []
     for text in path.read_text().splitlines() if path.exists() else []:
         try:
-            groups.append([g for g in json.loads(text).get("sync_speed") or [] if g])
+            groups.append([g for g in json.loads(text).get("memory_gbs") or [] if g])
         except json.JSONDecodeError:  # a line torn by a kill
             continue
     every = [g for readings in groups for g in readings]
     if len(every) < 2:
-        print(f"7. cores, {path.name}: too few readings (the probe was off)")
+        print(f"7. memory, {path.name}: too few readings (the probe was off)")
         return
     fast = float(
         statistics.quantiles(every, n=100, method="inclusive")[round(100 * REFERENCE_Q) - 1]
     )
-    slow = [[g < SYNC_SLOW * fast for g in readings] for readings in groups]
+    slow = [[g < MEMORY_SLOW * fast for g in readings] for readings in groups]
     both = sum(sum(s) >= 6 and len(s) - sum(s) >= 6 for s in slow)
     said = [r.get("stability_reason") or "" for r in rows.values()]
-    marked = sum("cores joined at two speeds" in reason for reason in said)
+    marked = sum("memory ran at two speeds" in reason for reason in said)
     print(
-        f"7. cores, {path.name}: {len(every)} rounds read, median {statistics.median(every):.1f}"
-        f"k joins/s, fast {fast:.1f}k; slow rounds {sum(map(sum, slow))} "
+        f"7. memory, {path.name}: {len(every)} rounds read, median {statistics.median(every):.1f}"
+        f" GB/s, fast {fast:.1f}; slow rounds {sum(map(sum, slow))} "
         f"({100 * sum(map(sum, slow)) / len(every):.1f}%); group attempts with both states "
         f"{both} of {len(groups)}; figures marked for it {marked} of {len(rows)}"
     )
@@ -886,8 +886,9 @@ def host(args) -> None:
     """Fixed workloads in turn, 0.1 s windows each (see the module's docstring)."""
     import itertools
 
-    import numpy as np
     import torch
+
+    from mlflow_ngraph.measure.memprobe import MemoryProbe
 
     torch.set_num_threads(os.cpu_count() or 1)
     square = torch.randn(256, 256)
@@ -896,11 +897,12 @@ def host(args) -> None:
     for mb, x in sums.items():
         where = {2: "L2", 32: "L3", 512: "memory"}[mb]
         work[f"sum {mb} MB ({where})"] = ((lambda x=x: x.sum()), mb * 2**20 / 1e9, "GB/s")
-    stream = np.ones(64 * 2**20 // 8)  # numpy: one thread
-    work["sum 64 MB, 1 thread"] = (stream.sum, stream.nbytes / 1e9, "GB/s")
+    probe = MemoryProbe()  # the tool's: one thread, 64 MB
+    probe.read()
+    work["probe: sum 64 MB, 1 thread"] = (probe._data.sum, probe._data.nbytes / 1e9, "GB/s")
     # an add just past ATen's grain size (32,768): two threads meet at its end, so it costs
     # what the cores take to start and join a parallel region, as every operator of an
-    # eager engine does (the tool's probe, measure/syncprobe.py)
+    # eager engine does
     a, b = torch.randn(65536), torch.randn(65536)
     work["add 64K floats, threads join"] = ((lambda: torch.add(a, b)), 1e-3, "k ops/s")
     blocks = torch.nn.Sequential(

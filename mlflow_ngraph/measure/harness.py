@@ -122,14 +122,13 @@ class Measurement:
     #: the figures with the disturbed windows kept in (None where none was left out)
     throughput_unscreened: float | None = None
     speedup_unscreened: float | None = None
-    #: the cores' speed at joining over the rounds (measure/syncprobe.py): the median reading
-    #: in thousand parallel adds a second,
+    #: the memory's speed over the rounds (measure/memprobe.py): the median reading in GB/s,
     #: the rounds read, those of them that met its slow state, and the figure's change in
     #: those rounds against the rest where their intervals part
-    sync_speed: float | None = None
-    sync_rounds: int | None = None
-    sync_slow_rounds: int | None = None
-    sync_moved: float | None = None
+    memory_speed_gbs: float | None = None
+    memory_rounds: int | None = None
+    memory_slow_rounds: int | None = None
+    memory_moved: float | None = None
     #: order-statistic 95% intervals of the percentiles (None: too few requests)
     latency_p50_low_ms: float | None = None
     latency_p50_high_ms: float | None = None
@@ -422,21 +421,21 @@ def finish(meter: Meter, figures) -> Measurement:
         drift_checked=float(figures.drift_checked) if figures.speedup is not None else None,
         throughput_unscreened=figures.throughput_unscreened,
         speedup_unscreened=figures.speedup_unscreened,
-        **_sync_of(figures),
+        **_memory_of(figures),
         **percentile,
         energy=energy_metrics(usage.energy_j, samples, usage.wall_s),
     )
 
 
-def _sync_of(figures) -> dict:
-    """The sync probe's fields of a measurement (none where it was not read)."""
-    if not getattr(figures, "sync_rounds", 0):
+def _memory_of(figures) -> dict:
+    """The memory probe's fields of a measurement (none where the memory was not read)."""
+    if not getattr(figures, "memory_rounds", 0):
         return {}
     return {
-        "sync_speed": figures.sync_speed,
-        "sync_rounds": figures.sync_rounds,
-        "sync_slow_rounds": figures.sync_slow_rounds,
-        "sync_moved": figures.sync_moved,
+        "memory_speed_gbs": figures.memory_gbs,
+        "memory_rounds": figures.memory_rounds,
+        "memory_slow_rounds": figures.memory_slow_rounds,
+        "memory_moved": figures.memory_moved,
     }
 
 

@@ -77,9 +77,8 @@ class Entry:
     #: whose engines share a sitting's offset (a speedup's baseline, the host's state):
     #: they count once in the degrees of freedom; "" in older lines (each its own group)
     group: str = ""
-    #: the cores' speed at joining around its rounds (thousand parallel adds a second,
-    #: measure/syncprobe.py); None where unread
-    sync: float | None = None
+    #: the memory's speed around its rounds (GB/s, measure/memprobe.py); None where unread
+    memory: float | None = None
 
 
 @dataclass(frozen=True)
@@ -410,25 +409,25 @@ def _text(what: str, ratio: float, then: Entry, now: Entry, max_other_cpu: float
             if then.contended
             else ": that earlier measurement was UNSTABLE"
         )
-    return text + _sync_words(then, now)
+    return text + _memory_words(then, now)
 
 
-def _sync_words(then: Entry, now: Entry) -> str:
-    """What the host's cores did between ``then`` and ``now``, where their speed at joining
-    around the rounds differed as far as its two states do (measure/syncprobe.py): a move
-    of the host, which no run can pair away; else ""."""
-    from mlflow_ngraph.measure.syncprobe import SYNC_SLOW
+def _memory_words(then: Entry, now: Entry) -> str:
+    """What the host's memory did between ``then`` and ``now``, where its speed around
+    their rounds differed as far as its two states do (measure/memprobe.py): a move the
+    host's neighbours made, which no run can pair away; else ""."""
+    from mlflow_ngraph.measure.memprobe import MEMORY_SLOW
 
-    if not then.sync or not now.sync:
+    if not then.memory or not now.memory:
         return ""
-    ratio = now.sync / then.sync
-    if SYNC_SLOW < ratio < 1 / SYNC_SLOW:
+    ratio = now.memory / then.memory
+    if MEMORY_SLOW < ratio < 1 / MEMORY_SLOW:
         return ""
     state = "slower" if ratio < 1 else "faster"
     return (
-        f"; the host's cores joined {now.sync:.0f}k times a second around these rounds "
-        f"against {then.sync:.0f}k then, its {state} state (the hypervisor placing the vCPUs "
-        "apart, or others on their physical cores)"
+        f"; the host's memory read {now.memory:.0f} GB/s around these rounds against "
+        f"{then.memory:.0f} GB/s then, its {state} state (other tenants' traffic on a shared "
+        "cache and memory)"
     )
 
 

@@ -43,10 +43,10 @@ Figures, each over the rounds (k windows per engine):
   is logged (``windows_disturbed``), and many of them mark the figure UNSTABLE;
 - moved: the rounds' first and second halves give speedups whose intervals do not overlap
   (the host changed in a way the pairing did not cancel); the relative change, else None;
-- the cores' two speeds at joining: given a probe (:mod:`~mlflow_ngraph.measure.syncprobe`),
-  its reading around each round names the rounds that met the host's slow state, and a
+- the memory's two speeds: given a probe (:mod:`~mlflow_ngraph.measure.memprobe`), its
+  reading around each round names the rounds that met the host memory's slow state, and a
   figure computed over those rounds and over the rest with intervals that do not overlap
-  is the state's (``sync_moved``: the relative change, else None).
+  is the state's (``memory_moved``: the relative change, else None).
 
 Stop rule (per engine; widths are the sitting's own): the
 floors (``--repetitions`` requests, ``--min-duration`` seconds, :data:`MIN_ROUNDS` rounds
@@ -73,8 +73,8 @@ from typing import Protocol
 
 import numpy as np
 
+from mlflow_ngraph.measure.memprobe import states
 from mlflow_ngraph.measure.stability import MAX_DISTURBED, THROUGHPUT_WIDER
-from mlflow_ngraph.measure.syncprobe import states
 
 #: a window lasts at least this long (pyperf: a value of at least 100 ms); the choice and its
 #: measured effect are in docs/measurement.md
@@ -177,18 +177,17 @@ class Figures:
     speedup_unscreened: float | None = None
     #: the indexes of the windows the figures rest on (the rest were disturbed)
     kept: list[int] | None = None
-    #: the cores' speed at joining around each round (thousand parallel adds a second,
-    #: :mod:`~mlflow_ngraph.measure.syncprobe`;
+    #: the memory's speed around each round (GB/s, :mod:`~mlflow_ngraph.measure.memprobe`;
     #: the group's, the same for every engine of it), None where it was not read
-    sync_readings: list | None = None
+    memory_readings: list | None = None
     #: the median reading over the rounds the figure rests on, those rounds with a reading
-    #: and those of them that met the host's slow state
-    sync_speed: float | None = None
-    sync_rounds: int = 0
-    sync_slow_rounds: int = 0
+    #: and those of them that met the memory's slow state
+    memory_gbs: float | None = None
+    memory_rounds: int = 0
+    memory_slow_rounds: int = 0
     #: the figure over the slow rounds against the rest (relative), where their intervals
-    #: part (:func:`moved_with_sync`)
-    sync_moved: float | None = None
+    #: part (:func:`moved_with_memory`)
+    memory_moved: float | None = None
 
 
 def _relative(h: float | None) -> float | None:
@@ -349,8 +348,8 @@ def moved_between_halves(windows, base_windows) -> float | None:
     return None
 
 
-def moved_with_sync(windows, base_windows, slow: list) -> float | None:
-    """The relative change of the figure from the rounds that did not meet the host's
+def moved_with_memory(windows, base_windows, slow: list) -> float | None:
+    """The relative change of the figure from the rounds that did not meet the memory's
     slow state to those that did (``slow``: each round's state, None unknown), where each
     side has :data:`MIN_ROUNDS` rounds and their 95% intervals do not overlap: the paired
     speedup over ``base_windows``, or the throughput where that is None. Else None."""
@@ -372,19 +371,19 @@ def moved_with_sync(windows, base_windows, slow: list) -> float | None:
     return None
 
 
-def _add_sync(figures: Figures, seen: list, base: list | None, readings: list, slow: list):
-    """Add to ``figures`` what the sync probe read over the rounds its figure rests on."""
-    figures.sync_readings = list(readings)
+def _add_memory(figures: Figures, seen: list, base: list | None, readings: list, slow: list):
+    """Add to ``figures`` what the memory probe read over the rounds its figure rests on."""
+    figures.memory_readings = list(readings)
     rests = [i for i, w in enumerate(seen) if w is not None and i < len(readings)]
     if base is not None:
         rests = [i for i in rests if i < len(base) and base[i] is not None]
     read = [readings[i] for i in rests if readings[i] is not None]
     if not read:
         return
-    figures.sync_speed = float(np.median(read))
-    figures.sync_rounds = len(read)
-    figures.sync_slow_rounds = sum(1 for i in rests if slow[i])
-    figures.sync_moved = moved_with_sync(seen, base, slow)
+    figures.memory_gbs = float(np.median(read))
+    figures.memory_rounds = len(read)
+    figures.memory_slow_rounds = sum(1 for i in rests if slow[i])
+    figures.memory_moved = moved_with_memory(seen, base, slow)
 
 
 def cpu_share(window) -> float | None:
@@ -504,8 +503,8 @@ def run_rounds(
     each one's figures. ``baseline`` names the engine speedups are paired with (``None``:
     no pairing). An engine whose window raises is dropped from the rounds and left out of
     the result (the caller reports its failure); the rest go on. ``probe``: a
-    :class:`~mlflow_ngraph.measure.syncprobe.SyncProbe` read before the first round and
-    after each one, where the figures are to say which state of the host they met.
+    :class:`~mlflow_ngraph.measure.memprobe.MemoryProbe` read before the first round and
+    after each one, where the figures are to say which state of the memory they met.
 
     ``settings`` is the :class:`~mlflow_ngraph.measure.settings.MeasureSettings`: its repetitions
     (requests) and min_duration_s are floors, its max_duration_s caps an engine's seconds.
@@ -535,7 +534,7 @@ def run_rounds(
         if paired:
             _add_speedup(figures, view[name], base, windows[name], windows[baseline])
         if probe is not None:
-            _add_sync(figures, view[name], base if paired else None, readings, slow)
+            _add_memory(figures, view[name], base if paired else None, readings, slow)
         out[name] = figures
     return out
 
@@ -552,7 +551,7 @@ def _cap(settings, policy: RoundPolicy) -> float:
 def _take_rounds(meters, settings, baseline, policy, cap, on_round, probe=None):
     """Take rounds until every engine is done: (each engine's windows as taken, ``None``
     where it took none; the engines whose window raised; each engine's stop reason; the
-    windows as the figures see them after the last round; each round's sync reading, the
+    windows as the figures see them after the last round; each round's memory reading, the
     lower of ``probe``'s before and after it, None without a probe)."""
     names = list(meters)
     windows: dict[str, list] = {name: [] for name in names}

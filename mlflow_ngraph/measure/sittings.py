@@ -129,7 +129,7 @@ NO_RUNS = (
 #: seconds measured, their spread, the latency percentiles) stay the last sitting's, each
 #: consistent with the others (compare's fallback interval reads throughput_std beside
 #: windows); ``sittings`` says how many there were.
-COUNTED = ("rounds", "speedup_rounds", "sync_rounds", "sync_slow_rounds")
+COUNTED = ("rounds", "speedup_rounds", "memory_rounds", "memory_slow_rounds")
 #: what each sitting's interval was widened for (the lag-1 autocorrelation of its rounds): the
 #: combined record keeps the largest, the sitting whose rounds said least about its centre
 WIDENED = ("throughput_autocorr", "speedup_autocorr")
@@ -198,20 +198,20 @@ def _rests_on(metrics: dict, sittings_metrics: Sequence[Mapping]) -> None:
     for key in CHECKED:
         if any(v is not None for v in of(key)):
             metrics[key] = float(min(0.0 if v is None else v for v in of(key)))
-    _sync_of_sittings(metrics, of("sync_speed"), of("sync_rounds"), of("sync_moved"))
+    _memory_of_sittings(metrics, of("memory_speed_gbs"), of("memory_rounds"), of("memory_moved"))
 
 
-def _sync_of_sittings(metrics: dict, speeds: list, rounds: list, moves: list) -> None:
-    """The sync probe's figures of the combined record: the readings' median of each
-    sitting weighted by its rounds read, and the largest change between the host's two
+def _memory_of_sittings(metrics: dict, speeds: list, rounds: list, moves: list) -> None:
+    """The memory probe's figures of the combined record: the readings' median of each
+    sitting weighted by its rounds read, and the largest change between the memory's two
     speeds any sitting showed (its verdict names the sitting), none where none did."""
     known = [(s, n) for s, n in zip(speeds, rounds) if s is not None and n]
     if known:
-        metrics["sync_speed"] = sum(s * n for s, n in known) / sum(n for _, n in known)
+        metrics["memory_speed_gbs"] = sum(s * n for s, n in known) / sum(n for _, n in known)
     moved = [m for m in moves if m is not None and math.isfinite(m)]
-    metrics.pop("sync_moved", None)
+    metrics.pop("memory_moved", None)
     if moved:
-        metrics["sync_moved"] = max(moved, key=abs)
+        metrics["memory_moved"] = max(moved, key=abs)
 
 
 def _mean_of_sittings(

@@ -408,24 +408,24 @@ _windows_log_failed: set[str] = set()  # paths already warned about: one warning
 
 
 def _probe(policy):
-    """The sync probe the rounds read (measure/syncprobe.py): this process's, for engines
+    """The memory probe the rounds read (measure/memprobe.py): this process's, for engines
     the screen judges (a GPU engine's speed is the device's); None where it is off."""
-    from mlflow_ngraph.measure.syncprobe import coordinator_probe
+    from mlflow_ngraph.measure.memprobe import coordinator_probe
 
     return coordinator_probe() if policy.screen else None
 
 
 def _readings(figures: dict) -> list | None:
-    """The group's sync reading of each round (every engine's figures hold the same)."""
-    return next((f.sync_readings for f in figures.values() if f.sync_readings), None)
+    """The group's memory reading of each round (every engine's figures hold the same)."""
+    return next((f.memory_readings for f in figures.values() if f.memory_readings), None)
 
 
 def _log_windows(
-    proxies: dict[str, _Proxy], b: int, baseline: str | None, attempt: int, sync=None
+    proxies: dict[str, _Proxy], b: int, baseline: str | None, attempt: int, memory=None
 ) -> None:
     """Append the group's windows to the file :data:`WINDOWS_LOG_ENV` names, if any, with
-    the ``sync`` reading of each round (thousand parallel adds a second); a file that
-    cannot be written costs a warning, never the measurement."""
+    the ``memory`` reading of each round (GB/s); a file that cannot be written costs a
+    warning, never the measurement."""
     path = os.environ.get(WINDOWS_LOG_ENV)
     if not path or not proxies or path in _windows_log_failed:
         return
@@ -439,7 +439,7 @@ def _log_windows(
         "batch_size": b,
         "attempt": attempt,
         "baseline": baseline,
-        "sync_speed": sync,
+        "memory_gbs": memory,
         "engines": {
             name: {
                 "compiler": p.cell.task.compiler,

@@ -275,20 +275,20 @@ def judge(task: CellTask, result, baseline_paired: bool, baseline_moved=None):
         disturbed=(getattr(result, "windows_disturbed", 0), getattr(result, "windows", 0)),
         history="; ".join(said) or None,
         screen_moved=_screen_moved(result, paired),
-        sync=_sync_moved(result),
+        memory=_memory_moved(result),
     )
     if move is not None and move.gross:
         stability = replace(stability, history_ratio=move.ratio)
     return stability
 
 
-def _sync_moved(result) -> tuple[float, int, int] | None:
-    """(change, slow rounds, rounds read) where the figure parted between the cores' two
-    speeds (measure/syncprobe.py), else None."""
-    moved = getattr(result, "sync_moved", None)
+def _memory_moved(result) -> tuple[float, int, int] | None:
+    """(change, slow rounds, rounds read) where the figure parted between the memory's two
+    speeds (measure/memprobe.py), else None."""
+    moved = getattr(result, "memory_moved", None)
     if moved is None:
         return None
-    return moved, result.sync_slow_rounds or 0, result.sync_rounds or 0
+    return moved, result.memory_slow_rounds or 0, result.memory_rounds or 0
 
 
 def remeasure_if_it_settles(task: CellTask, result, paired: bool, stability, earlier):
@@ -415,7 +415,7 @@ def _history_entry(task: CellTask, result, paired: bool, stability=None):
         load=result.host_load_avg,
         occasion=task.extra.get("occasion", ""),
         group=_history_key(task, result.batch_size, group=True),
-        sync=getattr(result, "sync_speed", None),
+        memory=getattr(result, "memory_speed_gbs", None),
     )
 
 

@@ -121,14 +121,13 @@ M_DRIFT_CHECKED = "drift_checked"
 # the figures with the disturbed windows kept in, where the screen left some out
 M_THROUGHPUT_UNSCREENED = "throughput_unscreened"
 M_SPEEDUP_UNSCREENED = "speedup_unscreened"
-# the cores' speed at joining around the rounds (measure/syncprobe.py): the median reading
-# (thousand parallel adds a second), the rounds read, those that met the slow state (under
-# 75% of the host's fast speed), and the figure's change in those rounds against the rest,
-# where their intervals part
-M_SYNC_SPEED = "sync_speed"
-M_SYNC_ROUNDS = "sync_rounds"
-M_SYNC_SLOW_ROUNDS = "sync_slow_rounds"
-M_SYNC_MOVED = "sync_moved"
+# the memory's speed around the rounds (measure/memprobe.py): the median reading (GB/s), the
+# rounds read, those that met its slow state (under 75% of the host's fast speed), and the
+# figure's change in those rounds against the rest, where their intervals part
+M_MEMORY_SPEED = "memory_speed_gbs"
+M_MEMORY_ROUNDS = "memory_rounds"
+M_MEMORY_SLOW_ROUNDS = "memory_slow_rounds"
+M_MEMORY_MOVED = "memory_moved"
 # order-statistic 95% intervals of the latency percentiles (p99 only from 299 requests)
 M_LATENCY_P50_LOW = "latency_p50_low_ms"
 M_LATENCY_P50_HIGH = "latency_p50_high_ms"

@@ -285,29 +285,29 @@ def test_a_measurement_180x_off_the_same_engine_on_this_host_is_unstable_and_sai
     assert judge(task, other, False).stable
 
 
-def test_a_move_that_met_the_hosts_other_state_says_so_and_a_split_figure_is_unstable(
+def test_a_move_that_met_the_memorys_other_state_says_so_and_a_split_figure_is_unstable(
     tmp_path,
 ):
-    """The guard names the host's state where the cores' speed at joining read around the
-    rounds differs as far as its two states do (an engine 35% slower with no other process:
-    the slow state), and the worker's verdict carries a figure that parted between the
-    states within its rounds (measure/syncprobe.py)."""
+    """The guard names the memory's state where the speed read around the rounds differs
+    as far as its two states do (an engine 35% slower with no other process: its memory's
+    slow state), and the worker's verdict carries a figure that parted between the states
+    within its rounds (measure/memprobe.py)."""
     task = _task(tmp_path)
     first = _result(9000.0)
-    first.sync_speed = 146.0
+    first.memory_speed_gbs = 31.0
     _remember(task, first, judge(task, first, False), False)
     slow = _result(5800.0)
-    slow.sync_speed = 89.0
+    slow.memory_speed_gbs = 20.5
     moved = judge(task, slow, False)
     assert not moved.stable
-    assert "cores joined 89k times a second around these rounds against 146k" in moved.reason
+    assert "memory read 20 GB/s around these rounds against 31 GB/s then" in moved.reason
     assert "its slower state" in moved.reason
     near = _result(5800.0)
-    near.sync_speed = 130.0  # within the fast state's own spread: not named
-    assert "cores joined" not in judge(task, near, False).reason
+    near.memory_speed_gbs = 28.0  # within the fast state's own spread: not named
+    assert "memory" not in judge(task, near, False).reason
     split = _result(9000.0)
-    split.sync_speed, split.sync_moved = 140.0, -0.3
-    split.sync_slow_rounds, split.sync_rounds = 12, 40
+    split.memory_speed_gbs, split.memory_moved = 30.0, -0.3
+    split.memory_slow_rounds, split.memory_rounds = 12, 40
     said = judge(task, split, False)
     assert not said.stable and said.retry
     assert "the throughput was -30.0% in the 12 of 40 rounds" in said.reason
