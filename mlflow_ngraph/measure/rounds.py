@@ -340,11 +340,17 @@ def moved_between_halves(windows, base_windows) -> float | None:
     the pairing did not cancel), else ``None``."""
     logs = _log_ratios(windows, base_windows)
     half = len(logs) // 2
-    first, second = _speedup_of(logs[:half]), _speedup_of(logs[half:])
-    if first[1] is None or second[1] is None:
+    return _parted(_speedup_of(logs[:half])[:2], _speedup_of(logs[half:])[:2])
+
+
+def _parted(first, second) -> float | None:
+    """The relative change from ``first`` to ``second`` (each a figure and its 95% interval)
+    where both intervals are known and do not overlap, else None."""
+    (a, a_ci), (b, b_ci) = first, second
+    if a_ci is None or b_ci is None:
         return None
-    if first[1][1] < second[1][0] or second[1][1] < first[1][0]:
-        return second[0] / first[0] - 1
+    if a_ci[1] < b_ci[0] or b_ci[1] < a_ci[0]:
+        return b / a - 1
     return None
 
 
@@ -362,13 +368,10 @@ def moved_with_memory(windows, base_windows, slow: list) -> float | None:
         else:
             own = [w for w in chosen if w is not None]
             enough, figures = len(own) >= MIN_ROUNDS, throughput_figures(own)
-        if not enough or figures[1] is None:
+        if not enough:
             return None
         sides.append(figures[:2])
-    (fast, a), (slowed, b) = sides
-    if a[1] < b[0] or b[1] < a[0]:
-        return slowed / fast - 1
-    return None
+    return _parted(*sides)
 
 
 def _add_memory(figures: Figures, seen: list, base: list | None, readings: list, slow: list):
