@@ -20,10 +20,11 @@ Each ``repeat`` run also prints the screen's bias twice: its median change to th
 (``3. screen bias``: screened against every window kept, the issue's measure, which holds a
 quiet host to +-0.5%), and against a signal the screen does not use (``3b``: the windows in
 which no other process took any CPU), which says whether the screen stopped short of the
-undisturbed figure or went past it on a host that is not quiet; and what the host's memory
-did around the rounds (``7. memory``: the probe's readings in the windows log, the share of
-rounds in its slow state, the group attempts that met both states with the six rounds a
-figure is split on, and the figures marked for it).
+undisturbed figure or went past it on a host that is not quiet; and what the host's state
+did around the rounds (``7. host state``: the probe's readings in the windows log, the share
+of rounds in its slow state, how the baseline's windows tracked them, the group attempts
+that met both states with the six rounds a figure is split on, and the figures marked for
+it).
 
 And a check of the intervals themselves, ``aa``: each engine measured against a second copy
 of itself, each copy in its own worker, in the tool's rounds with its default stop rule and
@@ -52,7 +53,7 @@ core's L2), 32 MB (the shared L3) and 512 MB (memory). For each: its median rate
 its faster and slower halves of windows, the share of windows 15% or more off the median,
 and how long the host stays in its slow state (consecutive windows); then how often a slow
 L3 window is a slow memory window. Beside them: the tool's memory probe (a sum over 64 MB in
-one thread, measure/memprobe.py), an add of two 64K-float tensors whose two threads join at
+one thread, measure/hostprobe.py), an add of two 64K-float tensors whose two threads join at
 its end (what every operator of an eager engine does) and an eager attention block at batch
 8; then, in the rounds where the attention block ran under 0.8x its median, each workload's
 rate over its own median and the correlation of their logs: which reading tracks the
@@ -232,7 +233,7 @@ def repeat(args) -> None:
         screen_bias(uri, f"{label}-{i}")
         rest = label.removeprefix("calibration").strip("-")
         screen_check(work / f"windows-{rest + '-' if rest else ''}{i}.jsonl")
-        memory_check(work / f"windows-{rest + '-' if rest else ''}{i}.jsonl", runs[i - 1])
+        state_check(work / f"windows-{rest + '-' if rest else ''}{i}.jsonl", runs[i - 1])
     if len(runs) < 2:  # one run (--runs 1 beside an earlier repeat): its marks alone
         flagged = sum(r.get("stability") == "UNSTABLE" for r in runs[0].values())
         print(f"1. UNSTABLE: {flagged} of {len(runs[0])} (one run)")
@@ -456,36 +457,57 @@ def screen_check(path: Path) -> None:
     )
 
 
-def memory_check(path: Path, rows: dict) -> None:
-    """7. What the host's memory did around the rounds (measure/memprobe.py): the probe's
+def state_check(path: Path, rows: dict) -> None:
+    """7. What the host's state did around the rounds (measure/hostprobe.py): the probe's
     readings in the windows log ``path`` (the share of rounds under 75% of the log's 90th
-    percentile, the rule the runs used against their own process's readings), the group
-    attempts whose rounds met both states (6 rounds or more in each, the fewest a figure is
-    split on), and the figures of ``rows`` (a run's records) marked for it."""
-    from mlflow_ngraph.measure.memprobe import MEMORY_SLOW, REFERENCE_Q
+    percentile, the rule the runs used against their own process's readings), whether the
+    baseline's windows tracked them (its rate in those rounds over its group's median, and
+    the correlation of the logs, each over its group's median), the group attempts whose
+    rounds met both states (6 rounds or more in each, the fewest a figure is split on), and
+    the figures of ``rows`` (a run's records) marked for it."""
+    import numpy as np
 
-    groups = []
+    from mlflow_ngraph.measure.hostprobe import REFERENCE_Q, SLOW
+
+    groups, kind = [], None
     for text in path.read_text().splitlines() if path.exists() else []:
         try:
-            groups.append([g for g in json.loads(text).get("memory_gbs") or [] if g])
+            line = json.loads(text)
         except json.JSONDecodeError:  # a line torn by a kill
             continue
-    every = [g for readings in groups for g in readings]
+        kind = line.get("host_probe") or kind
+        readings = line.get("host_readings") or line.get("memory_gbs") or []
+        base = (line["engines"].get(line.get("baseline") or "") or {}).get("windows") or []
+        rates = [w[1] / w[2] if w and w[2] else None for w in base]
+        groups.append((readings, rates))
+    every = [g for readings, _ in groups for g in readings if g]
     if len(every) < 2:
-        print(f"7. memory, {path.name}: too few readings (the probe was off)")
+        print(f"7. host state, {path.name}: too few readings (the probe was off)")
         return
-    fast = float(
-        statistics.quantiles(every, n=100, method="inclusive")[round(100 * REFERENCE_Q) - 1]
-    )
-    slow = [[g < MEMORY_SLOW * fast for g in readings] for readings in groups]
+    fast = float(np.quantile(every, REFERENCE_Q))
+    slow = [[bool(g and g < SLOW * fast) for g in readings] for readings, _ in groups]
     both = sum(sum(s) >= 6 and len(s) - sum(s) >= 6 for s in slow)
+    pairs = []  # (log reading, log baseline rate), each over its group's median
+    for readings, rates in groups:
+        got = [(g, r) for g, r in zip(readings, rates) if g and r]
+        if len(got) >= 3:
+            mg, mr = np.median([g for g, _ in got]), np.median([r for _, r in got])
+            pairs += [(np.log(g / mg), np.log(r / mr), g < SLOW * fast) for g, r in got]
     said = [r.get("stability_reason") or "" for r in rows.values()]
-    marked = sum("memory ran at two speeds" in reason for reason in said)
+    marked = sum("host ran in two states" in reason for reason in said)
+    tracked = ""
+    if len(pairs) >= 3:
+        x, y, low = (np.array(c) for c in zip(*pairs))
+        there = f"{np.exp(np.median(y[low])):.2f}x" if low.any() else "none"
+        tracked = (
+            f"; the baseline's rate in those rounds {there} its group's median, correlation "
+            f"{np.corrcoef(x, y)[0, 1]:+.2f} over {len(pairs)} rounds"
+        )
     print(
-        f"7. memory, {path.name}: {len(every)} rounds read, median {statistics.median(every):.1f}"
-        f" GB/s, fast {fast:.1f}; slow rounds {sum(map(sum, slow))} "
-        f"({100 * sum(map(sum, slow)) / len(every):.1f}%); group attempts with both states "
-        f"{both} of {len(groups)}; figures marked for it {marked} of {len(rows)}"
+        f"7. host state ({kind or 'memory'}), {path.name}: {len(every)} rounds read, median "
+        f"{statistics.median(every):,.1f}, fast {fast:,.1f}; slow rounds {sum(map(sum, slow))} "
+        f"({100 * sum(map(sum, slow)) / len(every):.1f}%){tracked}; group attempts with both "
+        f"states {both} of {len(groups)}; figures marked for it {marked} of {len(rows)}"
     )
 
 
@@ -888,7 +910,7 @@ def host(args) -> None:
 
     import torch
 
-    from mlflow_ngraph.measure.memprobe import MemoryProbe
+    from mlflow_ngraph.measure.hostprobe import MemoryProbe
 
     torch.set_num_threads(os.cpu_count() or 1)
     square = torch.randn(256, 256)

@@ -122,13 +122,15 @@ class Measurement:
     #: the figures with the disturbed windows kept in (None where none was left out)
     throughput_unscreened: float | None = None
     speedup_unscreened: float | None = None
-    #: the memory's speed over the rounds (measure/memprobe.py): the median reading in GB/s,
-    #: the rounds read, those of them that met its slow state, and the figure's change in
-    #: those rounds against the rest where their intervals part
+    #: the host's state over the rounds (measure/hostprobe.py): the probe's median reading
+    #: (the join's adds/s, or the memory's GB/s: whichever read them), the rounds read, those
+    #: of them that met its slow state, and the figure's change in those rounds against the
+    #: rest where their intervals part
+    host_join_rate: float | None = None
     memory_speed_gbs: float | None = None
-    memory_rounds: int | None = None
-    memory_slow_rounds: int | None = None
-    memory_moved: float | None = None
+    host_state_rounds: int | None = None
+    host_slow_rounds: int | None = None
+    host_state_moved: float | None = None
     #: order-statistic 95% intervals of the percentiles (None: too few requests)
     latency_p50_low_ms: float | None = None
     latency_p50_high_ms: float | None = None
@@ -421,21 +423,23 @@ def finish(meter: Meter, figures) -> Measurement:
         drift_checked=float(figures.drift_checked) if figures.speedup is not None else None,
         throughput_unscreened=figures.throughput_unscreened,
         speedup_unscreened=figures.speedup_unscreened,
-        **_memory_of(figures),
+        **_state_of(figures),
         **percentile,
         energy=energy_metrics(usage.energy_j, samples, usage.wall_s),
     )
 
 
-def _memory_of(figures) -> dict:
-    """The memory probe's fields of a measurement (none where the memory was not read)."""
-    if not getattr(figures, "memory_rounds", 0):
+def _state_of(figures) -> dict:
+    """The host probe's fields of a measurement (none where the host was not read)."""
+    from mlflow_ngraph.measure.hostprobe import READING_METRIC
+
+    if not getattr(figures, "state_rounds", 0):
         return {}
     return {
-        "memory_speed_gbs": figures.memory_gbs,
-        "memory_rounds": figures.memory_rounds,
-        "memory_slow_rounds": figures.memory_slow_rounds,
-        "memory_moved": figures.memory_moved,
+        READING_METRIC[figures.state_kind]: figures.state_reading,
+        "host_state_rounds": figures.state_rounds,
+        "host_slow_rounds": figures.state_slow_rounds,
+        "host_state_moved": figures.state_moved,
     }
 
 

@@ -77,8 +77,10 @@ class Entry:
     #: whose engines share a sitting's offset (a speedup's baseline, the host's state):
     #: they count once in the degrees of freedom; "" in older lines (each its own group)
     group: str = ""
-    #: the memory's speed around its rounds (GB/s, measure/memprobe.py); None where unread
+    #: the host probe's reading around its rounds (measure/hostprobe.py): the memory's speed
+    #: (GB/s), the two threads' meeting (adds/s); None where unread
     memory: float | None = None
+    join: float | None = None
 
 
 @dataclass(frozen=True)
@@ -409,26 +411,30 @@ def _text(what: str, ratio: float, then: Entry, now: Entry, max_other_cpu: float
             if then.contended
             else ": that earlier measurement was UNSTABLE"
         )
-    return text + _memory_words(then, now)
+    return text + _state_words(then, now)
 
 
-def _memory_words(then: Entry, now: Entry) -> str:
-    """What the host's memory did between ``then`` and ``now``, where its speed around
-    their rounds differed as far as its two states do (measure/memprobe.py): a move the
-    host's neighbours made, which no run can pair away; else ""."""
-    from mlflow_ngraph.measure.memprobe import MEMORY_SLOW
+def _state_words(then: Entry, now: Entry) -> str:
+    """What the host's state did between ``then`` and ``now``, where a probe read around
+    both's rounds differed as far as the host's two states do (measure/hostprobe.py): a
+    move of the host, which no run can pair away; else ""."""
+    from mlflow_ngraph.measure.hostprobe import SLOW, WORDS
 
-    if not then.memory or not now.memory:
-        return ""
-    ratio = now.memory / then.memory
-    if MEMORY_SLOW < ratio < 1 / MEMORY_SLOW:
-        return ""
-    state = "slower" if ratio < 1 else "faster"
-    return (
-        f"; the host's memory read {now.memory:.0f} GB/s around these rounds against "
-        f"{then.memory:.0f} GB/s then, its {state} state (other tenants' traffic on a shared "
-        "cache and memory)"
-    )
+    for kind, unit in (("join", "adds/s"), ("memory", "GB/s")):
+        before, after = getattr(then, kind), getattr(now, kind)
+        if not before or not after or SLOW < after / before < 1 / SLOW:
+            continue
+        reading, cause = WORDS[kind]
+        state = "slower" if after < before else "faster"
+        return (
+            f"; {reading} read {_figure(after)} {unit} around these rounds against "
+            f"{_figure(before)} {unit} then, the host's {state} state ({cause})"
+        )
+    return ""
+
+
+def _figure(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
 
 
 def _trusted(path: Path, what: str, entries: list[Entry] | None = None) -> list[Entry]:

@@ -43,10 +43,10 @@ Figures, each over the rounds (k windows per engine):
   is logged (``windows_disturbed``), and many of them mark the figure UNSTABLE;
 - moved: the rounds' first and second halves give speedups whose intervals do not overlap
   (the host changed in a way the pairing did not cancel); the relative change, else None;
-- the memory's two speeds: given a probe (:mod:`~mlflow_ngraph.measure.memprobe`), its
-  reading around each round names the rounds that met the host memory's slow state, and a
+- the host's two states: given a probe (:mod:`~mlflow_ngraph.measure.hostprobe`), its
+  reading around each round names the rounds that met the host's slow state, and a
   figure computed over those rounds and over the rest with intervals that do not overlap
-  is the state's (``memory_moved``: the relative change, else None).
+  is the state's (``state_moved``: the relative change, else None).
 
 Stop rule (per engine; widths are the sitting's own): the
 floors (``--repetitions`` requests, ``--min-duration`` seconds, :data:`MIN_ROUNDS` rounds
@@ -73,7 +73,7 @@ from typing import Protocol
 
 import numpy as np
 
-from mlflow_ngraph.measure.memprobe import states
+from mlflow_ngraph.measure.hostprobe import states
 from mlflow_ngraph.measure.stability import MAX_DISTURBED, THROUGHPUT_WIDER
 
 #: a window lasts at least this long (pyperf: a value of at least 100 ms); the choice and its
@@ -177,17 +177,19 @@ class Figures:
     speedup_unscreened: float | None = None
     #: the indexes of the windows the figures rest on (the rest were disturbed)
     kept: list[int] | None = None
-    #: the memory's speed around each round (GB/s, :mod:`~mlflow_ngraph.measure.memprobe`;
+    #: the probe's reading around each round (:mod:`~mlflow_ngraph.measure.hostprobe`;
     #: the group's, the same for every engine of it), None where it was not read
-    memory_readings: list | None = None
+    state_readings: list | None = None
     #: the median reading over the rounds the figure rests on, those rounds with a reading
-    #: and those of them that met the memory's slow state
-    memory_gbs: float | None = None
-    memory_rounds: int = 0
-    memory_slow_rounds: int = 0
+    #: and those of them that met the host's slow state
+    state_reading: float | None = None
+    state_rounds: int = 0
+    state_slow_rounds: int = 0
     #: the figure over the slow rounds against the rest (relative), where their intervals
-    #: part (:func:`moved_with_memory`)
-    memory_moved: float | None = None
+    #: part (:func:`moved_with_state`)
+    state_moved: float | None = None
+    #: the probe that read them (``join``, ``memory``), None where none did
+    state_kind: str | None = None
 
 
 def _relative(h: float | None) -> float | None:
@@ -354,8 +356,8 @@ def _parted(first, second) -> float | None:
     return None
 
 
-def moved_with_memory(windows, base_windows, slow: list) -> float | None:
-    """The relative change of the figure from the rounds that did not meet the memory's
+def moved_with_state(windows, base_windows, slow: list) -> float | None:
+    """The relative change of the figure from the rounds that did not meet the host's
     slow state to those that did (``slow``: each round's state, None unknown), where each
     side has :data:`MIN_ROUNDS` rounds and their 95% intervals do not overlap: the paired
     speedup over ``base_windows``, or the throughput where that is None. Else None."""
@@ -374,19 +376,19 @@ def moved_with_memory(windows, base_windows, slow: list) -> float | None:
     return _parted(*sides)
 
 
-def _add_memory(figures: Figures, seen: list, base: list | None, readings: list, slow: list):
-    """Add to ``figures`` what the memory probe read over the rounds its figure rests on."""
-    figures.memory_readings = list(readings)
+def _add_state(figures: Figures, seen: list, base: list | None, readings: list, slow: list, kind):
+    """Add to ``figures`` what the host probe read over the rounds its figure rests on."""
+    figures.state_readings, figures.state_kind = list(readings), kind
     rests = [i for i, w in enumerate(seen) if w is not None and i < len(readings)]
     if base is not None:
         rests = [i for i in rests if i < len(base) and base[i] is not None]
     read = [readings[i] for i in rests if readings[i] is not None]
     if not read:
         return
-    figures.memory_gbs = float(np.median(read))
-    figures.memory_rounds = len(read)
-    figures.memory_slow_rounds = sum(1 for i in rests if slow[i])
-    figures.memory_moved = moved_with_memory(seen, base, slow)
+    figures.state_reading = float(np.median(read))
+    figures.state_rounds = len(read)
+    figures.state_slow_rounds = sum(1 for i in rests if slow[i])
+    figures.state_moved = moved_with_state(seen, base, slow)
 
 
 def cpu_share(window) -> float | None:
@@ -506,8 +508,8 @@ def run_rounds(
     each one's figures. ``baseline`` names the engine speedups are paired with (``None``:
     no pairing). An engine whose window raises is dropped from the rounds and left out of
     the result (the caller reports its failure); the rest go on. ``probe``: a
-    :class:`~mlflow_ngraph.measure.memprobe.MemoryProbe` read before the first round and
-    after each one, where the figures are to say which state of the memory they met.
+    :class:`~mlflow_ngraph.measure.hostprobe.Probe` read before the first round and after
+    each one, where the figures are to say which state of the host they met.
 
     ``settings`` is the :class:`~mlflow_ngraph.measure.settings.MeasureSettings`: its repetitions
     (requests) and min_duration_s are floors, its max_duration_s caps an engine's seconds.
@@ -537,7 +539,7 @@ def run_rounds(
         if paired:
             _add_speedup(figures, view[name], base, windows[name], windows[baseline])
         if probe is not None:
-            _add_memory(figures, view[name], base if paired else None, readings, slow)
+            _add_state(figures, view[name], base if paired else None, readings, slow, probe.kind)
         out[name] = figures
     return out
 
@@ -554,7 +556,7 @@ def _cap(settings, policy: RoundPolicy) -> float:
 def _take_rounds(meters, settings, baseline, policy, cap, on_round, probe=None):
     """Take rounds until every engine is done: (each engine's windows as taken, ``None``
     where it took none; the engines whose window raised; each engine's stop reason; the
-    windows as the figures see them after the last round; each round's memory reading, the
+    windows as the figures see them after the last round; each round's probe reading, the
     lower of ``probe``'s before and after it, None without a probe)."""
     names = list(meters)
     windows: dict[str, list] = {name: [] for name in names}

@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from mlflow_ngraph.measure.history import MIN_DF, Z95, Spread, pooled_spread, rerun_interval
+from mlflow_ngraph.measure.hostprobe import READING_METRIC
 from mlflow_ngraph.measure.stability import THROUGHPUT_WIDER, screen_move
 
 #: (figure, its interval's ends, its relative half-width, its re-run interval's ends) in a
@@ -129,7 +130,7 @@ NO_RUNS = (
 #: seconds measured, their spread, the latency percentiles) stay the last sitting's, each
 #: consistent with the others (compare's fallback interval reads throughput_std beside
 #: windows); ``sittings`` says how many there were.
-COUNTED = ("rounds", "speedup_rounds", "memory_rounds", "memory_slow_rounds")
+COUNTED = ("rounds", "speedup_rounds", "host_state_rounds", "host_slow_rounds")
 #: what each sitting's interval was widened for (the lag-1 autocorrelation of its rounds): the
 #: combined record keeps the largest, the sitting whose rounds said least about its centre
 WIDENED = ("throughput_autocorr", "speedup_autocorr")
@@ -198,20 +199,20 @@ def _rests_on(metrics: dict, sittings_metrics: Sequence[Mapping]) -> None:
     for key in CHECKED:
         if any(v is not None for v in of(key)):
             metrics[key] = float(min(0.0 if v is None else v for v in of(key)))
-    _memory_of_sittings(metrics, of("memory_speed_gbs"), of("memory_rounds"), of("memory_moved"))
+    for reading in READING_METRIC.values():
+        _weighted_by_rounds(metrics, reading, of(reading), of("host_state_rounds"))
+    moved = [m for m in of("host_state_moved") if m is not None and math.isfinite(m)]
+    metrics.pop("host_state_moved", None)
+    if moved:  # the largest any sitting showed (its verdict names the sitting)
+        metrics["host_state_moved"] = max(moved, key=abs)
 
 
-def _memory_of_sittings(metrics: dict, speeds: list, rounds: list, moves: list) -> None:
-    """The memory probe's figures of the combined record: the readings' median of each
-    sitting weighted by its rounds read, and the largest change between the memory's two
-    speeds any sitting showed (its verdict names the sitting), none where none did."""
-    known = [(s, n) for s, n in zip(speeds, rounds) if s is not None and n]
+def _weighted_by_rounds(metrics: dict, key: str, values: list, rounds: list) -> None:
+    """The host probe's reading of the combined record: each sitting's median weighted by
+    its rounds read (none where no sitting read one)."""
+    known = [(v, n) for v, n in zip(values, rounds) if v is not None and n]
     if known:
-        metrics["memory_speed_gbs"] = sum(s * n for s, n in known) / sum(n for _, n in known)
-    moved = [m for m in moves if m is not None and math.isfinite(m)]
-    metrics.pop("memory_moved", None)
-    if moved:
-        metrics["memory_moved"] = max(moved, key=abs)
+        metrics[key] = sum(v * n for v, n in known) / sum(n for _, n in known)
 
 
 def _mean_of_sittings(

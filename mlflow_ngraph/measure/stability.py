@@ -83,16 +83,16 @@ def assess(
     disturbed: tuple[int, int] | None = None,
     history: str | None = None,
     screen_moved: float | None = None,
-    memory: tuple[float, int, int] | None = None,
+    state: tuple[float, int, int, str] | None = None,
 ) -> Stability:
     """Judge one measurement. ``halfwidth`` is the relative half-width of the 95% interval
     of ``what`` (``speedup`` or ``throughput``), ``None`` when there was too little to
     make one; ``moved`` the speedup's change between the halves of the rounds where their
     intervals part (:func:`mlflow_ngraph.measure.rounds.moved_between_halves`);
-    ``disturbed`` (windows left out as disturbed, windows measured); ``memory`` (the
-    change, rounds in the memory's slow state, rounds read) where the figure in the rounds
-    that met the host memory's slow state parted from the rest
-    (:func:`mlflow_ngraph.measure.rounds.moved_with_memory`); ``history`` what a
+    ``disturbed`` (windows left out as disturbed, windows measured); ``state`` (the
+    change, rounds in the host's slow state, rounds read, the probe's kind) where the figure
+    in the rounds that met the host's slow state parted from the rest
+    (:func:`mlflow_ngraph.measure.rounds.moved_with_state`); ``history`` what a
     gross move against the same engine measured earlier on this host says
     (:func:`mlflow_ngraph.measure.history.check`); ``screen_moved`` the change leaving the
     disturbed windows out made to the figure, where it exceeds the figure's interval. A
@@ -101,8 +101,8 @@ def assess(
     own = len(causes) + _given(screen_moved)
     causes += _contention_causes(other_cpu_percent, other_cpu_threshold, disturbed)
     causes += _move_causes(moved, screen_moved, what)
-    if memory is not None and _given(memory[0]):
-        causes.append(memory_cause(what, *memory))
+    if state is not None and _given(state[0]):
+        causes.append(state_cause(what, *state))
     if history:
         causes.append(history)
     if not causes:
@@ -189,15 +189,15 @@ def _move_causes(moved: float | None, screen_moved: float | None, what: str) -> 
     return causes
 
 
-def memory_cause(what: str, change: float, slow: int, rounds: int) -> str:
-    """The words of a figure that parted between the memory's two speeds."""
-    from mlflow_ngraph.measure.memprobe import MEMORY_SLOW
+def state_cause(what: str, change: float, slow: int, rounds: int, kind: str = "join") -> str:
+    """The words of a figure that parted between the host's two states."""
+    from mlflow_ngraph.measure.hostprobe import SLOW, WORDS
 
+    reading, cause = WORDS.get(kind, WORDS["join"])
     return (
-        f"the host's memory ran at two speeds: the {what} was {100 * change:+.1f}% in the "
-        f"{slow} of {rounds} rounds whose memory read under {100 * MEMORY_SLOW:.0f}% of its "
-        "fast speed (other tenants' traffic on a shared cache and memory), beyond both "
-        "intervals"
+        f"the host ran in two states: the {what} was {100 * change:+.1f}% in the {slow} of "
+        f"{rounds} rounds where {reading} read under {100 * SLOW:.0f}% of its fast state "
+        f"({cause}), beyond both intervals"
     )
 
 
@@ -210,7 +210,7 @@ _SHORT = (
     (r"^the host was contended", "host contended"),
     (r"^the host drifted .* moved ([+-][\d.]+%)", "host drifted {0}"),
     (r"^leaving out the disturbed windows moved the \w+ ([+-][\d.]+%)", "disturbed {0}"),
-    (r"^the host's memory ran at two speeds: the \w+ was ([+-][\d.]+%)", "memory slow {0}"),
+    (r"^the host ran in two states: the \w+ was ([+-][\d.]+%)", "host slow state {0}"),
     (r"^the \w+ moved (\S+(?: lower)?) against this engine", "moved {0} against an earlier run"),
     (r"^its baseline (\S+): the \w+ moved (\S+(?: lower)?) against", "baseline {0} moved {1}"),
     (

@@ -286,6 +286,7 @@ def _measure_on_command(conn, task: CellTask, engine, b: int, gpu: bool):
     window and the verdict on the figures (or the paper's protocol, all at once), until it
     says which attempt to keep. Returns (measurement, stability, attempts)."""
     from mlflow_ngraph.measure.harness import Meter, finish
+    from mlflow_ngraph.measure.hostprobe import join_rate
     from mlflow_ngraph.measure.paper import measure_paper
     from mlflow_ngraph.run.worker import judge, one_line, remeasure_if_it_settles
 
@@ -320,6 +321,8 @@ def _measure_on_command(conn, task: CellTask, engine, b: int, gpu: bool):
             stability = remeasure_if_it_settles(task, result, paired, stability, earlier)
             moved = (stability.history, stability.history_ratio) if stability.history else None
             conn.send(("judged", (stability.stable, stability.reason, stability.retry, moved)))
+        elif command == "join":  # the host's state, read between windows
+            conn.send(("joined", join_rate()))
         elif command == "keep":
             return result, stability, attempts
         else:
@@ -407,25 +410,33 @@ WINDOWS_LOG_ENV = "MLFLOW_NGRAPH_WINDOWS_LOG"
 _windows_log_failed: set[str] = set()  # paths already warned about: one warning per path
 
 
-def _probe(policy):
-    """The memory probe the rounds read (measure/memprobe.py): this process's, for engines
-    the screen judges (a GPU engine's speed is the device's); None where it is off."""
-    from mlflow_ngraph.measure.memprobe import coordinator_probe
+def _probe(policy, proxies: dict, baseline: str | None):
+    """The host probe the rounds read (measure/hostprobe.py): this process's, for engines
+    the screen judges (a GPU engine's speed is the device's); None where it is off. The
+    join is read in the baseline's worker (else the first engine's): the coordinator never
+    imports PyTorch."""
+    from mlflow_ngraph.measure.hostprobe import JoinProbe, coordinator_probe
 
-    return coordinator_probe() if policy.screen else None
+    probe = coordinator_probe() if policy.screen and proxies else None
+    if isinstance(probe, JoinProbe):
+        reader = proxies.get(baseline) or next(iter(proxies.values()))
+        probe.through(reader.join)
+    return probe
 
 
-def _readings(figures: dict) -> list | None:
-    """The group's memory reading of each round (every engine's figures hold the same)."""
-    return next((f.memory_readings for f in figures.values() if f.memory_readings), None)
+def _readings(figures: dict) -> tuple[str | None, list | None]:
+    """The group's probe and its reading of each round (every engine's figures hold the
+    same), (None, None) where none was read."""
+    read = next((f for f in figures.values() if f.state_readings), None)
+    return (read.state_kind, read.state_readings) if read is not None else (None, None)
 
 
 def _log_windows(
-    proxies: dict[str, _Proxy], b: int, baseline: str | None, attempt: int, memory=None
+    proxies: dict[str, _Proxy], b: int, baseline: str | None, attempt: int, probe=(None, None)
 ) -> None:
     """Append the group's windows to the file :data:`WINDOWS_LOG_ENV` names, if any, with
-    the ``memory`` reading of each round (GB/s); a file that cannot be written costs a
-    warning, never the measurement."""
+    the host ``probe``'s kind and reading of each round; a file that cannot be written
+    costs a warning, never the measurement."""
     path = os.environ.get(WINDOWS_LOG_ENV)
     if not path or not proxies or path in _windows_log_failed:
         return
@@ -439,7 +450,8 @@ def _log_windows(
         "batch_size": b,
         "attempt": attempt,
         "baseline": baseline,
-        "memory_gbs": memory,
+        "host_probe": probe[0],
+        "host_readings": probe[1],
         "engines": {
             name: {
                 "compiler": p.cell.task.compiler,
@@ -487,6 +499,17 @@ class _Proxy:
             raise RuntimeError(payload or self.cell.death or "the worker is gone")
         self.taken.append(payload)
         return payload
+
+    def join(self) -> float | None:
+        """The host's join rate read in this worker (measure/hostprobe.py), between its
+        windows; None where it could not be read."""
+        freeze = _freeze_idle()
+        if freeze:
+            self.cell.worker.resume()
+        kind, payload = self.group.ask(self.cell, ("join", None), ("joined",))
+        if freeze and kind == "joined":
+            self.cell.worker.pause()
+        return payload if kind == "joined" else None
 
 
 class _Group:
@@ -541,7 +564,7 @@ class _Group:
             cell.state, cell.at = kind, payload
         elif kind == "done":
             cell.state = "done"
-        elif kind in ("warmed", "window", "window_error", "judged"):
+        elif kind in ("warmed", "window", "window_error", "judged", "joined"):
             return kind, payload
         else:
             cell.on_event(kind, payload)
@@ -702,7 +725,9 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
                 cell.worker.pause()
         proxies = {n: _Proxy(group, c) for n, c in names.items()}
         try:
-            figures = run_rounds(proxies, settings, base, policy, probe=_probe(policy))
+            figures = run_rounds(
+                proxies, settings, base, policy, probe=_probe(policy, proxies, base)
+            )
         finally:
             for cell in warmed:
                 cell.worker.resume()

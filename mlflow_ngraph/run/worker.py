@@ -275,20 +275,21 @@ def judge(task: CellTask, result, baseline_paired: bool, baseline_moved=None):
         disturbed=(getattr(result, "windows_disturbed", 0), getattr(result, "windows", 0)),
         history="; ".join(said) or None,
         screen_moved=_screen_moved(result, paired),
-        memory=_memory_moved(result),
+        state=_state_moved(result),
     )
     if move is not None and move.gross:
         stability = replace(stability, history_ratio=move.ratio)
     return stability
 
 
-def _memory_moved(result) -> tuple[float, int, int] | None:
-    """(change, slow rounds, rounds read) where the figure parted between the memory's two
-    speeds (measure/memprobe.py), else None."""
-    moved = getattr(result, "memory_moved", None)
+def _state_moved(result) -> tuple[float, int, int, str] | None:
+    """(change, slow rounds, rounds read, the probe's kind) where the figure parted between
+    the host's two states (measure/hostprobe.py), else None."""
+    moved = getattr(result, "host_state_moved", None)
     if moved is None:
         return None
-    return moved, result.memory_slow_rounds or 0, result.memory_rounds or 0
+    kind = "memory" if getattr(result, "memory_speed_gbs", None) is not None else "join"
+    return moved, result.host_slow_rounds or 0, result.host_state_rounds or 0, kind
 
 
 def remeasure_if_it_settles(task: CellTask, result, paired: bool, stability, earlier):
@@ -416,6 +417,7 @@ def _history_entry(task: CellTask, result, paired: bool, stability=None):
         occasion=task.extra.get("occasion", ""),
         group=_history_key(task, result.batch_size, group=True),
         memory=getattr(result, "memory_speed_gbs", None),
+        join=getattr(result, "host_join_rate", None),
     )
 
 

@@ -121,13 +121,15 @@ M_DRIFT_CHECKED = "drift_checked"
 # the figures with the disturbed windows kept in, where the screen left some out
 M_THROUGHPUT_UNSCREENED = "throughput_unscreened"
 M_SPEEDUP_UNSCREENED = "speedup_unscreened"
-# the memory's speed around the rounds (measure/memprobe.py): the median reading (GB/s), the
-# rounds read, those that met its slow state (under 75% of the host's fast speed), and the
-# figure's change in those rounds against the rest, where their intervals part
+# the host's state around the rounds (measure/hostprobe.py): the probe's median reading (the
+# two threads' meeting in adds/s, or with MLFLOW_NGRAPH_HOST_PROBE=memory the memory's speed in
+# GB/s), the rounds read, those that met its slow state (under 75% of the host's fast state),
+# and the figure's change in those rounds against the rest, where their intervals part
+M_HOST_JOIN_RATE = "host_join_rate"
 M_MEMORY_SPEED = "memory_speed_gbs"
-M_MEMORY_ROUNDS = "memory_rounds"
-M_MEMORY_SLOW_ROUNDS = "memory_slow_rounds"
-M_MEMORY_MOVED = "memory_moved"
+M_HOST_STATE_ROUNDS = "host_state_rounds"
+M_HOST_SLOW_ROUNDS = "host_slow_rounds"
+M_HOST_STATE_MOVED = "host_state_moved"
 # order-statistic 95% intervals of the latency percentiles (p99 only from 299 requests)
 M_LATENCY_P50_LOW = "latency_p50_low_ms"
 M_LATENCY_P50_HIGH = "latency_p50_high_ms"

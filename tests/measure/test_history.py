@@ -285,32 +285,38 @@ def test_a_measurement_180x_off_the_same_engine_on_this_host_is_unstable_and_sai
     assert judge(task, other, False).stable
 
 
-def test_a_move_that_met_the_memorys_other_state_says_so_and_a_split_figure_is_unstable(
+def test_a_move_that_met_the_hosts_other_state_says_so_and_a_split_figure_is_unstable(
     tmp_path,
 ):
-    """The guard names the memory's state where the speed read around the rounds differs
-    as far as its two states do (an engine 35% slower with no other process: its memory's
-    slow state), and the worker's verdict carries a figure that parted between the states
-    within its rounds (measure/memprobe.py)."""
+    """The guard names the host's state where a probe read around the rounds differs as
+    far as its two states do (an engine 35% slower with no other process: the threads'
+    meeting in its slow state), and the worker's verdict carries a figure that parted
+    between the states within its rounds (measure/hostprobe.py)."""
     task = _task(tmp_path)
     first = _result(9000.0)
-    first.memory_speed_gbs = 31.0
+    first.host_join_rate = 150_000.0
     _remember(task, first, judge(task, first, False), False)
     slow = _result(5800.0)
-    slow.memory_speed_gbs = 20.5
+    slow.host_join_rate = 92_000.0
     moved = judge(task, slow, False)
     assert not moved.stable
-    assert "memory read 20 GB/s around these rounds against 31 GB/s then" in moved.reason
-    assert "its slower state" in moved.reason
+    assert (
+        "the two threads' meeting read 92,000 adds/s around these rounds against "
+        "150,000 adds/s then, the host's slower state"
+    ) in moved.reason
     near = _result(5800.0)
-    near.memory_speed_gbs = 28.0  # within the fast state's own spread: not named
-    assert "memory" not in judge(task, near, False).reason
+    near.host_join_rate = 130_000.0  # within the fast state's own spread: not named
+    assert "meeting" not in judge(task, near, False).reason
+    memory = _result(5800.0)
+    memory.memory_speed_gbs = 20.5  # another probe than the history's: nothing to compare
+    assert "state" not in judge(task, memory, False).reason
     split = _result(9000.0)
-    split.memory_speed_gbs, split.memory_moved = 30.0, -0.3
-    split.memory_slow_rounds, split.memory_rounds = 12, 40
+    split.host_join_rate, split.host_state_moved = 150_000.0, -0.3
+    split.host_slow_rounds, split.host_state_rounds = 12, 40
     said = judge(task, split, False)
     assert not said.stable and said.retry
     assert "the throughput was -30.0% in the 12 of 40 rounds" in said.reason
+    assert "the two threads' meeting read under 75%" in said.reason
 
 
 def test_a_speedup_over_a_baseline_that_moved_grossly_is_unstable_and_says_so(tmp_path):

@@ -104,22 +104,23 @@ def test_the_combined_interval_says_the_largest_autocorrelation_and_an_unchecked
     assert combine([a, b], {}, 0.05)["metrics"]["drift_checked"] == 0.0
 
 
-def test_the_combined_record_says_what_the_memory_did_in_every_sitting():
-    """The memory probe's rounds are all its sittings' and its speed their weighted mean;
-    a first sitting that parted between the memory's two speeds keeps its change in the
+def test_the_combined_record_says_what_the_host_did_in_every_sitting():
+    """The host probe's rounds are all its sittings' and its reading their weighted mean;
+    a first sitting that parted between the host's two states keeps its change in the
     combined record, where the last sitting's alone lost it."""
-    a = record(100.0, 0.02, memory_speed_gbs=20.0, memory_rounds=10.0, memory_slow_rounds=8.0)
-    b = record(101.0, 0.02, memory_speed_gbs=32.0, memory_rounds=30.0, memory_slow_rounds=0.0)
-    a["metrics"]["memory_moved"] = -0.19
+    a = record(100.0, 0.02, host_join_rate=60e3, host_state_rounds=10.0, host_slow_rounds=8.0)
+    b = record(101.0, 0.02, host_join_rate=90e3, host_state_rounds=30.0, host_slow_rounds=0.0)
+    a["metrics"]["host_state_moved"] = -0.19
     m = combine([a, b], {}, 0.05)["metrics"]
-    assert (m["memory_rounds"], m["memory_slow_rounds"]) == (40.0, 8.0)
-    assert m["memory_speed_gbs"] == pytest.approx((20.0 * 10 + 32.0 * 30) / 40)
-    assert m["memory_moved"] == -0.19
-    del a["metrics"]["memory_moved"]
-    b["metrics"]["memory_moved"] = 0.05
-    assert combine([a, b], {}, 0.05)["metrics"]["memory_moved"] == 0.05
-    del b["metrics"]["memory_moved"]
-    assert "memory_moved" not in combine([a, b], {}, 0.05)["metrics"]
+    assert (m["host_state_rounds"], m["host_slow_rounds"]) == (40.0, 8.0)
+    assert m["host_join_rate"] == pytest.approx((60e3 * 10 + 90e3 * 30) / 40)
+    assert "memory_speed_gbs" not in m
+    assert m["host_state_moved"] == -0.19
+    del a["metrics"]["host_state_moved"]
+    b["metrics"]["host_state_moved"] = 0.05
+    assert combine([a, b], {}, 0.05)["metrics"]["host_state_moved"] == 0.05
+    del b["metrics"]["host_state_moved"]
+    assert "host_state_moved" not in combine([a, b], {}, 0.05)["metrics"]
 
 
 def test_the_rerun_interval_is_a_prediction_for_another_mean_of_n_sittings():

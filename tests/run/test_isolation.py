@@ -129,7 +129,7 @@ def test_a_group_measures_its_engines_interleaved_and_pairs_the_speedup(tmp_path
     def ask(self, cell, command, kinds):
         rest = [c.worker.proc.pid for c in self.cells if c is not cell]
         statuses = [psutil.Process(pid).status() for pid in rest]
-        (others if command[0] == "window" else verdicts).extend(statuses)
+        (others if command[0] in ("window", "join") else verdicts).extend(statuses)
         return real(self, cell, command, kinds)
 
     isolation._Group.ask = ask
@@ -163,6 +163,12 @@ def test_a_group_measures_its_engines_interleaved_and_pairs_the_speedup(tmp_path
         len(logged["ts"]["windows"]) == m["windows"] and logged["ts"]["compiler"] == "torchscript"
     )
     assert all(w[3] > 0 for w in logged["id"]["windows"])  # the CPU seconds of each window
+    # the host's join was read in the baseline's worker around every round (the runner
+    # never imports PyTorch), and its median logged with the figures
+    assert lines[-1]["host_probe"] == "join"
+    readings = lines[-1]["host_readings"]
+    assert len(readings) == m["windows"] and all(r > 0 for r in readings)
+    assert 0 < m["host_state_rounds"] <= m["windows"] and m["host_join_rate"] > 0
     # when each window began (to set beside what the host logged then): one engine's windows
     # in turn, none while the other engine's ran
     spans = sorted((w[6], w[6] + w[2]) for e in logged.values() for w in e["windows"])
