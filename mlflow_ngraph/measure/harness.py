@@ -433,7 +433,7 @@ def _state_of(figures) -> dict:
     """The host probe's fields of a measurement (none where the host was not read)."""
     from mlflow_ngraph.measure.hostprobe import READING_METRIC
 
-    if not getattr(figures, "state_rounds", 0):
+    if not getattr(figures, "state_rounds", 0) or figures.state_kind not in READING_METRIC:
         return {}
     return {
         READING_METRIC[figures.state_kind]: figures.state_reading,

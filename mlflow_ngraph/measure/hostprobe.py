@@ -34,11 +34,14 @@ both intervals is UNSTABLE and names the cause.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 #: a round read under this share of the host's fast state met the slow state (the attention
 #: block's two states: the join 0.61x, the memory 0.6-0.7x; each state's own readings spread
@@ -172,9 +175,18 @@ def _join_operands(torch):
 
 
 def kind() -> str:
-    """The probe :data:`ENV` chooses: ``join`` unless it says ``memory`` or ``off``."""
+    """The probe :data:`ENV` chooses: ``join`` unless it says ``memory`` or ``off`` (any other
+    value is said once, and read as the default)."""
     chosen = os.environ.get(ENV, "").strip().lower()
-    return chosen if chosen in KINDS else "join"
+    if chosen in KINDS:
+        return chosen
+    if chosen and chosen not in _said:
+        _said.add(chosen)
+        log.warning("%s=%s is not one of %s: reading the host's join", ENV, chosen, KINDS)
+    return "join"
+
+
+_said: set[str] = set()
 
 
 _probes: dict[str, Probe] = {}

@@ -59,9 +59,10 @@ SHORT = {"batch_size": "bs"}
 
 #: columns people do not need on screen (CSV and JSON keep them)
 HIDDEN = {
-    # ``moved``: the guard's words, said below the table in a note (:func:`moved_note`)
+    # ``moved``: the guard's words, said below the table in a note (:func:`moved_note`);
+    # ``stability_reason``: an UNSTABLE figure's whole reason (the HTML report says it)
     "cells": ("family", "model_params", "flags", "scenario", "experiment_id", "run_id", "error",
-              "moved"),
+              "moved", "stability_reason"),
     "flips": ("identity_order", "compiler_order"),
 }  # fmt: skip
 #: columns left out for people where no row has a value (CSV and JSON keep them)

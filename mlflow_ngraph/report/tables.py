@@ -107,6 +107,8 @@ def add_labels(raw: pd.DataFrame) -> pd.DataFrame:
             frame[column] = np.nan
     frame["stability"] = frame["stability"].fillna("") if "stability" in frame else ""
     frame["moved"] = frame["moved"].fillna("") if "moved" in frame else ""
+    reason = frame.get("stability_reason")
+    frame["stability_reason"] = reason.fillna("") if reason is not None else ""
     frame["family"] = [
         fam if isinstance(fam, str) and fam else family_of(str(model))
         for fam, model in zip(_list(frame["family"]), _list(frame["model"]), strict=True)
@@ -465,6 +467,7 @@ CELL_COLUMNS = [
     schema.M_MAX_ABS_ERROR,
     "status",
     "stability",
+    "stability_reason",
     "missing",
     "family",
     "model_params",

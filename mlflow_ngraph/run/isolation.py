@@ -273,6 +273,9 @@ def _group_hooks(conn, task: CellTask):
     def gate(b: int) -> bool:
         conn.send(("gate", b))
         command, _ = conn.recv()
+        while command == "join":  # asked before it was known this worker left its rounds
+            conn.send(("joined", None))
+            command, _ = conn.recv()
         return command == "prepare"
 
     def measurer(task_: CellTask, engine, b: int):
@@ -322,11 +325,20 @@ def _measure_on_command(conn, task: CellTask, engine, b: int, gpu: bool):
             moved = (stability.history, stability.history_ratio) if stability.history else None
             conn.send(("judged", (stability.stable, stability.reason, stability.retry, moved)))
         elif command == "join":  # the host's state, read between windows
-            conn.send(("joined", join_rate()))
+            conn.send(("joined", _join_rate(join_rate)))
         elif command == "keep":
             return result, stability, attempts
         else:
             raise RuntimeError("the run stopped before this batch size was measured")
+
+
+def _join_rate(read) -> float | None:
+    """``read()``, None where it raises: a reading of the host never costs a measurement."""
+    try:
+        return read()
+    except Exception as exc:  # noqa: BLE001 - any failure of the probe is only no reading
+        log.log(DETAIL, "the host's join could not be read: %s", exc)
+        return None
 
 
 def _count_warnings() -> list[int]:
@@ -419,8 +431,13 @@ def _probe(policy, proxies: dict, baseline: str | None):
 
     probe = coordinator_probe() if policy.screen and proxies else None
     if isinstance(probe, JoinProbe):
-        reader = proxies.get(baseline) or next(iter(proxies.values()))
-        probe.through(reader.join)
+        readers = sorted(proxies.values(), key=lambda p: p is not proxies.get(baseline))
+
+        def read() -> float | None:  # through the first worker whose windows still run
+            live = next((p for p in readers if not p.failed), None)
+            return live.join() if live is not None else None
+
+        probe.through(read)
     return probe
 
 
@@ -484,6 +501,9 @@ class _Proxy:
     def __init__(self, group: _Group, cell: GroupCell) -> None:
         self.group, self.cell = group, cell
         self.taken: list = []  # the windows it gave, in order
+        #: whether a window failed: the worker has left this batch size (at its next gate,
+        #: where a command other than "prepare" would end its cell), so it is asked nothing
+        self.failed = False
 
     def window(self, seconds: float):
         """One window of this worker, the others of the group stopped meanwhile: a runtime's
@@ -496,13 +516,16 @@ class _Proxy:
         if freeze and kind == "window":
             self.cell.worker.pause()
         if kind != "window":
+            self.failed = True
             raise RuntimeError(payload or self.cell.death or "the worker is gone")
         self.taken.append(payload)
         return payload
 
     def join(self) -> float | None:
         """The host's join rate read in this worker (measure/hostprobe.py), between its
-        windows; None where it could not be read."""
+        windows; None where it could not be read (nor asked: a worker whose window failed)."""
+        if self.failed:
+            return None
         freeze = _freeze_idle()
         if freeze:
             self.cell.worker.resume()
@@ -724,11 +747,12 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
             for cell in warmed:  # each runs only for its own windows (_Proxy.window)
                 cell.worker.pause()
         proxies = {n: _Proxy(group, c) for n, c in names.items()}
+        probe = _probe(policy, proxies, base)
         try:
-            figures = run_rounds(
-                proxies, settings, base, policy, probe=_probe(policy, proxies, base)
-            )
+            figures = run_rounds(proxies, settings, base, policy, probe=probe)
         finally:
+            if hasattr(probe, "through"):  # the group's workers are not read again
+                probe.through(None)
             for cell in warmed:
                 cell.worker.resume()
         _log_windows(proxies, b, base, attempt, _readings(figures))

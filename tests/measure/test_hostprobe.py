@@ -20,7 +20,7 @@ from mlflow_ngraph.run.worker import measurement_metrics
 FAST_GBS, SLOW_GBS = 32.0, 21.0  # 1.5x apart, as on the host of docs/measurement.md
 
 
-class MemoryHost:
+class StateHost:
     """Rounds in ``slow`` met the slow state; the probe's reads move it from round to round."""
 
     def __init__(self, slow: set[int]) -> None:
@@ -34,7 +34,7 @@ class ScriptedProbe(MemoryProbe):
     """The real probe's reference over readings the schedule gives: read k is taken before
     round k (after round k - 1)."""
 
-    def __init__(self, host: MemoryHost) -> None:
+    def __init__(self, host: StateHost) -> None:
         super().__init__()
         self.host, self.reads = host, 0
 
@@ -48,7 +48,7 @@ class StateMeter:
     """An engine whose rate is ``fast`` in the fast state and ``slow`` in the slow one, times
     a little noise of its own."""
 
-    def __init__(self, host: MemoryHost, fast: float, slow: float, seed: int) -> None:
+    def __init__(self, host: StateHost, fast: float, slow: float, seed: int) -> None:
         self.host, self.fast, self.slow = host, fast, slow
         self.rng = np.random.default_rng(seed)
 
@@ -74,8 +74,8 @@ ENGINES = {
 }
 
 
-def test_a_speedup_that_is_the_memory_states_is_found_and_one_that_is_not_is_left_alone():
-    host = MemoryHost(slow=set(range(12, 28)))
+def test_a_speedup_that_is_the_hosts_state_is_found_and_one_that_is_not_is_left_alone():
+    host = StateHost(slow=set(range(12, 28)))
     figures = _rounds(host, ScriptedProbe(host), **ENGINES)
     ort, ov, identity = figures["onnxruntime"], figures["openvino"], figures["identity"]
     assert ort.state_rounds == len(ort.state_readings) >= 40
@@ -88,8 +88,8 @@ def test_a_speedup_that_is_the_memory_states_is_found_and_one_that_is_not_is_lef
     assert identity.state_moved == pytest.approx(65 / 100 - 1, abs=0.03)
 
 
-def test_without_a_probe_the_figures_say_nothing_of_the_memory():
-    host = MemoryHost(slow=set(range(12, 28)))
+def test_without_a_probe_the_figures_say_nothing_of_the_host():
+    host = StateHost(slow=set(range(12, 28)))
     figures = _rounds(host, None, **ENGINES)
     assert figures["onnxruntime"].state_rounds == 0
     assert figures["onnxruntime"].state_moved is None
@@ -97,7 +97,7 @@ def test_without_a_probe_the_figures_say_nothing_of_the_memory():
 
 def test_a_state_is_named_only_against_a_fast_speed_the_process_has_seen():
     # a first group wholly in the slow state: no faster reading yet, so no round is slow
-    host = MemoryHost(slow=set(range(100)))
+    host = StateHost(slow=set(range(100)))
     probe = ScriptedProbe(host)
     first = _rounds(host, probe, **ENGINES)["onnxruntime"]
     assert (first.state_slow_rounds, first.state_moved) == (0, None)
@@ -146,7 +146,16 @@ def test_the_real_probe_reads_a_speed_and_names_the_fast_one_after_enough_readin
     assert isinstance(coordinator_probe(), JoinProbe)  # the default
 
 
-def test_the_memory_figures_are_logged_with_the_measurement():
+def test_a_probe_setting_that_is_not_one_is_said_once_and_read_as_the_default(monkeypatch, caplog):
+    monkeypatch.setattr(hostprobe, "_said", set())
+    monkeypatch.setenv(hostprobe.ENV, "1")  # as the memory probe's old switch was set
+    with caplog.at_level("WARNING", logger=hostprobe.__name__):
+        assert hostprobe.kind() == "join" and hostprobe.kind() == "join"
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "MLFLOW_NGRAPH_HOST_PROBE=1 is not one of" in said[0]
+
+
+def test_the_host_state_figures_are_logged_with_the_measurement():
     import dataclasses
 
     from mlflow_ngraph.measure.harness import Measurement
@@ -179,7 +188,7 @@ def test_each_round_keeps_its_state_where_an_engine_has_holes():
     assert moved_with_state(alone, None, slow) == pytest.approx(-0.35, abs=0.03)
 
 
-def test_the_measurement_carries_the_figures_memory_and_none_without_a_reading():
+def test_the_measurement_carries_the_figures_host_state_and_none_without_a_reading():
     from mlflow_ngraph.measure.harness import _state_of
     from mlflow_ngraph.measure.rounds import Figures
 

@@ -17,6 +17,9 @@ A, B, C, D = "resnet18", "resnet50", "efficientnet_b3", "convnext_tiny"
 MOVED = "the throughput moved 3.18x lower against this engine measured at 06:24\x1b[31m"
 
 
+REASON = "the host ran in two states: the speedup was -19.0% in the 17 of 40 rounds"
+
+
 @pytest.fixture(scope="module")
 def noisy_store(tmp_path_factory):
     uri, client, exp = new_store(tmp_path_factory.mktemp("noise-store"), "noise")
@@ -37,7 +40,10 @@ def noisy_store(tmp_path_factory):
             {1: 400},
             ci={1: (380, 420)},
             stability={1: "UNSTABLE"},
-            tags={f"{S.T_MOVED}.bs1": "moved 2x: said in its UNSTABLE reason"},
+            tags={
+                f"{S.T_MOVED}.bs1": "moved 2x: said in its UNSTABLE reason",
+                f"{S.T_STABILITY_REASON}.bs1": REASON,
+            },
         ),  # fmt: skip
         # onnxruntime: the same figures as openvino's, every one STABLE; the guard said A's
         # moved against an earlier run (store text: a terminal escape in it stays inert)
@@ -80,6 +86,10 @@ def test_speedup_interval_adds_the_log_half_widths_in_quadrature(noisy_store):
 def test_unstable_rows_are_marked_and_counted(noisy_store):
     row = one(_json(noisy_store), model=C, compiler="openvino", batch_size=1)
     assert row["stability"] == "UNSTABLE"
+    assert row["stability_reason"] == REASON  # why, for a script as for the HTML report
+    assert one(_json(noisy_store), model=A, compiler="openvino", batch_size=1)[
+        "stability_reason"
+    ] in ("", None)
     assert one(_json(noisy_store), model=A, compiler="openvino", batch_size=1)["stability"] == ""
     result = CliRunner().invoke(compare, ["--tracking-uri", noisy_store])
     assert result.exit_code == 0, result.output
