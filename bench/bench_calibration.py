@@ -683,6 +683,7 @@ def aa(args) -> None:
     from mlflow_ngraph.compilers.registry import get_compiler
     from mlflow_ngraph.measure import rounds
     from mlflow_ngraph.measure.settings import MeasureSettings
+    from mlflow_ngraph.measure.stability import short_reason
     from mlflow_ngraph.run import isolation
     from mlflow_ngraph.run.worker import CellTask
 
@@ -771,6 +772,7 @@ def aa(args) -> None:
             print(f"   {compiler}: {m['speedup_paired']:.3f}x [{low:.3f}-{high:.3f}]{shown} "
                   f"{len(logs)} rounds, sd of the per-round log ratio {logs.std(ddof=1):.3f} "
                   f"(MAD-based {mad:.3f}), {'STABLE' if stable else 'UNSTABLE'}"
+                  f"{'' if stable else ': ' + short_reason(record['stability'].get('reason') or '')}"
                   f"{called if beyond else ''}  "
                   f"(load {before} -> {load()})", flush=True)  # fmt: skip
         isolation.shutdown()

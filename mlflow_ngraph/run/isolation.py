@@ -136,9 +136,13 @@ def _await_stopped(pid: int) -> None:
 def shutdown() -> None:
     """Kill the spare workers, if any wait, and end the workers' template (the end of a
     run, and at exit)."""
+    global _reader
     while _spares:
         _, spare = _spares.pop()
         spare.kill()
+    if _reader is not None:
+        _reader.kill()
+        _reader = None
     template.stop()
 
 
@@ -273,9 +277,6 @@ def _group_hooks(conn, task: CellTask):
     def gate(b: int) -> bool:
         conn.send(("gate", b))
         command, _ = conn.recv()
-        while command == "join":  # asked before it was known this worker left its rounds
-            conn.send(("joined", None))
-            command, _ = conn.recv()
         return command == "prepare"
 
     def measurer(task_: CellTask, engine, b: int):
@@ -289,7 +290,6 @@ def _measure_on_command(conn, task: CellTask, engine, b: int, gpu: bool):
     window and the verdict on the figures (or the paper's protocol, all at once), until it
     says which attempt to keep. Returns (measurement, stability, attempts)."""
     from mlflow_ngraph.measure.harness import Meter, finish
-    from mlflow_ngraph.measure.hostprobe import join_rate
     from mlflow_ngraph.measure.paper import measure_paper
     from mlflow_ngraph.run.worker import judge, one_line, remeasure_if_it_settles
 
@@ -324,8 +324,6 @@ def _measure_on_command(conn, task: CellTask, engine, b: int, gpu: bool):
             stability = remeasure_if_it_settles(task, result, paired, stability, earlier)
             moved = (stability.history, stability.history_ratio) if stability.history else None
             conn.send(("judged", (stability.stable, stability.reason, stability.retry, moved)))
-        elif command == "join":  # the host's state, read between windows
-            conn.send(("joined", _join_rate(join_rate)))
         elif command == "keep":
             return result, stability, attempts
         else:
@@ -422,23 +420,82 @@ WINDOWS_LOG_ENV = "MLFLOW_NGRAPH_WINDOWS_LOG"
 _windows_log_failed: set[str] = set()  # paths already warned about: one warning per path
 
 
-def _probe(policy, proxies: dict, baseline: str | None):
+def _probe(policy):
     """The host probe the rounds read (measure/hostprobe.py): this process's, for engines
     the screen judges (a GPU engine's speed is the device's); None where it is off. The
-    join is read in the baseline's worker (else the first engine's): the coordinator never
-    imports PyTorch."""
+    join is read in a process of its own (:class:`_Reader`): the runner never imports
+    PyTorch, and a join read in a measured worker left its pool's threads spinning into
+    that worker's next window (an A/A pair read 2-5% apart)."""
     from mlflow_ngraph.measure.hostprobe import JoinProbe, coordinator_probe
 
-    probe = coordinator_probe() if policy.screen and proxies else None
-    if isinstance(probe, JoinProbe):
-        readers = sorted(proxies.values(), key=lambda p: p is not proxies.get(baseline))
-
-        def read() -> float | None:  # through the first worker whose windows still run
-            live = next((p for p in readers if not p.failed), None)
-            return live.join() if live is not None else None
-
-        probe.through(read)
+    probe = coordinator_probe() if policy.screen else None
+    if isinstance(probe, JoinProbe) and probe.source is None:
+        probe.through(_reader_read)
     return probe
+
+
+class _Reader(_Spare):
+    """A process forked from the template (PyTorch imported) that reads the host's join on
+    command (:func:`~mlflow_ngraph.measure.hostprobe.join_rate`) and is stopped between
+    readings: its pool's threads spin after each, never into a measured window."""
+
+    def __init__(self) -> None:  # noqa: D107 - _Spare's, with the reader's own loop
+        ctx = template.context()
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(
+            target=_reader_main,
+            args=(child, dict(os.environ), template.parent_of_workers(ctx)),
+            name="ngraph host reader",
+        )
+        self.proc.start()
+        child.close()
+        self.paused = False
+
+    def read(self) -> float | None:
+        """One reading (None where the reader is gone or slow past :data:`READ_LIMIT_S`)."""
+        if not self.alive():
+            return None
+        self.resume()
+        try:
+            self.conn.send("join")
+            return self.conn.recv() if self.conn.poll(READ_LIMIT_S) else None
+        except (EOFError, OSError):
+            return None
+        finally:
+            self.pause()
+
+
+#: seconds a reading of the host may take (a reading is ~2 ms; the first forks the reader)
+READ_LIMIT_S = 30.0
+_reader: _Reader | None = None
+
+
+def _reader_read() -> float | None:
+    global _reader
+    if _reader is None or not _reader.alive():
+        if _reader is not None:
+            _reader.kill()
+        _reader = _Reader()
+    return _reader.read()
+
+
+def _reader_main(conn, environment: dict, parent: int | None) -> None:
+    """The host reader: the template's imports (PyTorch), then a join rate per command."""
+    from mlflow_ngraph.measure.hostprobe import join_rate
+
+    template.die_with_parent(parent)
+    template.in_worker(environment)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
+    with open(os.devnull, "w") as quiet:
+        os.dup2(quiet.fileno(), 1)  # import chatter stays out of the runner's terminal
+        os.dup2(quiet.fileno(), 2)
+    template.preload(("torch",))  # a forked reader has it: nothing to do
+    while True:
+        try:
+            conn.recv()
+        except (EOFError, OSError):  # the run ended
+            return
+        conn.send(_join_rate(join_rate))
 
 
 def _readings(figures: dict) -> tuple[str | None, list | None]:
@@ -501,9 +558,6 @@ class _Proxy:
     def __init__(self, group: _Group, cell: GroupCell) -> None:
         self.group, self.cell = group, cell
         self.taken: list = []  # the windows it gave, in order
-        #: whether a window failed: the worker has left this batch size (at its next gate,
-        #: where a command other than "prepare" would end its cell), so it is asked nothing
-        self.failed = False
 
     def window(self, seconds: float):
         """One window of this worker, the others of the group stopped meanwhile: a runtime's
@@ -516,23 +570,9 @@ class _Proxy:
         if freeze and kind == "window":
             self.cell.worker.pause()
         if kind != "window":
-            self.failed = True
             raise RuntimeError(payload or self.cell.death or "the worker is gone")
         self.taken.append(payload)
         return payload
-
-    def join(self) -> float | None:
-        """The host's join rate read in this worker (measure/hostprobe.py), between its
-        windows; None where it could not be read (nor asked: a worker whose window failed)."""
-        if self.failed:
-            return None
-        freeze = _freeze_idle()
-        if freeze:
-            self.cell.worker.resume()
-        kind, payload = self.group.ask(self.cell, ("join", None), ("joined",))
-        if freeze and kind == "joined":
-            self.cell.worker.pause()
-        return payload if kind == "joined" else None
 
 
 class _Group:
@@ -587,7 +627,7 @@ class _Group:
             cell.state, cell.at = kind, payload
         elif kind == "done":
             cell.state = "done"
-        elif kind in ("warmed", "window", "window_error", "judged", "joined"):
+        elif kind in ("warmed", "window", "window_error", "judged"):
             return kind, payload
         else:
             cell.on_event(kind, payload)
@@ -747,12 +787,9 @@ def _measure_group(group, ready, b, baseline, settings, policy, retries, run_rou
             for cell in warmed:  # each runs only for its own windows (_Proxy.window)
                 cell.worker.pause()
         proxies = {n: _Proxy(group, c) for n, c in names.items()}
-        probe = _probe(policy, proxies, base)
         try:
-            figures = run_rounds(proxies, settings, base, policy, probe=probe)
+            figures = run_rounds(proxies, settings, base, policy, probe=_probe(policy))
         finally:
-            if hasattr(probe, "through"):  # the group's workers are not read again
-                probe.through(None)
             for cell in warmed:
                 cell.worker.resume()
         _log_windows(proxies, b, base, attempt, _readings(figures))
