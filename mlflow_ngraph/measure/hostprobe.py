@@ -17,10 +17,11 @@ the engine's slow rounds (correlation of logs +0.76-0.87); a one-thread stream o
 
 So a group's rounds are bracketed by readings of a probe (:data:`ENV` chooses which):
 
-- ``join`` (the default): :func:`join_rate` in the baseline's worker, between its windows
-  (:data:`JOIN_ADDS` such adds through PyTorch's own intra-op pool, the faster of
-  :data:`PASSES`: ~2 ms), adds per second. Read in a worker, as the coordinator never
-  imports PyTorch;
+- ``join`` (the default): :func:`join_rate` (:data:`JOIN_ADDS` such adds through PyTorch's
+  own intra-op pool, the faster of :data:`PASSES`: ~2 ms), adds per second, read by a
+  process of its own that is stopped between readings (``run/isolation.py``): the
+  coordinator never imports PyTorch, and in a measured worker the pool's threads spun on
+  into that worker's next window;
 - ``memory``: the coordinator's own sum over :data:`MEMORY_MB` MB (GB/s): other tenants'
   traffic on the shared cache and memory; it did not track the attention block here;
 - ``off``: no reading.
@@ -127,8 +128,8 @@ class MemoryProbe(Probe):
 
 
 class JoinProbe(Probe):
-    """The threads' meeting (adds per second), read through ``source``: a worker's
-    :func:`join_rate`, set for each group (:meth:`through`)."""
+    """The threads' meeting (adds per second), read through ``source`` (:meth:`through`):
+    a call that has another process run :func:`join_rate`."""
 
     kind = "join"
 
@@ -147,7 +148,8 @@ class JoinProbe(Probe):
 def join_rate(adds: int = JOIN_ADDS, passes: int = PASSES) -> float | None:
     """Adds per second of two :data:`JOIN_FLOATS`-float tensors through PyTorch's intra-op
     pool, the faster of ``passes``; None where PyTorch is not loaded in this process or its
-    pool has one thread (nothing meets). A worker's: it never imports PyTorch itself."""
+    pool has one thread (nothing meets). It never imports PyTorch itself: the reading is for
+    a process that has (the host reader), never the coordinator."""
     import sys
 
     torch = sys.modules.get("torch")
@@ -187,8 +189,6 @@ def kind() -> str:
 
 
 _said: set[str] = set()
-
-
 _probes: dict[str, Probe] = {}
 
 

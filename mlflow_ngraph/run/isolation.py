@@ -72,12 +72,16 @@ class _Spare:
     :data:`PRELOAD`, or spawned and importing it; then it waits on its pipe for one task."""
 
     def __init__(self, ahead: Ahead | None = None) -> None:
+        self._start(_spare_main, (ahead,), "ngraph spare worker")
+
+    def _start(self, target, extra: tuple, name: str) -> None:
+        """Fork ``target(pipe end, *extra, the environment, the workers' parent)``."""
         ctx = template.context()
         self.conn, child = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(
-            target=_spare_main,
-            args=(child, ahead, dict(os.environ), template.parent_of_workers(ctx)),
-            name="ngraph spare worker",
+            target=target,
+            args=(child, *extra, dict(os.environ), template.parent_of_workers(ctx)),
+            name=name,
         )
         self.proc.start()
         child.close()
@@ -195,10 +199,8 @@ def _spare_main(
     """The worker: import what every cell needs (a forked one has it from the template),
     prepare the cell ``ahead``, wait for the task, measure the cell, send every event, then
     ``done``."""
-    template.die_with_parent(parent)  # the runner's end, or the template's, is the worker's
-    template.in_worker(environment if environment is not None else dict(os.environ))
+    _become_worker(environment if environment is not None else dict(os.environ), parent)
     keep_freed_memory()  # before the imports and the model: every buffer on the kept heap
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
     saved = os.dup(1), os.dup(2)
     counted = None
     with tempfile.TemporaryFile() as early:
@@ -221,6 +223,14 @@ def _spare_main(
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)
     _worker_main(task, conn, counted)
+
+
+def _become_worker(environment: dict, parent: int | None) -> None:
+    """A forked process's start: it ends with the runner (or the template), runs in the
+    runner's environment, and leaves Ctrl-C to the runner."""
+    template.die_with_parent(parent)
+    template.in_worker(environment)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _prepare(ahead: Ahead) -> list[int]:
@@ -440,16 +450,7 @@ class _Reader(_Spare):
     readings: its pool's threads spin after each, never into a measured window."""
 
     def __init__(self) -> None:  # noqa: D107 - _Spare's, with the reader's own loop
-        ctx = template.context()
-        self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(
-            target=_reader_main,
-            args=(child, dict(os.environ), template.parent_of_workers(ctx)),
-            name="ngraph host reader",
-        )
-        self.proc.start()
-        child.close()
-        self.paused = False
+        self._start(_reader_main, (), "ngraph host reader")
 
     def read(self) -> float | None:
         """One reading (None where the reader is gone or slow past :data:`READ_LIMIT_S`)."""
@@ -483,9 +484,7 @@ def _reader_main(conn, environment: dict, parent: int | None) -> None:
     """The host reader: the template's imports (PyTorch), then a join rate per command."""
     from mlflow_ngraph.measure.hostprobe import join_rate
 
-    template.die_with_parent(parent)
-    template.in_worker(environment)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
+    _become_worker(environment, parent)
     with open(os.devnull, "w") as quiet:
         os.dup2(quiet.fileno(), 1)  # import chatter stays out of the runner's terminal
         os.dup2(quiet.fileno(), 2)
