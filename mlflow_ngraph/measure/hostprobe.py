@@ -184,7 +184,12 @@ def kind() -> str:
         return chosen
     if chosen and chosen not in _said:
         _said.add(chosen)
-        log.warning("%s=%s is not one of %s: reading the host's join", ENV, chosen, KINDS)
+        log.warning(
+            "%s=%s is not one of %s: reading the host's join (set it to one, or unset it)",
+            ENV,
+            "".join(c if c.isprintable() else "?" for c in chosen),
+            ", ".join(KINDS),
+        )
     return "join"
 
 
